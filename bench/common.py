@@ -1,0 +1,67 @@
+"""Helpers every benchmark shares: machine facts, versions, and writing results."""
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(ROOT, "bench", "results")
+
+
+def _version(cmd, pattern=r"(\d+\.\d+(?:\.\d+)?)"):
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(pattern, proc.stdout + proc.stderr)
+    return match.group(1) if match else None
+
+
+def machine_info():
+    """What a reader needs to judge the figures: CPU, memory, kernel, tool versions, commit."""
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    mem_kb = None
+    try:
+        with open("/proc/meminfo") as fh:
+            mem_kb = int(next(ln.split()[1] for ln in fh if ln.startswith("MemTotal")))
+    except (OSError, StopIteration):
+        pass
+    commit = _version(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], r"([0-9a-f]{7,})")
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host_cpu": cpu,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "nginx": _version(["nginx", "-v"]) or _version(["/usr/sbin/nginx", "-v"]),
+        "memcached": _version(["memcached", "-V"]) or _version(["/usr/bin/memcached", "-V"]),
+        "wrk": _version(["wrk", "-v"]),
+        "commit": commit,
+    }
+
+
+def write_result(name, data):
+    """Write ``bench/results/<name>.json`` with machine info and return its path."""
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    doc = {"benchmark": name, "machine": machine_info(), **data}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def progress(message):
+    """One progress line on stderr (benchmarks run for minutes; say what is happening)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)

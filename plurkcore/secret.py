@@ -1,0 +1,43 @@
+"""Reading (and creating) the shared secret file (docs/contract.md, section 1)."""
+import os
+import secrets
+
+MIN_LENGTH = 32
+MAX_LENGTH = 1024
+_WHITESPACE = b" \t\r\n"
+
+
+class SecretFileError(Exception):
+    pass
+
+
+def parse_secret(raw, path="<secret>"):
+    key = raw.strip(_WHITESPACE)
+    if not MIN_LENGTH <= len(key) <= MAX_LENGTH:
+        raise SecretFileError(
+            f"{path}: the secret must be {MIN_LENGTH}..{MAX_LENGTH} bytes, found {len(key)}; "
+            f"delete the file to have a new one generated"
+        )
+    return key
+
+
+def read_secret(path):
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_LENGTH + 64)
+    except OSError as exc:
+        raise SecretFileError(f"cannot read secret file {path}: {exc.strerror}") from None
+    return parse_secret(raw, path)
+
+
+def ensure_secret(path):
+    """Create ``path`` with a fresh secret (mode 0600) unless it exists; return the key bytes."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_secret(path)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secrets.token_hex(32).encode("ascii") + b"\n")
+    return read_secret(path)

@@ -1,0 +1,1 @@
+"""The thin Django project that runs plurkcore, plurkweb and the stack runner."""

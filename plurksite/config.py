@@ -1,0 +1,164 @@
+"""The one source of configuration: ``PLURK_*`` environment variables with documented defaults.
+
+Django settings, the stack runner, the nginx template and fastpath's flags are all derived from
+:class:`StackConfig`; nothing else reads these variables.  Importing this module must stay cheap
+and Django-free (the runner and the benchmarks use it too).
+"""
+import dataclasses
+import ipaddress
+import os
+from urllib.parse import urlsplit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ConfigError(ValueError):
+    """A ``PLURK_*`` variable has a value we cannot use; the message names it and the fix."""
+
+
+# name: (default, help) -- README's configuration table is written from this dict.
+VARIABLES = {
+    "PLURK_HTTP": ("127.0.0.1:8080", "public nginx listen address (the only public port)"),
+    "PLURK_DJANGO": ("127.0.0.1:8000", "gunicorn (Django) listen address"),
+    "PLURK_FASTPATH": ("127.0.0.1:8001", "fastpath listen address (internal, nginx only)"),
+    "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (/metrics)"),
+    "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached host:port list"),
+    "PLURK_DATABASE_URL": ("sqlite:///var/plurk.sqlite3", "sqlite:///relative/or//absolute/path or postgres://user:pw@host:port/db"),
+    "PLURK_SECRET_FILE": ("var/secret.key", "HMAC secret shared by Django and fastpath; generated (0600) if absent"),
+    "PLURK_VAR_DIR": ("var", "run-time directory: logs, rendered nginx config, pid files"),
+    "PLURK_DEBUG": ("0", "1 turns on Django's DEBUG"),
+    "PLURK_GUNICORN_WORKERS": ("2", "gunicorn worker processes"),
+    "PLURK_FASTPATH_WORKERS": ("0", "fastpath worker processes (0: one per CPU)"),
+    "PLURK_MEMCACHED_TIMEOUT_MS": ("50", "how long fastpath and Django wait for memcached"),
+    "PLURK_MEMCACHED_MEMORY_MB": ("64", "memory of each memcached the runner starts"),
+}
+
+
+def _resolve(path):
+    return path if os.path.isabs(path) else os.path.join(ROOT, path)
+
+
+def parse_hostport(name, value):
+    """``host:port`` or ``[v6]:port`` -> (host, port); host is returned without brackets."""
+    value = value.strip()
+    if value.startswith("["):
+        host, sep, port = value[1:].partition("]:")
+    else:
+        host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name}={value!r}: expected host:port, for example 127.0.0.1:8080")
+    return host, int(port)
+
+
+def is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def format_hostport(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StackConfig:
+    http: tuple
+    django: tuple
+    fastpath: tuple
+    fastpath_admin: tuple
+    memcached: tuple          # ((host, port), ...)
+    database_url: str
+    secret_file: str
+    var_dir: str
+    debug: bool
+    gunicorn_workers: int
+    fastpath_workers: int
+    memcached_timeout_ms: int
+    memcached_memory_mb: int
+
+    @classmethod
+    def from_env(cls, environ=None):
+        env = os.environ if environ is None else environ
+
+        def get(name):
+            return env.get(name, VARIABLES[name][0])
+
+        def integer(name, low, high):
+            raw = get(name)
+            try:
+                value = int(raw)
+            except ValueError:
+                value = None
+            if value is None or not low <= value <= high:
+                raise ConfigError(f"{name}={raw!r}: expected a whole number from {low} to {high}")
+            return value
+
+        servers = [s for s in get("PLURK_MEMCACHED").split(",") if s.strip()]
+        if not servers:
+            raise ConfigError("PLURK_MEMCACHED is empty: give at least one host:port")
+        memcached = tuple(parse_hostport("PLURK_MEMCACHED", s) for s in servers)
+        if len(set(memcached)) != len(memcached):
+            raise ConfigError("PLURK_MEMCACHED lists a server twice")
+        database_url = get("PLURK_DATABASE_URL")
+        scheme = urlsplit(database_url).scheme
+        if scheme not in ("sqlite", "postgres", "postgresql"):
+            raise ConfigError(f"PLURK_DATABASE_URL={database_url!r}: use sqlite:///path or postgres://...")
+        config = cls(
+            http=parse_hostport("PLURK_HTTP", get("PLURK_HTTP")),
+            django=parse_hostport("PLURK_DJANGO", get("PLURK_DJANGO")),
+            fastpath=parse_hostport("PLURK_FASTPATH", get("PLURK_FASTPATH")),
+            fastpath_admin=parse_hostport("PLURK_FASTPATH_ADMIN", get("PLURK_FASTPATH_ADMIN")),
+            memcached=memcached,
+            database_url=database_url,
+            secret_file=_resolve(get("PLURK_SECRET_FILE")),
+            var_dir=_resolve(get("PLURK_VAR_DIR")),
+            debug=get("PLURK_DEBUG") in ("1", "true", "yes", "on"),
+            gunicorn_workers=integer("PLURK_GUNICORN_WORKERS", 1, 64),
+            fastpath_workers=integer("PLURK_FASTPATH_WORKERS", 0, 64),
+            memcached_timeout_ms=integer("PLURK_MEMCACHED_TIMEOUT_MS", 1, 10000),
+            memcached_memory_mb=integer("PLURK_MEMCACHED_MEMORY_MB", 8, 65536),
+        )
+        config.check_ports()
+        return config
+
+    def check_ports(self):
+        seen = {}
+        for name, addr in [("PLURK_HTTP", self.http), ("PLURK_DJANGO", self.django),
+                           ("PLURK_FASTPATH", self.fastpath), ("PLURK_FASTPATH_ADMIN", self.fastpath_admin)] + \
+                [("PLURK_MEMCACHED", m) for m in self.memcached]:
+            if addr in seen:
+                raise ConfigError(f"{name} and {seen[addr]} both use {format_hostport(*addr)}")
+            seen[addr] = name
+        if not is_loopback(self.fastpath_admin[0]):
+            raise ConfigError("PLURK_FASTPATH_ADMIN must be a loopback address (stats are not public)")
+
+    @property
+    def memcached_nodes(self):
+        """Server names as pymemcache spells them (``host:port``, v6 host without brackets)."""
+        return [f"{host}:{port}" for host, port in self.memcached]
+
+    @property
+    def memcached_specs(self):
+        """Server specs for ``HashClient`` and fastpath's ``--memcached`` (v6 in brackets)."""
+        return [format_hostport(host, port) for host, port in self.memcached]
+
+    @property
+    def sqlite_path(self):
+        """The SQLite file for a sqlite:// URL (relative paths are under the checkout), else None."""
+        parts = urlsplit(self.database_url)
+        if parts.scheme != "sqlite":
+            return None
+        path = self.database_url[len("sqlite://"):]
+        if path.startswith("//"):        # sqlite:////abs/path
+            return path[1:]
+        return _resolve(path.lstrip("/"))
+
+    def log_dir(self):
+        return os.path.join(self.var_dir, "log")
+
+
+def load():
+    return StackConfig.from_env()

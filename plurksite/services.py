@@ -1,0 +1,109 @@
+"""How each service of the stack is started: command lines and readiness checks.
+
+Shared by the runner (``manage.py runstack``) and the test fixtures, so that tests start the very
+same programs with the very same flags as production, only on other ports.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+from .config import ROOT, format_hostport
+
+
+class ServiceError(RuntimeError):
+    """A service cannot be started; the message is one line that names the fix."""
+
+
+def find_binary(name, debian_package=None, extra_dirs=("/usr/sbin", "/usr/local/sbin", "/sbin")):
+    path = shutil.which(name) or next(
+        (os.path.join(d, name) for d in extra_dirs if os.access(os.path.join(d, name), os.X_OK)), None)
+    if path is None:
+        hint = f" (apt-get install {debian_package}, or run `make run`)" if debian_package else ""
+        raise ServiceError(f"{name} not found{hint}")
+    return path
+
+
+def free_port(host="127.0.0.1"):
+    """A TCP port that is free on ``host`` right now (for tests)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def accepts(host, port, timeout=0.2):
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host, port, timeout=15.0, process=None, name="service"):
+    """Wait until ``host:port`` accepts connections; fail early when ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if accepts(host, port):
+            return
+        if process is not None and process.poll() is not None:
+            raise ServiceError(f"{name} exited with status {process.returncode} before listening "
+                               f"on {format_hostport(host, port)}")
+        time.sleep(0.05)
+    raise ServiceError(f"{name} did not listen on {format_hostport(host, port)} within {timeout:.0f}s")
+
+
+def memcached_command(host, port, memory_mb=64, max_connections=4096):
+    return [find_binary("memcached", "memcached"), "-l", host, "-p", str(port), "-U", "0",
+            "-m", str(memory_mb), "-c", str(max_connections), "-t", "2",
+            "-u", "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")]
+
+
+def gunicorn_command(config, settings="plurksite.settings"):
+    venv_bin = os.path.dirname(sys.executable)
+    gunicorn = os.path.join(venv_bin, "gunicorn")
+    if not os.access(gunicorn, os.X_OK):
+        gunicorn = find_binary("gunicorn", None)
+    return [gunicorn, "plurksite.wsgi:application",
+            "--bind", format_hostport(*config.django),
+            "--workers", str(config.gunicorn_workers),
+            "--worker-class", "gthread", "--threads", "4",
+            "--timeout", "30", "--graceful-timeout", "10",
+            "--access-logfile", "-", "--error-logfile", "-",
+            "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
+
+
+def fastpath_command(config):
+    return [sys.executable, "-m", "fastpath",
+            "--listen", format_hostport(*config.fastpath),
+            "--admin", format_hostport(*config.fastpath_admin),
+            "--memcached", ",".join(config.memcached_specs),
+            "--secret-file", config.secret_file,
+            "--workers", str(config.fastpath_workers),
+            "--timeout-ms", str(config.memcached_timeout_ms)]
+
+
+def nginx_command(conf_path, prefix):
+    return [find_binary("nginx", "nginx"), "-p", prefix, "-c", conf_path, "-g", "daemon off;"]
+
+
+def nginx_test(conf_path, prefix):
+    """``nginx -t`` on the rendered file: raise ServiceError with nginx's own complaint."""
+    proc = subprocess.run([find_binary("nginx", "nginx"), "-t", "-q", "-p", prefix, "-c", conf_path],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if "[emerg]" in ln] or proc.stderr.splitlines()
+        raise ServiceError(f"nginx rejects {conf_path}: {lines[0] if lines else 'unknown error'}")

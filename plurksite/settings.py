@@ -1,0 +1,115 @@
+"""Django settings for the stack, all derived from plurksite.config (the PLURK_* environment)."""
+import hashlib
+import os
+from urllib.parse import unquote, urlsplit
+
+from plurkcore.secret import ensure_secret
+
+from .config import ROOT, load
+
+STACK = load()
+BASE_DIR = ROOT
+
+# Django's own signing key is derived from the shared secret, never equal to it.
+SECRET_KEY = hashlib.sha256(b"plurksite-django:" + ensure_secret(STACK.secret_file)).hexdigest()
+DEBUG = STACK.debug
+ALLOWED_HOSTS = ["*"] if DEBUG else ["127.0.0.1", "localhost", "[::1]", ".localhost", "testserver"]
+USE_X_FORWARDED_HOST = False
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "plurkcore",
+    "plurkweb",
+    "plurksite",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "plurksite.urls"
+WSGI_APPLICATION = "plurksite.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database(url):
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": STACK.sqlite_path,
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE",
+                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+            "TEST": {"NAME": os.environ.get("PLURK_TEST_SQLITE_NAME") or None},
+        }
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "CONN_MAX_AGE": 60,
+    }
+
+
+DATABASES = {"default": _database(STACK.database_url)}
+if STACK.sqlite_path:
+    os.makedirs(os.path.dirname(STACK.sqlite_path), exist_ok=True)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = os.path.join(STACK.var_dir, "static")
+
+# plurkcore's one settings dict: everything the app needs from the stack configuration.
+PLURKCORE = {
+    "MEMCACHED_SERVERS": STACK.memcached_specs,
+    "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
+    "SECRET_FILE": STACK.secret_file,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "plurkcore": {"level": "INFO"},
+        "plurksite": {"level": "INFO"},
+    },
+}
