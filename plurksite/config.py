@@ -135,6 +135,28 @@ class StackConfig:
         if not is_loopback(self.fastpath_admin[0]):
             raise ConfigError("PLURK_FASTPATH_ADMIN must be a loopback address (stats are not public)")
 
+    def to_env(self):
+        """The PLURK_* variables that reproduce this configuration (handed to every child)."""
+        return {
+            "PLURK_HTTP": format_hostport(*self.http),
+            "PLURK_DJANGO": format_hostport(*self.django),
+            "PLURK_FASTPATH": format_hostport(*self.fastpath),
+            "PLURK_FASTPATH_ADMIN": format_hostport(*self.fastpath_admin),
+            "PLURK_MEMCACHED": ",".join(self.memcached_specs),
+            "PLURK_DATABASE_URL": self.database_url,
+            "PLURK_SECRET_FILE": self.secret_file,
+            "PLURK_VAR_DIR": self.var_dir,
+            "PLURK_DEBUG": "1" if self.debug else "0",
+            "PLURK_GUNICORN_WORKERS": str(self.gunicorn_workers),
+            "PLURK_FASTPATH_WORKERS": str(self.fastpath_workers),
+            "PLURK_MEMCACHED_TIMEOUT_MS": str(self.memcached_timeout_ms),
+            "PLURK_MEMCACHED_MEMORY_MB": str(self.memcached_memory_mb),
+        }
+
+    @property
+    def base_url(self):
+        return f"http://{format_hostport(*self.http)}"
+
     @property
     def memcached_nodes(self):
         """Server names as pymemcache spells them (``host:port``, v6 host without brackets)."""

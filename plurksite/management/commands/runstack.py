@@ -1,0 +1,70 @@
+"""``manage.py runstack``: run memcached, gunicorn, fastpath and nginx in the foreground."""
+import logging
+import os
+import signal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from plurksite.config import format_hostport
+from plurksite.services import ServiceError
+from plurksite.stack import Stack
+
+DEMO_USERS = ("alice", "bob", "carol", "dave")
+
+
+class Command(BaseCommand):
+    help = ("Start every service of the stack on loopback (memcached, gunicorn, fastpath, nginx), "
+            "restart any that dies, and stop them all on Ctrl-C or SIGTERM.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--nginx-workers", default="auto",
+                            help="nginx worker_processes (default: auto)")
+
+    def _setup_logging(self, config):
+        os.makedirs(config.log_dir(), exist_ok=True)
+        fmt = logging.Formatter("%(asctime)s runstack %(levelname)s %(message)s", "%H:%M:%S")
+        logger = logging.getLogger("plurksite.stack")
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        for handler in (logging.StreamHandler(self.stdout._out),
+                        logging.FileHandler(os.path.join(config.log_dir(), "runstack.log"))):
+            handler.setFormatter(fmt)
+            logger.addHandler(handler)
+
+    def _demo_note(self):
+        try:
+            from django.contrib.auth import get_user_model
+
+            names = set(get_user_model().objects.filter(username__in=DEMO_USERS)
+                        .values_list("username", flat=True))
+        except Exception:  # database not migrated yet: runstack still runs
+            return ""
+        if not names:
+            return ""
+        return f"  demo logins: {', '.join(sorted(names))} (password plurkdemo1)\n"
+
+    def handle(self, *args, **options):
+        config = settings.STACK
+        self._setup_logging(config)
+        stack = Stack(config, nginx_workers=options["nginx_workers"])
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stack.request_stop)
+        try:
+            stack.start()
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(
+            "\nThe stack is up.\n"
+            f"  open {config.base_url}/  (nginx: polls go to fastpath first, then Django)\n"
+            f"{self._demo_note()}"
+            f"  Django  http://{format_hostport(*config.django)}/   "
+            f"fastpath {format_hostport(*config.fastpath)}   "
+            f"metrics http://{format_hostport(*config.fastpath_admin)}/metrics\n"
+            f"  memcached {', '.join(config.memcached_specs)}   logs {config.log_dir()}/\n"
+            "Press Ctrl-C to stop.\n")
+        try:
+            stack.wait()
+        finally:
+            self.stdout.write("stopping...")
+            stack.stop()
