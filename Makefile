@@ -1,0 +1,80 @@
+# The developer interface.  `make run` and `make test` are the two commands of the README: each
+# installs what is missing (Debian packages, .venv, the compiled extension) and is fast when
+# nothing changed.
+
+PYTHON    ?= python3
+VENV      := .venv
+PY        := $(VENV)/bin/python
+PIP       := $(VENV)/bin/pip
+STAMP     := $(VENV)/.installed
+APT_STAMP := $(VENV)/.apt-installed
+EXT_SRC   := $(wildcard fastpath/*.pyx fastpath/*.pxd fastpath/includes/*.pxd fastpath/src/*.c fastpath/src/*.h) setup.py
+EXT       := fastpath/.built
+PYTEST    := $(PY) -m pytest
+PYTEST_ARGS ?=
+
+.PHONY: run test test-sqlite test-postgres load bench compile debug install migrate demo clean distclean help
+
+help:
+	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
+	@echo "make test     install what is missing, run the full test suite (SQLite, then PostgreSQL)"
+	@echo "make load     run the locust simulation (a few hundred users, one minute) against the stack"
+	@echo "make bench    run every benchmark; results and plots in bench/results/"
+	@echo "make compile  rebuild the fastpath extension in place"
+	@echo "make clean    remove build products (keeps .venv and var/)"
+
+$(APT_STAMP): deps/apt-packages.txt deps/install-apt.sh
+	sh deps/install-apt.sh
+	@mkdir -p $(VENV) && touch $@
+
+$(STAMP): requirements.txt $(APT_STAMP)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	touch $@
+
+$(EXT): $(STAMP) $(EXT_SRC)
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+install: $(EXT)
+
+compile:
+	rm -f $(EXT)
+	$(MAKE) $(EXT)
+
+debug:
+	FASTPATH_DEBUG=1 $(PY) setup.py -q build_ext --inplace --force
+	rm -f $(EXT)
+
+migrate: install
+	$(PY) manage.py migrate --noinput -v 0
+
+demo: migrate
+	$(PY) manage.py seeddemo
+
+run: demo
+	$(PY) manage.py runstack
+
+test: install
+	$(PYTEST) $(PYTEST_ARGS) tests
+	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/plurkcore
+
+test-sqlite: install
+	$(PYTEST) $(PYTEST_ARGS) tests
+
+test-postgres: install
+	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) tests/plurkcore
+
+load: migrate
+	$(PY) bench/load.py
+
+bench: migrate
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf build dist *.egg-info fastpath/_server.c fastpath/*.so fastpath/*.html $(EXT)
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) var
