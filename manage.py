@@ -6,6 +6,13 @@ import sys
 
 def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "plurksite.settings")
+    if os.environ["DJANGO_SETTINGS_MODULE"] == "plurksite.settings":
+        from plurksite.config import ConfigError, load
+
+        try:
+            load()
+        except ConfigError as exc:
+            sys.exit(f"error: {exc}")
     try:
         from django.core.management import execute_from_command_line
     except ImportError as exc:

@@ -1,0 +1,118 @@
+"""The rendered nginx config itself: polls fall back from fastpath to Django with method and
+body intact, whether fastpath is down (502) or answers a miss (404).
+
+Django is replaced here by a small recording HTTP server, only so the test can see exactly what
+nginx forwarded; the end-to-end tests in test_stack.py do the same through the real Django.
+"""
+import json
+import os
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from plurksite import nginxconf, services
+from tests.support.stack import stack_config
+
+
+class Recorder(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen = []
+
+    def _answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        record = {"method": self.command, "path": self.path, "body": body.decode("latin-1"),
+                  "xff": self.headers.get("X-Forwarded-For"), "host": self.headers.get("Host")}
+        Recorder.seen.append(record)
+        out = json.dumps(record).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Cache", "MISS")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = do_PUT = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def nginx_with_recorder(tmp_path):
+    config = stack_config(tmp_path)
+    server = ThreadingHTTPServer(config.django, Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    conf = nginxconf.render(config, worker_processes=1)
+    services.nginx_test(conf, config.var_dir)
+    proc = subprocess.Popen(services.nginx_command(conf, config.var_dir),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        services.wait_for_port(*config.http, process=proc, name="nginx")
+        Recorder.seen.clear()
+        yield config
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        server.shutdown()
+        server.server_close()
+
+
+def test_rendered_config_has_no_placeholders(tmp_path):
+    config = stack_config(tmp_path)
+    text = open(nginxconf.render(config)).read()
+    assert "{{" not in text and "}}" not in text
+    assert f"listen 127.0.0.1:{config.http[1]}" in text
+    assert "error_page 404 502 503 504 = @django;" in text
+    services.nginx_test(os.path.join(config.var_dir, "nginx.conf"), config.var_dir)
+
+
+def test_render_rejects_unknown_placeholder():
+    with pytest.raises(KeyError, match="nope"):
+        nginxconf.render_text("x {{ nope }} y", {})
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_fallback_when_fastpath_is_down_keeps_method_and_body(nginx_with_recorder, method):
+    base = nginx_with_recorder.base_url
+    body = "cursor=42&x=" + "y" * 5000 if method == "POST" else None
+    resp = requests.request(method, base + "/Poll/getMessages?q=1", data=body, timeout=5,
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status_code == 200
+    record = resp.json()
+    assert record["method"] == method
+    assert record["path"] == "/Poll/getMessages?q=1"
+    assert record["body"] == (body or "")
+    assert record["xff"] == "127.0.0.1"
+    assert record["host"] == f"127.0.0.1:{nginx_with_recorder.http[1]}"
+
+
+def test_fallback_on_fastpath_miss_keeps_body(nginx_with_recorder, memcached, tmp_path):
+    """Real fastpath, empty memcached: fastpath says 404, nginx resends the POST to 'Django'."""
+    pytest.importorskip("fastpath._server", reason="fastpath extension not built (make compile)")
+    from plurkcore import tokens
+    from plurkcore.secret import ensure_secret
+    import dataclasses
+    import time
+
+    config = dataclasses.replace(nginx_with_recorder, memcached=((memcached.host, memcached.port),))
+    key = ensure_secret(config.secret_file)
+    proc = subprocess.Popen(services.fastpath_command(config), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        services.wait_for_port(*config.fastpath, process=proc, name="fastpath")
+        token = tokens.sign(key, 7, 0, int(time.time()) + 60)
+        body = json.dumps({"hello": "world", "pad": "z" * 3000})
+        resp = requests.post(config.base_url + "/Poll/getUnreadCount", data=body, timeout=5,
+                             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["body"] == body
+        assert resp.json()["method"] == "POST"
+        assert resp.headers["X-Cache"] == "MISS"
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait(timeout=10)

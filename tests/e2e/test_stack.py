@@ -1,0 +1,161 @@
+"""End to end through nginx with every real part running: hits, misses, fills, POST fallbacks,
+and polls that keep working while fastpath or memcached is dead."""
+import json
+import time
+
+import pytest
+from pymemcache.client.hash import HashClient
+
+pytestmark = pytest.mark.slow
+
+
+def _follow_and_post(stack, text="hello"):
+    """A posts, B follows A: B has one unread plurk.  Returns (token_a, token_b, plurk)."""
+    name_a, token_a = stack.signup("a")
+    _, token_b = stack.signup("b")
+    assert stack.api("POST", "/api/follow", token_b, json={"username": name_a}).status_code in (200, 201)
+    resp = stack.api("POST", "/api/plurks", token_a, json={"content": text})
+    assert resp.status_code == 201, resp.text
+    return token_a, token_b, resp.json()
+
+
+def _poll_until(stack, resource, token, want_cache, timeout=10.0, **kwargs):
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = stack.poll(resource, token, **kwargs)
+        if resp.headers.get("X-Cache") == want_cache or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.1)
+
+
+def _cache(stack):
+    return HashClient(stack.config.memcached_specs, connect_timeout=1, timeout=1)
+
+
+def _uid_epoch(token):
+    _, uid, epoch, _, _ = token.split(".")
+    return uid, epoch
+
+
+def test_hit_is_served_by_fastpath(stack):
+    _, token_b, plurk = _follow_and_post(stack)
+    resp = stack.poll("getUnreadCount", token_b)
+    assert resp.status_code == 200
+    assert resp.headers["X-Cache"] == "HIT"
+    assert resp.headers["Cache-Control"] == "no-store"
+    assert resp.headers["Content-Type"].startswith("application/json")
+    assert resp.json() == {"count": 1}
+    messages = stack.poll("getMessages", token_b)
+    assert messages.headers["X-Cache"] == "HIT"
+    assert [item["id"] for item in messages.json()["items"]] == [plurk["id"]]
+
+
+def test_nothing_new_is_an_empty_hit(stack):
+    _, token = stack.signup("quiet")
+    resp = _poll_until(stack, "getUnreadCount", token, "HIT")
+    assert resp.status_code == 204
+    assert resp.headers["X-Cache"] == "HIT"
+    assert resp.content == b""
+
+
+def test_miss_is_answered_by_django_and_fills_the_cache(stack):
+    _, token_b, _ = _follow_and_post(stack)
+    uid, epoch = _uid_epoch(token_b)
+    cache = _cache(stack)
+    cache.delete(f"p1:getUnreadCount:{uid}:{epoch}")
+    miss = stack.poll("getUnreadCount", token_b)
+    assert miss.status_code == 200
+    assert miss.headers["X-Cache"] == "MISS"
+    assert miss.json() == {"count": 1}
+    hit = stack.poll("getUnreadCount", token_b)
+    assert hit.headers["X-Cache"] == "HIT"
+    assert hit.content == miss.content
+
+
+def test_post_poll_falls_back_with_body_intact(stack):
+    _, token_b, _ = _follow_and_post(stack)
+    uid, epoch = _uid_epoch(token_b)
+    _cache(stack).delete(f"p1:getMessages:{uid}:{epoch}")
+    body = json.dumps({"client": "e2e", "pad": "p" * 4000})
+    resp = stack.poll("getMessages", token_b, method="POST", data=body,
+                      headers={"Content-Type": "application/json"})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["X-Cache"] == "MISS"
+    assert resp.json()["count"] == 1
+    again = stack.poll("getMessages", token_b, method="POST", data=body,
+                       headers={"Content-Type": "application/json"})
+    assert again.headers["X-Cache"] == "HIT"
+    assert again.content == resp.content
+
+
+def test_fastpath_and_django_give_the_same_answers(stack):
+    """The contract, observed: for the same requests fastpath (from cache) and Django (from the
+    database) answer the same status and the same bytes."""
+    token_a, token_b, _ = _follow_and_post(stack, "same bytes \u2603 <b>&amp;</b>")
+    stack.api("POST", "/api/plurks/%d/responses" % _follow_and_post(stack)[2]["id"], token_a,
+              json={"content": "r"})
+    cases = [(r, t) for r in ("getUnreadCount", "getMessages") for t in (token_a, token_b)]
+    for resource, token in cases:
+        _poll_until(stack, resource, token, "HIT")
+        fast = stack.poll(resource, token, base=stack.fastpath_url)
+        slow = stack.poll(resource, token, base=stack.django_url)
+        assert fast.headers["X-Cache"] == "HIT" and slow.headers["X-Cache"] == "MISS"
+        assert (fast.status_code, fast.content) == (slow.status_code, slow.content), resource
+    for bad in ("", "v1.1.0.1.00", token_b[:-1] + ("0" if token_b[-1] != "0" else "1")):
+        fast = stack.poll("getUnreadCount", bad, base=stack.fastpath_url)
+        slow = stack.poll("getUnreadCount", bad, base=stack.django_url)
+        assert fast.status_code == slow.status_code == 401
+        assert "error" in fast.json() and "error" in slow.json()
+
+
+def test_logout_revokes_poll_token(stack):
+    _, token_b, _ = _follow_and_post(stack)
+    assert _poll_until(stack, "getUnreadCount", token_b, "HIT").status_code == 200
+    assert stack.api("POST", "/api/logout", token_b).status_code == 204
+    resp = stack.poll("getUnreadCount", token_b)
+    assert resp.status_code == 401
+    assert "error" in resp.json()
+
+
+def test_polls_survive_fastpath_death_and_hits_resume(private_stack):
+    stack = private_stack
+    _, token_b, _ = _follow_and_post(stack)
+    assert _poll_until(stack, "getUnreadCount", token_b, "HIT").headers["X-Cache"] == "HIT"
+    fastpath = stack.service("fastpath")
+    fastpath.kill()
+    for _ in range(20):
+        resp = stack.poll("getUnreadCount", token_b)
+        assert resp.status_code == 200 and resp.json() == {"count": 1}
+    resp = _poll_until(stack, "getUnreadCount", token_b, "HIT", timeout=15)
+    assert resp.headers["X-Cache"] == "HIT" and resp.json() == {"count": 1}
+    assert fastpath.restarts >= 1
+
+
+def test_polls_survive_memcached_death_and_hits_resume(private_stack):
+    stack = private_stack
+    token_a, token_b, _ = _follow_and_post(stack)
+    assert _poll_until(stack, "getUnreadCount", token_b, "HIT").headers["X-Cache"] == "HIT"
+    memcached = stack.service(f"memcached:{stack.config.memcached_specs[0]}")
+    memcached.kill()
+    for _ in range(20):
+        resp = stack.poll("getUnreadCount", token_b)
+        assert resp.status_code == 200 and resp.json() == {"count": 1}
+        assert resp.headers["X-Cache"] == "MISS"
+    # A write while memcached is dead must not fail, and must not be lost.
+    assert stack.api("POST", "/api/plurks", token_a, json={"content": "during outage"}).status_code == 201
+    resp = _poll_until(stack, "getUnreadCount", token_b, "HIT", timeout=20)
+    assert resp.headers["X-Cache"] == "HIT"
+    assert resp.json() == {"count": 2}
+    assert memcached.restarts >= 1
+
+
+def test_both_dead_then_both_back(private_stack):
+    stack = private_stack
+    _, token_b, _ = _follow_and_post(stack)
+    stack.service("fastpath").kill()
+    stack.service(f"memcached:{stack.config.memcached_specs[0]}").kill()
+    for _ in range(10):
+        resp = stack.poll("getMessages", token_b)
+        assert resp.status_code == 200 and resp.json()["count"] == 1
+    resp = _poll_until(stack, "getMessages", token_b, "HIT", timeout=20)
+    assert resp.headers["X-Cache"] == "HIT" and resp.json()["count"] == 1
