@@ -1,0 +1,53 @@
+"""The one configuration source: defaults, parsing, and the errors an operator sees."""
+import pytest
+
+from plurksite.config import VARIABLES, ConfigError, StackConfig, parse_hostport
+
+
+def test_defaults_are_documented_and_valid():
+    config = StackConfig.from_env({})
+    assert config.http == ("127.0.0.1", 8080)
+    assert config.django == ("127.0.0.1", 8000)
+    assert config.fastpath == ("127.0.0.1", 8001)
+    assert config.memcached == (("127.0.0.1", 11211),)
+    assert config.sqlite_path.endswith("var/plurk.sqlite3")
+    assert all(help_text for _, help_text in VARIABLES.values())
+
+
+def test_round_trip_through_environment():
+    env = {"PLURK_MEMCACHED": "127.0.0.1:1,[::1]:2", "PLURK_HTTP": "127.0.0.1:9090",
+           "PLURK_DATABASE_URL": "postgres://u:p@127.0.0.1:5432/db"}
+    config = StackConfig.from_env(env)
+    assert StackConfig.from_env(config.to_env()) == config
+    assert config.memcached_nodes == ["127.0.0.1:1", "::1:2"]     # as pymemcache names nodes
+    assert config.memcached_specs == ["127.0.0.1:1", "[::1]:2"]
+    assert config.sqlite_path is None
+
+
+@pytest.mark.parametrize("value", ["", "host", "host:", ":80", "h:0", "h:65536", "h:abc", "[::1]"])
+def test_bad_hostport_names_the_variable(value):
+    with pytest.raises(ConfigError, match="PLURK_HTTP"):
+        StackConfig.from_env({"PLURK_HTTP": value})
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"PLURK_MEMCACHED": " , "}, "PLURK_MEMCACHED is empty"),
+    ({"PLURK_MEMCACHED": "127.0.0.1:1,127.0.0.1:1"}, "twice"),
+    ({"PLURK_DATABASE_URL": "mysql://x"}, "PLURK_DATABASE_URL"),
+    ({"PLURK_GUNICORN_WORKERS": "zero"}, "PLURK_GUNICORN_WORKERS"),
+    ({"PLURK_MEMCACHED_TIMEOUT_MS": "0"}, "1 to 10000"),
+    ({"PLURK_DJANGO": "127.0.0.1:8080"}, "both use 127.0.0.1:8080"),
+    ({"PLURK_FASTPATH_ADMIN": "0.0.0.0:9"}, "loopback"),
+])
+def test_invalid_values_are_refused_with_a_reason(env, words):
+    with pytest.raises(ConfigError, match=words):
+        StackConfig.from_env(env)
+
+
+def test_parse_ipv6():
+    assert parse_hostport("X", "[::1]:11211") == ("::1", 11211)
+
+
+def test_sqlite_absolute_and_relative_paths():
+    assert StackConfig.from_env({"PLURK_DATABASE_URL": "sqlite:////tmp/x.db"}).sqlite_path == "/tmp/x.db"
+    assert StackConfig.from_env({"PLURK_DATABASE_URL": "sqlite:///rel/x.db"}).sqlite_path.endswith("/rel/x.db")
