@@ -1,0 +1,2 @@
+"""Placeholder until the web pages app lands (its owner replaces this file)."""
+urlpatterns = []
