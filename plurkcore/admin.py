@@ -1,0 +1,47 @@
+from django.contrib import admin
+
+from .models import Follow, Plurk, Response, StaleKey, SuspectServer, UserState
+
+
+@admin.register(Plurk)
+class PlurkAdmin(admin.ModelAdmin):
+    list_display = ("id", "author", "content", "created")
+    list_select_related = ("author",)
+    search_fields = ("content", "author__username")
+    raw_id_fields = ("author",)
+    exclude = ("parent",)
+    date_hierarchy = "created"
+
+
+@admin.register(Response)
+class ResponseAdmin(admin.ModelAdmin):
+    list_display = ("id", "parent_id", "author", "content", "created")
+    list_select_related = ("author",)
+    search_fields = ("content", "author__username")
+    raw_id_fields = ("author", "parent")
+
+
+@admin.register(Follow)
+class FollowAdmin(admin.ModelAdmin):
+    list_display = ("follower", "followee", "created")
+    list_select_related = ("follower", "followee")
+    raw_id_fields = ("follower", "followee")
+    search_fields = ("follower__username", "followee__username")
+
+
+@admin.register(UserState)
+class UserStateAdmin(admin.ModelAdmin):
+    list_display = ("user", "epoch", "read_upto")
+    raw_id_fields = ("user",)
+    search_fields = ("user__username",)
+
+
+@admin.register(SuspectServer, StaleKey)
+class CacheDebtAdmin(admin.ModelAdmin):
+    """Read-only view of pending cache repairs (manage.py repaircache clears them)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

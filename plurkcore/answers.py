@@ -1,0 +1,179 @@
+"""Poll resources: database -> the exact response body of each user's answer.
+
+A resource is a function ``compute(user_ids) -> {user_id: bytes}`` registered under a name (the
+``/Poll/<name>`` path and the cache key's resource part).  The value is the 200 body, or ``b""`` for
+"nothing new" (204).  Users that do not exist are left out of the result.  The two built-ins are
+registered exactly as an integrating app registers its own::
+
+    from plurkcore.answers import register
+
+    @register("getMentions", affected_by={"plurk", "response"})
+    def mentions(user_ids):
+        ...
+
+``affected_by`` names the change kinds (:data:`CHANGE_KINDS`) after which the publisher rewrites
+the resource's answers; ``None`` (the default) means every kind.
+"""
+import dataclasses
+import datetime
+import json
+
+from django.db import connection
+
+from . import keys
+from .models import Follow, Plurk, UserState
+
+#: What the publisher reports: a plurk, a response, a follow/unfollow, a moved read cursor, a user
+#: created or deleted.  A changed epoch (logout) always rewrites every resource.
+CHANGE_KINDS = frozenset({"plurk", "response", "follow", "read", "user"})
+
+MESSAGES_LIMIT = 50
+
+
+def dumps(obj):
+    """The one JSON encoding of the contract (docs/contract.md, section 5)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def isoformat(value):
+    """ISO 8601 in UTC with millisecond precision and a ``Z``: ``2026-01-02T03:04:05.678Z``."""
+    return value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + \
+        f"{value.microsecond // 1000:03d}Z"
+
+
+@dataclasses.dataclass(frozen=True)
+class PollResource:
+    name: str
+    compute: object
+    affected_by: frozenset = None
+
+    def is_affected_by(self, kind):
+        return kind == "epoch" or self.affected_by is None or kind in self.affected_by
+
+
+_registry = {}
+
+
+def register(name, affected_by=None):
+    """Decorator: register ``compute(user_ids) -> {user_id: bytes}`` as poll resource ``name``."""
+    if not keys.is_valid_resource(name):
+        raise ValueError(f"invalid poll resource name {name!r}: 1-32 of A-Z a-z 0-9 _")
+    if affected_by is not None:
+        affected_by = frozenset(affected_by)
+        unknown = affected_by - CHANGE_KINDS
+        if unknown:
+            raise ValueError(f"unknown change kinds {sorted(unknown)}; known: {sorted(CHANGE_KINDS)}")
+
+    def decorator(compute):
+        _registry[name] = PollResource(name, compute, affected_by)
+        return compute
+
+    return decorator
+
+
+def unregister(name):
+    _registry.pop(name, None)
+
+
+def get_resource(name):
+    return _registry.get(name)
+
+
+def resources():
+    return list(_registry.values())
+
+
+# -- the built-ins ---------------------------------------------------------------------------
+def _unread_sql(count):
+    """(sql, params-builder) of the rows (uid, eid): every unread item of the users in the CTE.
+
+    Unread items of U: plurks by users U follows, and responses by anyone but U to plurks authored
+    by U or by users U follows; all with an id above U's read cursor."""
+    state = UserState._meta.db_table
+    follow = Follow._meta.db_table
+    entry = Plurk._meta.db_table
+    marks = ", ".join(["%s"] * count)
+    return f"""
+        WITH s AS (SELECT user_id, read_upto FROM {state} WHERE user_id IN ({marks})),
+        unread AS (
+            SELECT s.user_id AS uid, e.id AS eid
+              FROM s JOIN {follow} f ON f.follower_id = s.user_id
+                     JOIN {entry} e ON e.author_id = f.followee_id
+             WHERE e.parent_id IS NULL AND e.id > s.read_upto
+            UNION ALL
+            SELECT s.user_id, r.id
+              FROM s JOIN {entry} p ON p.author_id = s.user_id
+                     JOIN {entry} r ON r.parent_id = p.id
+             WHERE p.parent_id IS NULL AND r.id > s.read_upto AND r.author_id <> s.user_id
+            UNION ALL
+            SELECT s.user_id, r.id
+              FROM s JOIN {follow} f ON f.follower_id = s.user_id
+                     JOIN {entry} p ON p.author_id = f.followee_id
+                     JOIN {entry} r ON r.parent_id = p.id
+             WHERE p.parent_id IS NULL AND r.id > s.read_upto AND r.author_id <> s.user_id
+        )"""
+
+
+def _existing(user_ids):
+    return set(UserState.objects.filter(user_id__in=user_ids).values_list("user_id", flat=True))
+
+
+def unread_counts(user_ids):
+    """{uid: number of unread items} for the users that exist (0 included)."""
+    user_ids = list(user_ids)
+    if not user_ids:
+        return {}
+    sql = _unread_sql(len(user_ids)) + " SELECT uid, COUNT(*) FROM unread GROUP BY uid"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, user_ids)
+        counts = dict(cursor.fetchall())
+    return {uid: counts.get(uid, 0) for uid in _existing(user_ids)}
+
+
+def unread_messages(user_ids, limit=MESSAGES_LIMIT):
+    """{uid: (count, [item, ...] newest first, at most ``limit``)} for the users that exist."""
+    user_ids = list(user_ids)
+    if not user_ids:
+        return {}
+    sql = _unread_sql(len(user_ids)) + """
+        SELECT uid, eid, cnt FROM (
+            SELECT uid, eid, ROW_NUMBER() OVER (PARTITION BY uid ORDER BY eid DESC) AS rn,
+                   COUNT(*) OVER (PARTITION BY uid) AS cnt
+              FROM unread) w
+         WHERE rn <= %s"""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*user_ids, limit])
+        rows = cursor.fetchall()
+    entries = {}
+    wanted = {eid for _, eid, _ in rows}
+    if wanted:
+        for row in Plurk.entries.filter(id__in=wanted).values_list(
+                "id", "parent_id", "author__username", "content", "created"):
+            eid, parent_id, author, content, created = row
+            entries[eid] = {
+                "id": eid,
+                "plurk_id": parent_id or eid,
+                "kind": "response" if parent_id else "plurk",
+                "author": author,
+                "content": content,
+                "created": isoformat(created),
+            }
+    result = {uid: (0, []) for uid in _existing(user_ids)}
+    for uid, eid, cnt in rows:
+        if uid in result and eid in entries:
+            result[uid][1].append(entries[eid])
+            result[uid] = (cnt, result[uid][1])
+    for count, items in result.values():
+        items.sort(key=lambda item: item["id"], reverse=True)
+    return result
+
+
+@register("getUnreadCount")
+def get_unread_count(user_ids):
+    return {uid: dumps({"count": n}) if n else b"" for uid, n in unread_counts(user_ids).items()}
+
+
+@register("getMessages")
+def get_messages(user_ids):
+    return {uid: dumps({"count": n, "items": items}) if n else b""
+            for uid, (n, items) in unread_messages(user_ids).items()}

@@ -1,0 +1,72 @@
+"""Issuing and checking poll tokens (the format is tokens.py's; the epoch lives in UserState)."""
+import functools
+import time
+
+from django.contrib.auth import get_user_model
+
+from . import conf, tokens
+from .secret import read_secret
+
+
+@functools.lru_cache(maxsize=1)
+def signing_key():
+    """The shared secret's key bytes, read once per configuration."""
+    return read_secret(conf.get_config()["SECRET_FILE"])
+
+
+conf.on_reset(signing_key.cache_clear)
+
+
+def issue_token(user_id, epoch, now=None):
+    now = int(time.time() if now is None else now)
+    return tokens.sign(signing_key(), user_id, epoch, now + conf.get_config()["TOKEN_TTL"])
+
+
+def token_from_request(request):
+    """(token, source) with source "header" or "cookie", else (None, None).  The Authorization
+    header wins when both are present (docs/contract.md, section 2)."""
+    header = request.META.get("HTTP_AUTHORIZATION")
+    if header is not None:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value:
+            return value, "header"
+        return header, "header"   # present but not a bearer token: invalid, never the cookie
+    cookie = request.COOKIES.get(conf.get_config()["COOKIE_NAME"])
+    if cookie:
+        return cookie, "cookie"
+    return None, None
+
+
+class AuthError(Exception):
+    pass
+
+
+def authenticate_token(token, now=None):
+    """(user, epoch) for a valid token of an active user at its current epoch; else AuthError."""
+    from .models import UserState
+
+    if token is None:
+        raise AuthError("authentication required")
+    try:
+        uid, epoch, _ = tokens.verify(signing_key(), token, int(time.time() if now is None else now))
+    except tokens.TokenError as exc:
+        raise AuthError(f"invalid token: {exc}") from None
+    state = (UserState.objects.select_related("user").filter(user_id=uid).first())
+    if state is None or not state.user.is_active:
+        raise AuthError("invalid token: unknown user")
+    if state.epoch != epoch:
+        raise AuthError("invalid token: revoked")
+    user = state.user
+    user._plurk_state = state
+    return user, epoch
+
+
+def ensure_state(user):
+    from .models import UserState
+
+    state, _ = UserState.objects.get_or_create(user=user)
+    return state
+
+
+def User():
+    return get_user_model()

@@ -1,0 +1,67 @@
+"""plurkcore's settings: one ``settings.PLURKCORE`` dict merged over :data:`DEFAULTS`.
+
+``get_config()`` is cached and cleared on ``setting_changed`` (so ``override_settings`` works in
+tests); every derived object (the memcached client, the signing key) registers a reset callback
+with :func:`on_reset` and is rebuilt on next use.
+"""
+import functools
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+#: Every key plurkcore reads, with its default.  Documented in docs/api.md ("Settings").
+DEFAULTS = {
+    # memcached servers as "host:port" / "[v6]:port"; the order does not matter (rendezvous hash).
+    "MEMCACHED_SERVERS": ["127.0.0.1:11211"],
+    # seconds to wait for memcached (connect and each reply); keep it short: never blocks the API.
+    "MEMCACHED_TIMEOUT": 0.05,
+    # seconds a server that failed is skipped by this process before it is tried again.
+    "MEMCACHED_RETRY_INTERVAL": 1.0,
+    # the HMAC key file shared with fastpath (docs/contract.md, section 1); required.
+    "SECRET_FILE": None,
+    # lifetime of issued tokens, seconds.
+    "TOKEN_TTL": 30 * 24 * 3600,
+    # lifetime of a cached answer, seconds: the last safety net against a stale entry.
+    "CACHE_TTL": 3600,
+    # gets -> read -> cas attempts per key before the key is handed to the repair pass.
+    "CAS_ATTEMPTS": 4,
+    # users per answer query / memcached batch.
+    "BATCH_SIZE": 1000,
+    # largest request body the API accepts, bytes (larger: 413).
+    "MAX_BODY_SIZE": 64 * 1024,
+    # name of the auth cookie (the contract fixes "plurk_token"; change only with fastpath).
+    "COOKIE_NAME": "plurk_token",
+    # seconds between passes of `manage.py repaircache --loop`.
+    "REPAIR_INTERVAL": 0.5,
+}
+
+_reset_callbacks = []
+
+
+@functools.lru_cache(maxsize=None)
+def get_config():
+    """The effective configuration: a copy of DEFAULTS updated with ``settings.PLURKCORE``."""
+    config = dict(DEFAULTS)
+    user = getattr(settings, "PLURKCORE", None)
+    if isinstance(user, dict):
+        config.update(user)
+    return config
+
+
+def on_reset(callback):
+    """Call ``callback()`` whenever the configuration is invalidated; returns ``callback``."""
+    _reset_callbacks.append(callback)
+    return callback
+
+
+def reset():
+    get_config.cache_clear()
+    for callback in _reset_callbacks:
+        callback()
+
+
+@receiver(setting_changed)
+def _setting_changed(*, setting, **kwargs):
+    if setting == "PLURKCORE":
+        reset()

@@ -1,0 +1,133 @@
+"""JSON plumbing shared by the API and poll views: errors are always ``{"error": "..."}``."""
+import functools
+import json
+import logging
+
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, HttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from . import conf
+from .auth import AuthError, authenticate_token, token_from_request
+
+logger = logging.getLogger("plurkcore.api")
+
+
+class ApiError(Exception):
+    def __init__(self, status, message, headers=None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def json_response(obj, status=200, headers=None):
+    from .answers import dumps
+
+    response = HttpResponse(dumps(obj), status=status, content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def error_response(status, message, headers=None):
+    return json_response({"error": message}, status=status, headers=headers)
+
+
+def no_content():
+    response = HttpResponse(status=204)
+    del response["Content-Type"]
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class _CsrfCheck(CsrfViewMiddleware):
+    """Django's CSRF checks, returning the failure reason instead of an HTML page."""
+
+    def _reject(self, request, reason):
+        return reason
+
+
+def _csrf_failure(request):
+    reason = _CsrfCheck(lambda r: None).process_view(request, None, (), {})
+    return reason if isinstance(reason, str) else None
+
+
+def read_json(request):
+    """The request body as a JSON object (dict); ApiError 400/413 otherwise."""
+    limit = conf.get_config()["MAX_BODY_SIZE"]
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError(400, "bad Content-Length") from None
+    if length > limit:
+        raise ApiError(413, f"request body too large (limit {limit} bytes)")
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise ApiError(413, f"request body too large (limit {limit} bytes)") from None
+    if len(body) > limit:
+        raise ApiError(413, f"request body too large (limit {limit} bytes)")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ApiError(400, "the body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return data
+
+
+def field(data, name, kind=str):
+    value = data.get(name)
+    if kind is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ApiError(400, f"'{name}' must be an integer")
+    elif not isinstance(value, kind):
+        raise ApiError(400, f"'{name}' must be a {'string' if kind is str else kind.__name__}")
+    return value
+
+
+def api_view(methods, auth=True):
+    """Wrap a JSON view: method check, authentication, CSRF for cookie-authenticated writes, and
+    every failure (including unexpected ones) turned into a JSON error response."""
+    methods = [m.upper() for m in methods]
+
+    def decorator(view):
+        @functools.wraps(view)
+        def wrapper(request, *args, **kwargs):
+            try:
+                if request.method not in methods:
+                    raise ApiError(405, f"method {request.method} not allowed",
+                                   {"Allow": ", ".join(methods)})
+                if auth:
+                    token, source = token_from_request(request)
+                    try:
+                        request.plurk_user, request.plurk_epoch = authenticate_token(token)
+                    except AuthError as exc:
+                        raise ApiError(401, str(exc)) from None
+                    request.plurk_auth_source = source
+                    if source == "cookie" and request.method not in ("GET", "HEAD", "OPTIONS", "TRACE"):
+                        reason = _csrf_failure(request)
+                        if reason:
+                            raise ApiError(403, f"CSRF check failed: {reason}")
+                return view(request, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(exc.status, exc.message, exc.headers)
+            except Http404 as exc:
+                return error_response(404, str(exc) or "not found")
+            except PermissionDenied:
+                return error_response(403, "permission denied")
+            except RequestDataTooBig:
+                return error_response(413, "request body too large")
+            except SuspiciousOperation as exc:
+                logger.warning("suspicious request: %s", exc)
+                return error_response(400, "bad request")
+            except Exception:
+                logger.exception("unexpected error in %s", view.__name__)
+                return error_response(500, "internal error")
+
+        return csrf_exempt(wrapper)
+
+    return decorator

@@ -1,0 +1,123 @@
+"""The authoritative store.  Users are ``django.contrib.auth`` users.
+
+Plurks and responses live in one table (:class:`Plurk`, ``parent`` NULL for a plurk) so that they
+share one id sequence: a read cursor (:attr:`UserState.read_upto`) compares ids across both.
+:class:`Response` is a proxy over the same table.
+"""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+MAX_CONTENT_LENGTH = 360
+
+
+class Follow(models.Model):
+    follower = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="following_set")
+    followee = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="follower_set")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["follower", "followee"], name="plurkcore_follow_unique"),
+            models.CheckConstraint(condition=~Q(follower=models.F("followee")),
+                                   name="plurkcore_follow_not_self"),
+        ]
+        indexes = [models.Index(fields=["followee", "follower"], name="plurkcore_follow_followee")]
+
+    def __str__(self):
+        return f"{self.follower_id} follows {self.followee_id}"
+
+
+class PlurkQuerySet(models.QuerySet):
+    def plurks(self):
+        return self.filter(parent__isnull=True)
+
+    def responses(self):
+        return self.filter(parent__isnull=False)
+
+
+class PlurkManager(models.Manager.from_queryset(PlurkQuerySet)):
+    """Top-level plurks only (``parent`` is NULL)."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(parent__isnull=True)
+
+
+class ResponseManager(models.Manager.from_queryset(PlurkQuerySet)):
+    def get_queryset(self):
+        return super().get_queryset().filter(parent__isnull=False)
+
+
+class Plurk(models.Model):
+    """A plurk (``parent`` is NULL) or a response to one; both share the id sequence."""
+
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="plurks")
+    parent = models.ForeignKey("self", models.CASCADE, null=True, blank=True, related_name="responses")
+    content = models.CharField(max_length=MAX_CONTENT_LENGTH)
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = PlurkManager()
+    entries = models.Manager.from_queryset(PlurkQuerySet)()  # plurks and responses
+
+    class Meta:
+        base_manager_name = "entries"
+        indexes = [
+            models.Index(fields=["author", "id"], name="plurkcore_entry_author"),
+            models.Index(fields=["parent", "id"], name="plurkcore_entry_parent"),
+        ]
+
+    def __str__(self):
+        kind = "response" if self.parent_id else "plurk"
+        return f"{kind} {self.pk} by {self.author_id}: {self.content[:40]}"
+
+    @property
+    def is_response(self):
+        return self.parent_id is not None
+
+
+class Response(Plurk):
+    objects = ResponseManager()
+
+    class Meta:
+        proxy = True
+
+
+class UserState(models.Model):
+    """Per-user poll state: the token epoch (bumped to revoke every token) and the read cursor."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, primary_key=True,
+                                related_name="plurk_state")
+    epoch = models.BigIntegerField(default=0)
+    read_upto = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "user state"
+
+    def __str__(self):
+        return f"state of {self.user_id}: epoch {self.epoch}, read up to {self.read_upto}"
+
+
+class SuspectServer(models.Model):
+    """A memcached server a write to failed: it may hold stale answers until it is flushed.
+
+    ``generation`` grows with every new failure, so the repair pass removes the row only when no
+    failure happened after the flush it did (see docs/consistency.md)."""
+
+    server = models.CharField(max_length=300, unique=True)
+    generation = models.BigIntegerField(default=1)
+    since = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.server
+
+
+class StaleKey(models.Model):
+    """A cache key that could not be rewritten (contention); the repair pass rewrites it."""
+
+    key = models.CharField(max_length=250, unique=True)
+    generation = models.BigIntegerField(default=1)
+    since = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.key

@@ -1,0 +1,52 @@
+"""The Django side of /Poll/<resource>: answer from the database, then fill the cache.
+
+fastpath serves hits; nginx sends misses (and everything when fastpath or memcached is down) here.
+Headers follow docs/contract.md, section 6.
+"""
+import logging
+
+from django.http import HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from . import answers, keys, publish
+from .auth import AuthError, authenticate_token, token_from_request
+from .http import error_response
+
+logger = logging.getLogger("plurkcore.poll")
+
+
+def poll_response(body, cache_status):
+    if body:
+        response = HttpResponse(body, content_type="application/json")
+    else:
+        response = HttpResponse(status=204)
+        del response["Content-Type"]
+    response["X-Cache"] = cache_status
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@csrf_exempt
+def poll(request, resource):
+    """GET or POST /Poll/<resource> (the body of a POST is ignored)."""
+    try:
+        if request.method not in ("GET", "POST", "HEAD"):
+            return error_response(405, f"method {request.method} not allowed", {"Allow": "GET, POST"})
+        poll_resource = answers.get_resource(resource)
+        if poll_resource is None:
+            return error_response(404, f"unknown poll resource {resource!r}"[:200])
+        token, _ = token_from_request(request)
+        try:
+            user, epoch = authenticate_token(token)
+        except AuthError as exc:
+            return error_response(401, str(exc))
+        body = poll_resource.compute([user.pk]).get(user.pk, b"")
+        publish._hook("fill.after_read", resource=resource, uid=user.pk, epoch=epoch)
+        try:
+            publish.fill(keys.answer_key(resource, user.pk, epoch), body, user.pk, epoch)
+        except Exception:
+            logger.exception("filling the cache for %s failed", resource)
+        return poll_response(body, "MISS")
+    except Exception:
+        logger.exception("poll %s failed", resource)
+        return error_response(500, "internal error")
