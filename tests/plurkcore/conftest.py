@@ -49,6 +49,7 @@ def _isolated_plurkcore(settings):
     from plurkcore import cache, publish
 
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[f"127.0.0.1:{free_port()}"])
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     publish._hooks.clear()
     yield
     publish._hooks.clear()

@@ -1,0 +1,58 @@
+from django.core.management.base import BaseCommand
+
+from plurkcore import answers, conf, keys, publish
+from plurkcore.cache import CacheUnavailable, get_cache
+from plurkcore.models import UserState
+
+
+class Command(BaseCommand):
+    help = ("Compare every active user's cached poll answers with the database and print the "
+            "differences (a missing entry is not one: it is a miss).  Exit status 1 when a "
+            "difference existed.  --fix repairs them.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--fix", action="store_true", help="rewrite the differing keys")
+
+    def handle(self, *args, fix=False, **options):
+        cache = get_cache()
+        if fix:
+            report = publish.repair()
+            for node in report["flushed"]:
+                self.stdout.write(f"flushed suspect server {node}")
+        size = conf.get_config()["BATCH_SIZE"]
+        states = list(UserState.objects.filter(user__is_active=True).order_by("user_id")
+                      .values_list("user_id", "epoch"))
+        differences = 0
+        unreachable = set()
+        checked = 0
+        for start in range(0, len(states), size):
+            chunk = dict(states[start:start + size])
+            wrong = {}
+            for resource in answers.resources():
+                truth = resource.compute(sorted(chunk))
+                key_of = {keys.answer_key(resource.name, uid, epoch): uid for uid, epoch in chunk.items()}
+                cached = {}
+                for node, node_keys in cache.group(key_of).items():
+                    try:
+                        cached.update(cache.get_many(node, node_keys))
+                    except CacheUnavailable:
+                        unreachable.add(node)
+                for key, value in cached.items():
+                    checked += 1
+                    expected = truth.get(key_of[key])
+                    if value != expected:
+                        differences += 1
+                        self.stdout.write(f"{key}: cached {value[:200]!r}, database {expected!r}"[:600])
+                        wrong.setdefault(resource.name, set()).add(key_of[key])
+            if fix and wrong:
+                failed = publish.write_answers(wrong)
+                if failed:
+                    self.stdout.write(f"could not rewrite {len(failed)} key(s); see repaircache")
+        for node in sorted(unreachable):
+            self.stderr.write(f"memcached {node} did not answer; its entries were not checked")
+        summary = f"{len(states)} user(s), {checked} cached answer(s), {differences} difference(s)"
+        if fix and differences:
+            summary += " (fixed)"
+        self.stdout.write(summary)
+        if differences:
+            raise SystemExit(1)

@@ -1,0 +1,51 @@
+import signal
+import time
+
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from plurkcore import conf, publish
+
+
+class Command(BaseCommand):
+    help = ("Pay the cache's debts: flush every suspect memcached server that answers again, then "
+            "rewrite stale keys.  --loop keeps doing it (the stack runner's repaircache service).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--loop", action="store_true", help="repeat until SIGTERM/SIGINT")
+        parser.add_argument("--interval", type=float, default=None,
+                            help="seconds between passes (default PLURKCORE['REPAIR_INTERVAL'])")
+
+    def handle(self, *args, loop=False, interval=None, **options):
+        interval = interval if interval is not None else conf.get_config()["REPAIR_INTERVAL"]
+        if interval <= 0:
+            interval = 0.5
+        if not loop:
+            self._report(publish.repair())
+            return
+        stop = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *a: stop.append(True))
+        self.stdout.write(f"repaircache: checking every {interval:g}s", ending="\n")
+        self.stdout.flush()
+        while not stop:
+            close_old_connections()
+            try:
+                report = publish.repair()
+            except Exception as exc:       # a database hiccup must not kill the service
+                self.stderr.write(f"repaircache: pass failed: {exc}")
+            else:
+                if report["flushed"] or report["rewritten"] or report["still_stale"]:
+                    self._report(report)
+            deadline = time.monotonic() + interval
+            while not stop and time.monotonic() < deadline:
+                time.sleep(min(0.1, interval))
+
+    def _report(self, report):
+        for node in report["flushed"]:
+            self.stdout.write(f"flushed {node} (it was suspect and answers again)")
+        for node in report["unreachable"]:
+            self.stdout.write(f"still unreachable: {node}")
+        if report["rewritten"] or report["still_stale"]:
+            self.stdout.write(f"rewrote {report['rewritten']} stale key(s), {report['still_stale']} left")
+        self.stdout.flush()

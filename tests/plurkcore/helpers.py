@@ -1,0 +1,52 @@
+"""Helpers for plurkcore's tests: direct looks at memcached and the database's truth."""
+import contextlib
+import time
+
+from pymemcache.client.base import Client
+
+from plurkcore import answers, keys
+from plurkcore.cache import BytesSerde, get_cache, parse_server
+from plurkcore.models import UserState
+
+
+def server_client(spec, timeout=2):
+    return Client(parse_server(spec), serde=BytesSerde(), connect_timeout=timeout, timeout=timeout,
+                  default_noreply=False)
+
+
+def key_of(resource, uid):
+    return keys.answer_key(resource, uid, UserState.objects.get(user_id=uid).epoch)
+
+
+def cached(resource, uid, servers):
+    """The value of ``uid``'s key, read from the server that fastpath would ask (None: miss)."""
+    key = key_of(resource, uid)
+    node = get_cache().node_for(key)
+    spec = next(s.spec for s in servers if s.spec == node or f"{s.host}:{s.port}" == node)
+    client = server_client(spec)
+    try:
+        return client.get(key)
+    finally:
+        client.close()
+
+
+def truth(resource, uid):
+    return answers.get_resource(resource).compute([uid]).get(uid)
+
+
+def assert_consistent(uids, servers, resources=("getUnreadCount", "getMessages"), require=False):
+    """Every cached answer of ``uids`` equals the database's (a miss is fine unless ``require``)."""
+    for uid in uids:
+        for resource in resources:
+            value = cached(resource, uid, servers)
+            if value is None and not require:
+                continue
+            assert value == truth(resource, uid), (resource, uid, value, truth(resource, uid))
+
+
+@contextlib.contextmanager
+def elapsed_below(seconds):
+    start = time.monotonic()
+    yield
+    took = time.monotonic() - start
+    assert took < seconds, f"took {took:.3f}s, limit {seconds}s"

@@ -1,0 +1,57 @@
+"""plurkcore's half of the wire contract (docs/contract.md), checked against the shared vectors."""
+import json
+import os
+
+import pytest
+
+from plurkcore import keys, tokens
+from plurkcore.answers import dumps
+from plurkcore.cache import AnswerCache
+from plurkcore.secret import SecretFileError, parse_secret
+
+VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))
+KEY = VECTORS["secret"].encode()
+
+
+@pytest.mark.parametrize("case", VECTORS["valid_tokens"], ids=lambda c: c["token"][:24])
+def test_valid_tokens(case):
+    assert tokens.verify(KEY, case["token"], VECTORS["now"]) == (case["uid"], case["epoch"], case["expires"])
+    assert tokens.sign(KEY, case["uid"], case["epoch"], case["expires"]) == case["token"]
+
+
+@pytest.mark.parametrize("case", VECTORS["invalid_tokens"], ids=lambda c: c["why"])
+def test_invalid_tokens(case):
+    with pytest.raises(tokens.TokenError):
+        tokens.verify(KEY, case["token"], VECTORS["now"])
+
+
+@pytest.mark.parametrize("case", VECTORS["keys"], ids=lambda c: c["key"])
+def test_keys(case):
+    assert keys.answer_key(case["resource"], case["uid"], case["epoch"]) == case["key"]
+
+
+def test_murmur3():
+    from pymemcache.client.murmur3 import murmur3_32
+
+    for text, value in VECTORS["murmur3_32"]:
+        assert murmur3_32(text) == value
+
+
+@pytest.mark.parametrize("mapping", VECTORS["server_mapping"], ids=lambda m: str(len(m["servers"])))
+def test_server_mapping_is_static_rendezvous(mapping):
+    specs = [f"[{s.rsplit(':', 1)[0]}]:{s.rsplit(':', 1)[1]}" if s.count(":") > 1 else s
+             for s in mapping["servers"]]
+    cache = AnswerCache(specs, 0.05, 1.0)
+    for key, node in mapping["keys"]:
+        assert cache.node_for(key) == node
+
+
+def test_body_encoding():
+    assert dumps({"count": 1, "items": [{"content": "\u2603 <b>"}]}) == \
+        '{"count":1,"items":[{"content":"\u2603 <b>"}]}'.encode()
+
+
+def test_secret_bounds():
+    assert parse_secret(b" " + b"k" * 32 + b"\n") == b"k" * 32
+    with pytest.raises(SecretFileError):
+        parse_secret(b"k" * 31)
