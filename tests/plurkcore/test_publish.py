@@ -1,0 +1,159 @@
+"""After-commit cache writes against real memcached: every change rewrites every affected answer."""
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from plurkcore import publish
+from plurkcore.cache import get_cache
+from plurkcore.models import Follow, Plurk, SuspectServer, UserState
+
+from .helpers import assert_consistent, cached, elapsed_below, key_of, server_client, truth
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RESOURCES = ("getUnreadCount", "getMessages")
+
+
+def test_signup_writes_empty_answers(signup, cache1):
+    a = signup("a")
+    for resource in RESOURCES:
+        assert cached(resource, a.user["id"], [cache1]) == b""
+
+
+def test_every_change_kind_rewrites_answers(signup, cache1):
+    a, b, c = signup("a"), signup("b"), signup("c")
+    users = [a.user["id"], b.user["id"], c.user["id"]]
+    steps = [
+        lambda: b.call("POST", "/api/follow", {"username": "a"}),
+        lambda: c.call("POST", "/api/follow", {"username": "a"}),
+        lambda: a.call("POST", "/api/plurks", {"content": "p1"}),
+        lambda: c.call("POST", "/api/plurks/%d/responses" % Plurk.objects.first().pk, {"content": "r"}),
+        lambda: b.call("POST", "/api/markRead", {"upto": Plurk.objects.first().pk}),
+        lambda: c.call("DELETE", "/api/follow/a"),
+        lambda: a.call("POST", "/api/plurks", {"content": "p2"}),
+    ]
+    for step in steps:
+        assert step().status_code < 300
+        assert_consistent(users, [cache1], require=True)
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":2}'
+
+
+def test_logout_deletes_old_keys_and_writes_new_epoch(signup, cache1):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    a.call("POST", "/api/plurks", {"content": "p"})
+    old = {r: key_of(r, b.user["id"]) for r in RESOURCES}
+    client = server_client(cache1.spec)
+    assert client.get(old["getUnreadCount"]) == b'{"count":1}'
+    assert b.call("POST", "/api/logout").status_code == 204
+    for resource, key in old.items():
+        assert client.get(key) is None
+        assert key_of(resource, b.user["id"]).endswith(":1")
+        assert cached(resource, b.user["id"], [cache1]) == truth(resource, b.user["id"])
+
+
+def test_admin_edits_and_deletes_are_published(signup, cache1, client):
+    a, b, c = signup("a"), signup("b"), signup("c")
+    b.call("POST", "/api/follow", {"username": "a"})
+    c.call("POST", "/api/follow", {"username": "b"})
+    p = a.call("POST", "/api/plurks", {"content": "p"}).json()
+    b.call("POST", f"/api/plurks/{p['id']}/responses", {"content": "r"})
+    q = b.call("POST", "/api/plurks", {"content": "q"}).json()
+    users = [a.user["id"], b.user["id"], c.user["id"]]
+    admin = get_user_model().objects.create_superuser("root", password="root-pass-1")
+    client.force_login(admin)
+    resp = client.post(f"/admin/plurkcore/plurk/{p['id']}/change/", {"author": a.user["id"], "content": "edited",
+                                                                     "created_0": "2026-01-01", "created_1": "00:00:00"})
+    assert resp.status_code == 302, resp.content[:500]
+    assert b"edited" in cached("getMessages", b.user["id"], [cache1])
+    resp = client.post(f"/admin/plurkcore/plurk/{p['id']}/delete/", {"post": "yes"})
+    assert resp.status_code == 302
+    assert_consistent(users, [cache1], require=True)
+    assert cached("getUnreadCount", a.user["id"], [cache1]) == b""      # the response went with it
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+    state = UserState.objects.get(user_id=b.user["id"])
+    old_key = key_of("getUnreadCount", b.user["id"])
+    state.epoch += 5
+    state.save()
+    assert server_client(cache1.spec).get(old_key) is None
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+    # deleting a user: its followers' answers lose its plurks, its own keys go away
+    c_key = key_of("getUnreadCount", c.user["id"])
+    assert server_client(cache1.spec).get(c_key) == b'{"count":1}'
+    b_key = key_of("getUnreadCount", b.user["id"])
+    get_user_model().objects.get(pk=b.user["id"]).delete()
+    assert server_client(cache1.spec).get(c_key) == b""
+    assert server_client(cache1.spec).get(b_key) is None
+    assert q["id"] not in Plurk.entries.values_list("id", flat=True)
+
+
+def test_one_transaction_one_batch(signup, cache1, monkeypatch):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    calls = []
+    real = publish.publish
+    monkeypatch.setattr(publish, "publish", lambda batch: (calls.append(batch), real(batch)))
+    author = get_user_model().objects.get(pk=a.user["id"])
+    with transaction.atomic():
+        for i in range(20):
+            Plurk.objects.create(author=author, content=f"p{i}")
+        assert calls == []
+    assert len(calls) == 1
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":20}'
+
+
+def test_rolled_back_changes_are_not_published(signup, cache1):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    author = get_user_model().objects.get(pk=a.user["id"])
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            Plurk.objects.create(author=author, content="never")
+            raise RuntimeError
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+
+
+def test_fanout_to_many_followers_on_three_servers(signup, cache3):
+    a = signup("a")
+    User = get_user_model()
+    followers = User.objects.bulk_create([User(username=f"f{i}") for i in range(600)])
+    UserState.objects.bulk_create([UserState(user=u) for u in followers])
+    Follow.objects.bulk_create([Follow(follower=u, followee_id=a.user["id"]) for u in followers])
+    with elapsed_below(3):
+        assert a.call("POST", "/api/plurks", {"content": "to everyone"}).status_code == 201
+    per_server = {s.spec: 0 for s in cache3}
+    for user in followers:
+        for resource in RESOURCES:
+            key = key_of(resource, user.pk)
+            per_server[get_cache().node_for(key)] += 1
+    assert all(n > 0 for n in per_server.values())      # really spread over the three
+    sample = followers[::37]
+    assert_consistent([u.pk for u in sample], cache3, require=True)
+    assert cached("getUnreadCount", followers[-1].pk, cache3) == b'{"count":1}'
+
+
+def test_memcached_dead_api_stays_fast_and_polls_answer_from_db(signup, cache1, settings):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    cache1.kill()
+    with elapsed_below(1.0):
+        for i in range(5):
+            assert a.call("POST", "/api/plurks", {"content": f"p{i}"}).status_code == 201
+        for _ in range(5):
+            resp = b.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION=f"Bearer {b.token}")
+            assert resp.status_code == 200 and resp.json() == {"count": 5} and resp["X-Cache"] == "MISS"
+    assert SuspectServer.objects.filter(server=cache1.spec).exists()
+    assert get_cache().is_down(cache1.spec)
+
+
+def test_memcached_frozen_api_stays_fast(signup, cache1):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    cache1.pause()
+    try:
+        with elapsed_below(1.5):
+            for i in range(5):
+                assert a.call("POST", "/api/plurks", {"content": f"p{i}"}).status_code == 201
+                assert b.get("/Poll/getMessages", HTTP_AUTHORIZATION=f"Bearer {b.token}").json()["count"] == i + 1
+    finally:
+        cache1.resume()

@@ -1,0 +1,187 @@
+"""No stale answer survives: each race forced deterministically with the publisher's hooks.
+
+A hook runs the interfering change synchronously (in the same thread) at the exact point of the
+other writer, so every interleaving below happens on every run, with no sleeps."""
+import pytest
+from django.core.management import call_command
+
+from plurkcore import publish
+from plurkcore.cache import get_cache
+from plurkcore.models import StaleKey, SuspectServer
+
+from .helpers import assert_consistent, cached, key_of, server_client, truth
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def once(func):
+    """A hook that runs ``func`` the first time only."""
+    done = []
+
+    def hook(**context):
+        if not done:
+            done.append(context)
+            func()
+    hook.calls = done
+    return hook
+
+
+@pytest.fixture
+def pair(cache1, signup):
+    a, b = signup("a"), signup("b")
+    assert b.call("POST", "/api/follow", {"username": "a"}).status_code == 201
+    return a, b
+
+
+def drop(uid, resource="getUnreadCount"):
+    get_cache().client.delete(key_of(resource, uid))
+
+
+# (a) a miss-fill computed before a change, stored after that change's write ------------------
+@pytest.mark.parametrize("resource", ["getUnreadCount", "getMessages"])
+def test_fill_computed_before_a_change_never_overwrites_it(pair, cache1, hooks, resource):
+    a, b = pair
+    drop(b.user["id"], resource)
+    hook = once(lambda: a.call("POST", "/api/plurks", {"content": "meanwhile"}))
+    hooks("fill.after_read", hook)
+    resp = b.get(f"/Poll/{resource}", HTTP_AUTHORIZATION=f"Bearer {b.token}")
+    assert hook.calls and resp.status_code == 204       # answered from before the change...
+    assert cached(resource, b.user["id"], [cache1]) == truth(resource, b.user["id"]) != b""   # ...not cached
+
+
+def test_fill_for_a_revoked_epoch_does_not_survive(pair, cache1, hooks):
+    a, b = pair
+    old = key_of("getUnreadCount", b.user["id"])
+    drop(b.user["id"])
+    hooks("fill.after_read", once(lambda: b.call("POST", "/api/logout")))
+    b.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION=f"Bearer {b.token}")
+    assert server_client(cache1.spec).get(old) is None
+
+
+# (b) two changes' writes arriving out of order --------------------------------------------
+@pytest.mark.parametrize("present", [True, False], ids=["cas", "add"])
+def test_older_write_arriving_last_is_rejected_and_retried(pair, cache1, hooks, present):
+    a, b = pair
+    if not present:
+        drop(b.user["id"])
+    conflicts = publish.stats["conflicts"]
+    # writer 1 (first plurk) has read the database; writer 2 (second plurk) runs to completion
+    hook = once(lambda: a.call("POST", "/api/plurks", {"content": "second"}))
+    hooks("write.after_read", hook)
+    a.call("POST", "/api/plurks", {"content": "first"})
+    assert hook.calls
+    assert publish.stats["conflicts"] > conflicts
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":2}'
+    assert_consistent([a.user["id"], b.user["id"]], [cache1], require=True)
+
+
+def test_write_for_a_revoked_epoch_does_not_survive(pair, cache1, hooks):
+    a, b = pair
+    old = key_of("getUnreadCount", b.user["id"])
+    hooks("write.after_read", once(lambda: b.call("POST", "/api/logout")))
+    a.call("POST", "/api/plurks", {"content": "x"})
+    assert server_client(cache1.spec).get(old) is None
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+
+
+def test_endless_conflicts_become_stale_keys_for_the_repair_pass(pair, cache1, hooks, settings):
+    a, b = pair
+    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec], CAS_ATTEMPTS=2)
+    other = server_client(cache1.spec)
+    key = key_of("getUnreadCount", b.user["id"])
+    hooks("write.after_read", lambda **ctx: other.set(key, b"garbage"))   # a conflict every time
+    a.call("POST", "/api/plurks", {"content": "x"})
+    hooks("write.after_read", None)
+    assert StaleKey.objects.filter(key=key).exists()
+    assert other.get(key) == b"garbage"
+    call_command("repaircache")
+    assert not StaleKey.objects.exists()
+    assert other.get(key) == b'{"count":1}'
+
+
+# (c) a change committed while memcached is unreachable -------------------------------------
+def test_change_while_unreachable_then_server_returns_with_old_entries(pair, cache1, settings):
+    a, b = pair
+    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
+                              MEMCACHED_RETRY_INTERVAL=0.001)
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+    cache1.pause()                                 # partition: it keeps its (soon stale) entries
+    try:
+        assert a.call("POST", "/api/plurks", {"content": "during"}).status_code == 201
+    finally:
+        cache1.resume()
+    assert SuspectServer.objects.filter(server=cache1.spec).exists()
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""      # stale, but the debt is known
+    # the next publish pays the debt first: flush, then write
+    a.call("POST", "/api/plurks/%d/responses" % a.call("POST", "/api/plurks", {"content": "next"}).json()["id"],
+           {"content": "r"})
+    assert not SuspectServer.objects.exists()
+    assert_consistent([a.user["id"], b.user["id"]], [cache1])
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":3}'
+
+
+def test_flush_racing_a_new_failure_keeps_the_server_suspect(pair, cache1, settings, hooks):
+    a, b = pair
+    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
+                              MEMCACHED_RETRY_INTERVAL=0.001)
+    publish.mark_suspect(cache1.spec)
+    # a second failure is recorded while the repair pass is flushing: the row must stay
+    hooks("repair.before_flush", once(lambda: publish.mark_suspect(cache1.spec)))
+    publish.repair()
+    assert SuspectServer.objects.filter(server=cache1.spec).exists()
+    publish.repair()
+    assert not SuspectServer.objects.exists()
+
+
+# (d) a server that goes away and comes back holding pre-outage entries -----------------------
+def test_server_away_keys_not_moved_then_back_with_old_entries(signup, cache3, settings):
+    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_RETRY_INTERVAL=0.001)
+    a = signup("a")
+    followers = [signup(f"f{i}") for i in range(12)]
+    for f in followers:
+        f.call("POST", "/api/follow", {"username": "a"})
+    away = cache3[0]
+    on_away = [f for f in followers if get_cache().node_for(key_of("getUnreadCount", f.user["id"])) == away.spec]
+    assert on_away, "no follower's key maps to the paused server; add followers"
+    before = {f.user["id"]: cached("getUnreadCount", f.user["id"], cache3) for f in on_away}
+    assert set(before.values()) == {b""}
+    away.pause()
+    try:
+        assert a.call("POST", "/api/plurks", {"content": "while away"}).status_code == 201
+        # nothing was written to a substitute server: fastpath would never read it there
+        for f in on_away:
+            key = key_of("getUnreadCount", f.user["id"])
+            for other in cache3[1:]:
+                assert server_client(other.spec).get(key) is None
+        # the keys on the other servers are fresh
+        fresh = 0
+        for f in followers:
+            for resource in ("getUnreadCount", "getMessages"):
+                if get_cache().node_for(key_of(resource, f.user["id"])) != away.spec:
+                    assert cached(resource, f.user["id"], cache3) == truth(resource, f.user["id"]) != b""
+                    fresh += 1
+        assert fresh
+    finally:
+        away.resume()
+    for f in on_away:   # back, holding the pre-outage entries
+        assert cached("getUnreadCount", f.user["id"], cache3) == b""
+    call_command("repaircache")                     # what the runner's service does
+    assert not SuspectServer.objects.exists()
+    for f in on_away:
+        assert cached("getUnreadCount", f.user["id"], cache3) is None      # flushed: a miss
+        resp = f.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION=f"Bearer {f.token}")
+        assert resp.json() == {"count": 1}
+        assert cached("getUnreadCount", f.user["id"], cache3) == b'{"count":1}'
+    assert_consistent([f.user["id"] for f in followers], cache3)
+
+
+def test_repair_leaves_an_unreachable_server_suspect(pair, cache1, settings):
+    a, b = pair
+    cache1.kill()
+    a.call("POST", "/api/plurks", {"content": "x"})
+    assert SuspectServer.objects.exists()
+    report = publish.repair()
+    assert report["unreachable"] == [cache1.spec] and SuspectServer.objects.exists()
+    cache1.start()                                   # back empty: flushing it is harmless
+    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec])
+    assert publish.repair()["flushed"] == [cache1.spec]
