@@ -207,6 +207,13 @@ def get_cache():
     return cache
 
 
+def close():
+    """Close this thread's connections (they reopen on next use)."""
+    cache = getattr(_local, "cache", None)
+    if cache is not None:
+        cache.close()
+
+
 @conf.on_reset
 def _reset():
     _generation[0] += 1

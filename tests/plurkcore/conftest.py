@@ -53,7 +53,7 @@ def _isolated_plurkcore(settings):
     publish._hooks.clear()
     yield
     publish._hooks.clear()
-    cache.get_cache().close()
+    cache.close()
 
 
 def _use(settings, servers):

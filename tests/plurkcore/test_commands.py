@@ -1,0 +1,81 @@
+"""Management commands: checkcache, repaircache, seeddemo."""
+import io
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+
+from plurkcore.models import Follow, Plurk, SuspectServer
+
+from .helpers import cached, key_of, server_client, truth
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*args):
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command(*args, stdout=out, stderr=err)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, out.getvalue()
+
+
+def test_checkcache_finds_and_fixes_differences(signup, cache1):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    a.call("POST", "/api/plurks", {"content": "x"})
+    assert run("checkcache")[0] == 0
+    key = key_of("getUnreadCount", b.user["id"])
+    server_client(cache1.spec).set(key, b'{"count":99}')
+    code, out = run("checkcache")
+    assert code == 1 and key in out and "1 difference" in out
+    code, out = run("checkcache", "--fix")
+    assert code == 1 and "(fixed)" in out
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == truth("getUnreadCount", b.user["id"])
+    assert run("checkcache") == (0, run("checkcache")[1])
+    server_client(cache1.spec).delete(key)          # a miss is not a difference
+    assert run("checkcache")[0] == 0
+
+
+def test_repaircache_flushes_returned_server(signup, cache1):
+    signup("a")
+    SuspectServer.objects.create(server=cache1.spec)
+    server_client(cache1.spec).set("p1:getUnreadCount:999:0", b"old")
+    code, out = run("repaircache")
+    assert code == 0 and f"flushed {cache1.spec}" in out
+    assert server_client(cache1.spec).get("p1:getUnreadCount:999:0") is None
+    assert not SuspectServer.objects.exists()
+
+
+def test_repaircache_loop_stops_on_sigterm(tmp_path):
+    env = dict(os.environ, PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
+               PLURK_MEMCACHED="127.0.0.1:1", PLURK_SECRET_FILE=str(tmp_path / "secret.key"))
+    manage = os.path.join(os.path.dirname(__file__), "..", "..", "manage.py")
+    if "postgres" in os.environ.get("PLURK_DATABASE_URL", ""):
+        env["PLURK_DATABASE_URL"] = os.environ["PLURK_DATABASE_URL"]
+    subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True, timeout=120)
+    proc = subprocess.Popen([sys.executable, manage, "repaircache", "--loop", "--interval", "0.05"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "checking every" in proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    assert proc.returncode == 0
+
+
+def test_seeddemo_is_idempotent(cache1):
+    for _ in range(2):
+        code, out = run("seeddemo")
+        assert code == 0 and "alice" in out and "plurkdemo1" in out
+    from django.contrib.auth import authenticate, get_user_model
+    assert get_user_model().objects.filter(username__in=["alice", "bob", "carol", "dave"]).count() == 4
+    assert authenticate(username="carol", password="plurkdemo1") is not None
+    assert Follow.objects.count() == 12
+    assert Plurk.objects.count() == 4 and Plurk.entries.count() == 8
+    assert run("checkcache")[0] == 0
