@@ -26,7 +26,7 @@ def pytest_configure(config):
     from tests.support.postgres import PostgresCluster, use_database_url
 
     _cluster = PostgresCluster().start()
-    os.environ["PLURK_DATABASE_URL"] = _cluster.url("plurk")
+    os.environ["PLURK_DATABASE_URL"] = _cluster.create_database("plurk")
     use_database_url(_cluster.url("plurk"))
 
 

@@ -56,8 +56,6 @@ def test_repaircache_loop_stops_on_sigterm(tmp_path):
     env = dict(os.environ, PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
                PLURK_MEMCACHED="127.0.0.1:1", PLURK_SECRET_FILE=str(tmp_path / "secret.key"))
     manage = os.path.join(os.path.dirname(__file__), "..", "..", "manage.py")
-    if "postgres" in os.environ.get("PLURK_DATABASE_URL", ""):
-        env["PLURK_DATABASE_URL"] = os.environ["PLURK_DATABASE_URL"]
     subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True, timeout=120)
     proc = subprocess.Popen([sys.executable, manage, "repaircache", "--loop", "--interval", "0.05"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
