@@ -114,8 +114,23 @@ def _unread_sql(count):
         )"""
 
 
+def epochs(user_ids):
+    """{uid: epoch} of the users that exist, in one plain query per 1000 ids (the ORM's ``__in``
+    costs milliseconds per thousand ids, which matters at fan-out sizes)."""
+    user_ids = list(user_ids)
+    result = {}
+    table = UserState._meta.db_table
+    with connection.cursor() as cursor:
+        for start in range(0, len(user_ids), 1000):
+            chunk = user_ids[start:start + 1000]
+            cursor.execute(f"SELECT user_id, epoch FROM {table} WHERE user_id IN ({', '.join(['%s'] * len(chunk))})",
+                           chunk)
+            result.update(cursor.fetchall())
+    return result
+
+
 def _existing(user_ids):
-    return set(UserState.objects.filter(user_id__in=user_ids).values_list("user_id", flat=True))
+    return set(epochs(user_ids))
 
 
 def unread_counts(user_ids):

@@ -17,6 +17,7 @@ import time
 
 from pymemcache.client.base import _readline
 from pymemcache.client.hash import HashClient
+from pymemcache.client.rendezvous import RendezvousHash
 from pymemcache.exceptions import MemcacheError
 
 from . import conf
@@ -61,6 +62,28 @@ def parse_server(spec):
     return host, int(port)
 
 
+try:
+    import mmh3
+except ImportError:                      # pragma: no cover - the pure-Python hash is ~50x slower
+    mmh3 = None
+
+
+def murmur3_32(text, seed=0):
+    """pymemcache's default node hash (MurmurHash3 x86_32, unsigned), in C; the same values
+    (tests/vectors/contract.json pins them)."""
+    return mmh3.hash(text, seed, signed=False)
+
+
+class FastRendezvousHash(RendezvousHash):
+    def __init__(self, nodes=None, seed=0, hash_function=None):
+        if hash_function is None and mmh3 is not None:
+            hash_function = murmur3_32
+        if hash_function is None:
+            super().__init__(nodes, seed)
+        else:
+            super().__init__(nodes, seed, hash_function)
+
+
 class StaticHashClient(HashClient):
     """A HashClient whose node set never changes: failures are the caller's business."""
 
@@ -73,7 +96,7 @@ class AnswerCache:
         self.timeout = timeout
         self.retry_interval = retry_interval
         self.client = StaticHashClient(
-            [parse_server(s) for s in servers], serde=BytesSerde(), connect_timeout=timeout,
+            [parse_server(s) for s in servers], hasher=FastRendezvousHash, serde=BytesSerde(), connect_timeout=timeout,
             timeout=timeout, no_delay=True, retry_attempts=0, default_noreply=False,
             allow_unicode_keys=False)
         self._down_until = {}
@@ -83,12 +106,17 @@ class AnswerCache:
         return sorted(self.client.clients)
 
     def node_for(self, key):
+        nodes = self.client.hasher.nodes
+        if len(nodes) == 1:
+            return nodes[0]
         return self.client.hasher.get_node(key)
 
-    def group(self, keys):
+    def group(self, keys, node_of=None):
+        """{node: [key, ...]}; ``node_of`` is an optional precomputed {key: node}."""
         groups = {}
         for key in keys:
-            groups.setdefault(self.node_for(key), []).append(key)
+            node = node_of[key] if node_of is not None else self.node_for(key)
+            groups.setdefault(node, []).append(key)
         return groups
 
     # -- failure bookkeeping ---------------------------------------------------------------

@@ -131,19 +131,20 @@ def _write_chunk(by_resource):
     config = conf.get_config()
     cache = get_cache()
     uids = set().union(*by_resource.values())
-    epochs = dict(UserState.objects.filter(user_id__in=uids).values_list("user_id", "epoch"))
+    epochs = answers.epochs(uids)
     todo = {}
     for name, resource_uids in by_resource.items():
         for uid in resource_uids:
             if uid in epochs:
                 todo[keys.answer_key(name, uid, epochs[uid])] = (name, uid)
+    node_of = {key: cache.node_for(key) for key in todo}
     written = {}
     failed = set()
     for attempt in range(config["CAS_ATTEMPTS"]):
         if not todo:
             break
         current = {}
-        for node, node_keys in cache.group(todo).items():
+        for node, node_keys in cache.group(todo, node_of).items():
             try:
                 current.update(cache.gets_many(node, node_keys))
             except CacheUnavailable:
@@ -164,7 +165,7 @@ def _write_chunk(by_resource):
             if value is None:          # the user is gone: its keys were queued for deletion
                 continue
             op = (b"cas", key, value, current[key][1]) if key in current else (b"add", key, value, None)
-            ops.setdefault(cache.node_for(key), []).append(op)
+            ops.setdefault(node_of[key], []).append(op)
         retry = {}
         for node, node_ops in ops.items():
             try:
@@ -187,8 +188,7 @@ def _write_chunk(by_resource):
     stats["keys_written"] += len(written)
     if written:
         # A key written for an epoch that was revoked meanwhile must not outlive the revocation.
-        now = dict(UserState.objects.filter(user_id__in={uid for _, uid in written.values()})
-                   .values_list("user_id", "epoch"))
+        now = answers.epochs({uid for _, uid in written.values()})
         revoked = [key for key, (_, uid) in written.items() if now.get(uid) != epochs[uid]]
         if revoked:
             delete_keys(revoked)

@@ -1,0 +1,133 @@
+"""Fan-out benchmark: one plurk by a user with N followers; time from the commit until every
+follower's poll answers (getUnreadCount and getMessages) are written to memcached.
+
+    .venv/bin/python bench/fanout.py [--followers 1000,10000] [--servers 1,3] [--backends sqlite,postgresql]
+
+Each backend runs in a child process (Django settings are per process) against a fresh database
+(a temporary SQLite file; a throwaway PostgreSQL cluster from tests/support/postgres.py) and fresh
+memcached servers.  "cold": the followers' keys are absent (add); "warm": they hold an answer
+already (gets + cas), the steady state of users who poll.  Results: bench/results/fanout.json.
+Goal: 10,000 followers in under one second.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.common import progress, write_result  # noqa: E402
+
+
+def child(args):
+    """Runs inside a configured environment (PLURK_* set by the parent)."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "plurksite.settings"
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    from plurkcore import keys, publish
+    from plurkcore.cache import get_cache
+    from plurkcore.models import Follow, Plurk, UserState
+
+    call_command("migrate", verbosity=0)
+    User = get_user_model()
+    results = []
+    for n in [int(x) for x in args.followers.split(",")]:
+        tag = f"n{n}t{int(time.time() * 1000)}"
+        author = User.objects.create_user(f"{tag}author", password=None)
+        followers = User.objects.bulk_create([User(username=f"{tag}f{i}", password="!") for i in range(n)],
+                                             batch_size=2000)
+        if not followers[0].pk:          # backends without RETURNING on bulk_create
+            followers = list(User.objects.filter(username__startswith=f"{tag}f"))
+        UserState.objects.bulk_create([UserState(user=u) for u in followers], batch_size=2000)
+        Follow.objects.bulk_create([Follow(follower=u, followee=author) for u in followers], batch_size=2000)
+        cache = get_cache()
+        for phase in ("cold", "warm"):
+            marks = {}
+            with transaction.atomic():
+                transaction.on_commit(lambda: marks.setdefault("commit", time.perf_counter()))
+                Plurk.objects.create(author=author, content=f"{phase} plurk to {n} followers")
+            done = time.perf_counter()
+            seconds = done - marks["commit"]
+            expected = b'{"count":%d}' % (1 if phase == "cold" else 2)
+            want = [keys.answer_key("getUnreadCount", u.pk, 0) for u in followers]
+            got = {}
+            for node, node_keys in cache.group(want).items():
+                got.update(cache.get_many(node, node_keys))
+            ok = sum(1 for k in want if got.get(k) == expected)
+            results.append({"followers": n, "phase": phase, "seconds": round(seconds, 4),
+                            "keys_written": 2 * n, "verified_followers": ok,
+                            "keys_per_second": round(2 * n / seconds)})
+            progress(f"{connection.vendor} servers={args.server_count} n={n} {phase}: {seconds * 1000:.0f} ms, "
+                     f"{ok}/{n} verified")
+    print(json.dumps({"vendor": connection.vendor, "results": results, "publish_stats": publish.stats}))
+
+
+def run_backend(backend, servers, followers):
+    from tests.support.servers import memcached_servers
+
+    with tempfile.TemporaryDirectory(prefix="plurk-fanout-") as tmp, memcached_servers(servers) as mcs:
+        env = dict(os.environ, PLURK_MEMCACHED=",".join(m.spec for m in mcs),
+                   PLURK_SECRET_FILE=os.path.join(tmp, "secret.key"), PLURK_VAR_DIR=tmp,
+                   PLURK_MEMCACHED_TIMEOUT_MS="1000")
+        cluster = None
+        if backend == "sqlite":
+            env["PLURK_DATABASE_URL"] = f"sqlite:///{tmp}/fanout.sqlite3"
+        else:
+            from tests.support.postgres import PostgresCluster
+
+            cluster = PostgresCluster().start()
+            env["PLURK_DATABASE_URL"] = cluster.create_database("fanout")
+        try:
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--followers", followers,
+                                   "--server-count", str(servers)],
+                                  env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=1800)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+        if proc.returncode != 0:
+            raise SystemExit(f"fanout child for {backend} failed (exit {proc.returncode})")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--followers", default="1000,10000")
+    parser.add_argument("--servers", default="1,3", help="memcached server counts to try")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--server-count", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    runs = []
+    for backend in args.backends.split(","):
+        for servers in [int(s) for s in args.servers.split(",")]:
+            progress(f"{backend}, {servers} memcached server(s), followers {args.followers}")
+            out = run_backend(backend, servers, args.followers)
+            for row in out["results"]:
+                runs.append({"backend": backend, "memcached_servers": servers, **row})
+    goal = [r for r in runs if r["followers"] == 10000]
+    path = write_result("fanout", {
+        "what": "one plurk fanned out: seconds from commit until every follower's getUnreadCount and "
+                "getMessages entries are written (cold: keys absent, add; warm: keys present, gets+cas)",
+        "goal": "10,000 followers < 1 s",
+        "goal_met": bool(goal) and all(r["seconds"] < 1.0 for r in goal),
+        "runs": runs,
+    })
+    for r in runs:
+        print(f"{r['backend']:>10} servers={r['memcached_servers']} followers={r['followers']:>6} "
+              f"{r['phase']:>4}: {r['seconds'] * 1000:7.1f} ms  ({r['verified_followers']} verified)")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
