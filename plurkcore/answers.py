@@ -14,9 +14,11 @@ registered exactly as an integrating app registers its own::
 ``affected_by`` names the change kinds (:data:`CHANGE_KINDS`) after which the publisher rewrites
 the resource's answers; ``None`` (the default) means every kind.
 """
+import contextlib
 import dataclasses
 import datetime
 import json
+import threading
 
 from django.db import connection
 
@@ -84,17 +86,29 @@ def resources():
 
 
 # -- the built-ins ---------------------------------------------------------------------------
-def _unread_sql(count):
-    """(sql, params-builder) of the rows (uid, eid): every unread item of the users in the CTE.
+def id_filter(column, ids):
+    """(sql, params) for "``column`` is one of ``ids``" with a single parameter: an array on
+    PostgreSQL, a JSON list on SQLite (thousands of placeholders cost more to bind than the
+    query takes to run).  Other backends get one placeholder per id."""
+    ids = [int(i) for i in ids]
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s::bigint[])", [ids]
+    if connection.vendor == "sqlite":
+        return f"{column} IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
+    return f"{column} IN ({', '.join(['%s'] * len(ids))})", ids
+
+
+def _unread_sql(user_ids):
+    """(sql, params) of the CTE ``unread`` of rows (uid, eid): every unread item of the users.
 
     Unread items of U: plurks by users U follows, and responses by anyone but U to plurks authored
     by U or by users U follows; all with an id above U's read cursor."""
     state = UserState._meta.db_table
     follow = Follow._meta.db_table
     entry = Plurk._meta.db_table
-    marks = ", ".join(["%s"] * count)
+    where, params = id_filter("user_id", user_ids)
     return f"""
-        WITH s AS (SELECT user_id, read_upto FROM {state} WHERE user_id IN ({marks})),
+        WITH s AS (SELECT user_id, read_upto FROM {state} WHERE {where}),
         unread AS (
             SELECT s.user_id AS uid, e.id AS eid
               FROM s JOIN {follow} f ON f.follower_id = s.user_id
@@ -111,7 +125,7 @@ def _unread_sql(count):
                      JOIN {entry} p ON p.author_id = f.followee_id
                      JOIN {entry} r ON r.parent_id = p.id
              WHERE p.parent_id IS NULL AND r.id > s.read_upto AND r.author_id <> s.user_id
-        )"""
+        )""", params
 
 
 def epochs(user_ids):
@@ -121,10 +135,9 @@ def epochs(user_ids):
     result = {}
     table = UserState._meta.db_table
     with connection.cursor() as cursor:
-        for start in range(0, len(user_ids), 1000):
-            chunk = user_ids[start:start + 1000]
-            cursor.execute(f"SELECT user_id, epoch FROM {table} WHERE user_id IN ({', '.join(['%s'] * len(chunk))})",
-                           chunk)
+        for start in range(0, len(user_ids), 5000):
+            where, params = id_filter("user_id", user_ids[start:start + 5000])
+            cursor.execute(f"SELECT user_id, epoch FROM {table} WHERE {where}", params)
             result.update(cursor.fetchall())
     return result
 
@@ -138,9 +151,12 @@ def unread_counts(user_ids):
     user_ids = list(user_ids)
     if not user_ids:
         return {}
-    sql = _unread_sql(len(user_ids)) + " SELECT uid, COUNT(*) FROM unread GROUP BY uid"
+    memo = getattr(_shared, "memo", None)
+    if memo is not None:
+        return {uid: count for uid, (count, _) in unread_messages(user_ids).items()}
+    sql, params = _unread_sql(user_ids)
     with connection.cursor() as cursor:
-        cursor.execute(sql, user_ids)
+        cursor.execute(sql + " SELECT uid, COUNT(*) FROM unread GROUP BY uid", params)
         counts = dict(cursor.fetchall())
     return {uid: counts.get(uid, 0) for uid in _existing(user_ids)}
 
@@ -150,14 +166,19 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
     user_ids = list(user_ids)
     if not user_ids:
         return {}
-    sql = _unread_sql(len(user_ids)) + """
+    memo = getattr(_shared, "memo", None)
+    memo_key = (frozenset(user_ids), limit)
+    if memo is not None and memo_key in memo:
+        return memo[memo_key]
+    sql, params = _unread_sql(user_ids)
+    sql += """
         SELECT uid, eid, cnt FROM (
             SELECT uid, eid, ROW_NUMBER() OVER (PARTITION BY uid ORDER BY eid DESC) AS rn,
                    COUNT(*) OVER (PARTITION BY uid) AS cnt
               FROM unread) w
          WHERE rn <= %s"""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*user_ids, limit])
+        cursor.execute(sql, [*params, limit])
         rows = cursor.fetchall()
     entries = {}
     wanted = {eid for _, eid, _ in rows}
@@ -180,7 +201,24 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
             result[uid] = (cnt, result[uid][1])
     for count, items in result.values():
         items.sort(key=lambda item: item["id"], reverse=True)
+    if memo is not None:
+        memo[memo_key] = result
     return result
+
+
+_shared = threading.local()
+
+
+@contextlib.contextmanager
+def shared_reads():
+    """Within this block the built-ins read the unread items of a set of users once for both
+    resources (the publisher computes every resource of the same users right after another)."""
+    outer = getattr(_shared, "memo", None)
+    _shared.memo = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _shared.memo = outer
 
 
 @register("getUnreadCount")

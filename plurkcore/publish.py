@@ -156,8 +156,9 @@ def _write_chunk(by_resource):
         wanted = {}
         for name, uid in todo.values():
             wanted.setdefault(name, set()).add(uid)
-        values = {name: answers.get_resource(name).compute(sorted(resource_uids))
-                  for name, resource_uids in wanted.items()}
+        with answers.shared_reads():
+            values = {name: answers.get_resource(name).compute(sorted(resource_uids))
+                      for name, resource_uids in wanted.items()}
         _hook("write.after_read", keys=sorted(todo), attempt=attempt)
         ops = {}
         for key, (name, uid) in todo.items():
