@@ -31,9 +31,12 @@ stats = {"failures": 0, "skipped": 0}
 
 
 class CacheUnavailable(Exception):
-    def __init__(self, node, reason):
+    """``node`` failed (``attempted``) or was skipped because it failed moments ago."""
+
+    def __init__(self, node, reason, attempted=True):
         super().__init__(f"memcached {node}: {reason}")
         self.node = node
+        self.attempted = attempted
 
 
 class BytesSerde:
@@ -127,7 +130,7 @@ class AnswerCache:
     def _run(self, node, func, force=False):
         if not force and self.is_down(node):
             stats["skipped"] += 1
-            raise CacheUnavailable(node, "skipped (failed recently)")
+            raise CacheUnavailable(node, "skipped (failed recently)", attempted=False)
         client = self.client.clients[node]
         try:
             result = func(client)

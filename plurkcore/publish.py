@@ -212,8 +212,9 @@ def fill(key, value, uid, epoch):
     node = cache.node_for(key)
     try:
         stored = cache.add(key, value, conf.get_config()["CACHE_TTL"])
-    except CacheUnavailable:
-        mark_suspect(node)
+    except CacheUnavailable as exc:
+        if exc.attempted:          # the add may still land when the server wakes up
+            mark_suspect(node)
         return False
     if stored and not UserState.objects.filter(user_id=uid, epoch=epoch).exists():
         delete_keys([key])
