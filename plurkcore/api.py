@@ -6,7 +6,6 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Max, Q
 from django.middleware.csrf import get_token
-from django.shortcuts import get_object_or_404
 
 from . import conf, publish
 from .answers import isoformat, unread_counts

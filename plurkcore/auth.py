@@ -2,8 +2,6 @@
 import functools
 import time
 
-from django.contrib.auth import get_user_model
-
 from . import conf, tokens
 from .secret import read_secret
 
@@ -60,13 +58,3 @@ def authenticate_token(token, now=None):
     user._plurk_state = state
     return user, epoch
 
-
-def ensure_state(user):
-    from .models import UserState
-
-    state, _ = UserState.objects.get_or_create(user=user)
-    return state
-
-
-def User():
-    return get_user_model()

@@ -313,8 +313,17 @@ def _all_keys(uid, epoch):
 
 
 def _user_saved(sender, instance, created, raw=False, **kwargs):
-    if created and not raw:
+    if raw:
+        return
+    if created:
         UserState.objects.get_or_create(user_id=instance.pk)
+        changed("user", users={instance.pk})
+    elif getattr(instance, "is_active", True) is False:
+        # a deactivated user's token is refused by Django; fastpath must stop answering it too
+        epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
+        if epoch is not None:
+            changed("user", dead_keys=_all_keys(instance.pk, epoch))
+    else:
         changed("user", users={instance.pk})
 
 

@@ -157,3 +157,19 @@ def test_memcached_frozen_api_stays_fast(signup, cache1):
                 assert b.get("/Poll/getMessages", HTTP_AUTHORIZATION=f"Bearer {b.token}").json()["count"] == i + 1
     finally:
         cache1.resume()
+
+
+def test_deactivated_user_keys_are_deleted_and_not_rewritten(signup, cache1):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    key = key_of("getUnreadCount", b.user["id"])
+    assert server_client(cache1.spec).get(key) == b""
+    user = get_user_model().objects.get(pk=b.user["id"])
+    user.is_active = False
+    user.save()
+    assert server_client(cache1.spec).get(key) is None
+    a.call("POST", "/api/plurks", {"content": "x"})
+    assert server_client(cache1.spec).get(key) is None
+    user.is_active = True
+    user.save()
+    assert server_client(cache1.spec).get(key) == b'{"count":1}'
