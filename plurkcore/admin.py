@@ -20,6 +20,13 @@ class ResponseAdmin(admin.ModelAdmin):
     search_fields = ("content", "author__username")
     raw_id_fields = ("author", "parent")
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "parent":
+            # a response answers a plurk, never another response, and always has one
+            kwargs["queryset"] = Plurk.objects.all()
+            kwargs["required"] = True
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
 
 @admin.register(Follow)
 class FollowAdmin(admin.ModelAdmin):

@@ -173,3 +173,17 @@ def test_deactivated_user_keys_are_deleted_and_not_rewritten(signup, cache1):
     user.is_active = True
     user.save()
     assert server_client(cache1.spec).get(key) == b'{"count":1}'
+
+
+def test_admin_response_needs_a_plurk_parent(signup, cache1, client):
+    a, b = signup("a"), signup("b")
+    p = a.call("POST", "/api/plurks", {"content": "p"}).json()
+    r = b.call("POST", f"/api/plurks/{p['id']}/responses", {"content": "r"}).json()
+    client.force_login(get_user_model().objects.create_superuser("root", password="root-pass-1"))
+    data = {"author": b.user["id"], "content": "x", "created_0": "2026-01-01", "created_1": "00:00:00"}
+    assert client.post("/admin/plurkcore/response/add/", data).status_code == 200          # no parent
+    assert client.post("/admin/plurkcore/response/add/", {**data, "parent": r["id"]}).status_code == 200
+    assert client.post("/admin/plurkcore/response/add/", {**data, "parent": p["id"]}).status_code == 302
+    assert cached("getUnreadCount", a.user["id"], [cache1]) == b'{"count":2}'
+    for model in ("plurk", "response", "follow", "userstate", "suspectserver", "stalekey"):
+        assert client.get(f"/admin/plurkcore/{model}/").status_code == 200, model
