@@ -232,10 +232,23 @@ def shared_reads():
 
 @register("getUnreadCount")
 def get_unread_count(user_ids):
-    return {uid: dumps({"count": n}) if n else b"" for uid, n in unread_counts(user_ids).items()}
+    bodies = {0: b""}
+    result = {}
+    for uid, n in unread_counts(user_ids).items():
+        if n not in bodies:
+            bodies[n] = dumps({"count": n})
+        result[uid] = bodies[n]
+    return result
 
 
 @register("getMessages")
 def get_messages(user_ids):
-    return {uid: dumps({"count": n, "items": items}) if n else b""
-            for uid, (n, items) in unread_messages(user_ids).items()}
+    # Followers of the same people often have the very same unread items: encode each once.
+    bodies = {}
+    result = {}
+    for uid, (n, items) in unread_messages(user_ids).items():
+        signature = (n, tuple(item["id"] for item in items))
+        if signature not in bodies:
+            bodies[signature] = dumps({"count": n, "items": items}) if n else b""
+        result[uid] = bodies[signature]
+    return result

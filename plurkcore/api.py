@@ -104,7 +104,7 @@ def logout(request):
     with transaction.atomic():
         UserState.objects.filter(user=user).update(epoch=F("epoch") + 1)
         publish.changed("epoch", users={user.pk},
-                        dead_keys=publish._all_keys(user.pk, request.plurk_epoch))
+                        dead_keys=publish.user_keys(user.pk, request.plurk_epoch))
     response = no_content()
     response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", samesite="Lax")
     return response

@@ -54,7 +54,5 @@ def authenticate_token(token, now=None):
         raise AuthError("invalid token: unknown user")
     if state.epoch != epoch:
         raise AuthError("invalid token: revoked")
-    user = state.user
-    user._plurk_state = state
-    return user, epoch
+    return state.user, epoch
 

@@ -144,13 +144,22 @@ class AnswerCache:
         return result
 
     # -- operations on one server ----------------------------------------------------------
-    def gets_many(self, node, keys):
-        """{key: (value, cas)} for the keys present on ``node``."""
-        found = {}
-
+    def cas_uniques(self, node, keys):
+        """{key: cas unique} for the keys present on ``node`` (meta get ``mg <key> c``: the
+        unique without the value, which the writer does not need)."""
         def run(client):
+            found = {}
             for start in range(0, len(keys), CHUNK):
-                found.update(client.gets_many(keys[start:start + CHUNK]))
+                chunk = keys[start:start + CHUNK]
+                replies = _pipeline(client, [b"mg %s c\r\n" % k.encode("ascii") for k in chunk])
+                for key, reply in zip(chunk, replies):
+                    if reply.startswith(b"HD "):
+                        flag = next((f for f in reply.split()[1:] if f.startswith(b"c")), None)
+                        if flag is None:
+                            raise MemcacheError(f"unexpected meta reply {reply!r}")
+                        found[key] = int(flag[1:])
+                    elif reply != b"EN":
+                        raise MemcacheError(f"unexpected meta reply {reply!r}")
             return found
 
         return self._run(node, run)

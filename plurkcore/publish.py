@@ -146,7 +146,7 @@ def _write_chunk(by_resource):
         current = {}
         for node, node_keys in cache.group(todo, node_of).items():
             try:
-                current.update(cache.gets_many(node, node_keys))
+                current.update(cache.cas_uniques(node, node_keys))
             except CacheUnavailable:
                 mark_suspect(node)
                 failed.update(node_keys)
@@ -165,7 +165,7 @@ def _write_chunk(by_resource):
             value = values[name].get(uid)
             if value is None:          # the user is gone: its keys were queued for deletion
                 continue
-            op = (b"cas", key, value, current[key][1]) if key in current else (b"add", key, value, None)
+            op = (b"cas", key, value, current[key]) if key in current else (b"add", key, value, None)
             ops.setdefault(node_of[key], []).append(op)
         retry = {}
         for node, node_ops in ops.items():
@@ -308,7 +308,8 @@ def repair(quick=False):
 
 
 # -- model signal receivers --------------------------------------------------------------------
-def _all_keys(uid, epoch):
+def user_keys(uid, epoch):
+    """Every resource's key of ``uid`` at ``epoch``."""
     return {keys.answer_key(resource.name, uid, epoch) for resource in answers.resources()}
 
 
@@ -322,14 +323,14 @@ def _user_saved(sender, instance, created, raw=False, **kwargs):
         # a deactivated user's token is refused by Django; fastpath must stop answering it too
         epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
         if epoch is not None:
-            changed("user", dead_keys=_all_keys(instance.pk, epoch))
+            changed("user", dead_keys=user_keys(instance.pk, epoch))
     else:
         changed("user", users={instance.pk})
 
 
 def _user_deleting(sender, instance, **kwargs):
     state = UserState.objects.filter(user_id=instance.pk).first()
-    dead = _all_keys(instance.pk, state.epoch) if state else set()
+    dead = user_keys(instance.pk, state.epoch) if state else set()
     followers = set(Follow.objects.filter(followee_id=instance.pk).values_list("follower_id", flat=True))
     authors = set(Plurk.entries.filter(responses__author_id=instance.pk).values_list("author_id", flat=True))
     authors.discard(instance.pk)
@@ -373,7 +374,7 @@ def _state_saved(sender, instance, created, raw=False, **kwargs):
     if raw:
         return
     old = getattr(instance, "_plurk_old_epoch", None)
-    dead = _all_keys(instance.pk, old) if old is not None and old != instance.epoch else ()
+    dead = user_keys(instance.pk, old) if old is not None and old != instance.epoch else ()
     changed("epoch", users={instance.pk}, dead_keys=dead)
 
 
