@@ -21,14 +21,14 @@ def issue_token(user_id, epoch, now=None):
 
 
 def token_from_request(request):
-    """(token, source) with source "header" or "cookie", else (None, None).  The Authorization
-    header wins when both are present (docs/contract.md, section 2)."""
-    header = request.META.get("HTTP_AUTHORIZATION")
-    if header is not None:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and value:
-            return value, "header"
-        return header, "header"   # present but not a bearer token: invalid, never the cookie
+    """(token, source) with source "header" or "cookie", else (None, None).
+
+    ``Authorization: Bearer <token>`` (scheme case-insensitive, one space) wins over the cookie,
+    even when the token is invalid; any other Authorization header is not ours and is ignored
+    (docs/contract.md, section 2)."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if header[:7].lower() == "bearer ":
+        return header[7:], "header"
     cookie = request.COOKIES.get(conf.get_config()["COOKIE_NAME"])
     if cookie:
         return cookie, "cookie"

@@ -161,8 +161,9 @@ def test_authentication_sources(api, signup, client_factory):
     cookie_client = client_factory()
     cookie_client.cookies["plurk_token"] = bob.token
     assert cookie_client.call("GET", "/api/me").status_code == 200
-    # the header wins over the cookie, even when it is invalid
+    # a Bearer header wins over the cookie, even when it is invalid; another scheme is not ours
     assert cookie_client.call("GET", "/api/me", HTTP_AUTHORIZATION="Bearer nope").status_code == 401
+    assert cookie_client.call("GET", "/api/me", HTTP_AUTHORIZATION="Basic Zm9vOmJhcg==").status_code == 200
     expired = tokens.sign(signing_key(), bob.user["id"], 0, 1)
     assert api.call("GET", "/api/me", token=expired).json()["error"].startswith("invalid token")
     other = tokens.sign(b"k" * 64, bob.user["id"], 0, 2**40)
