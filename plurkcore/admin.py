@@ -12,6 +12,9 @@ class PlurkAdmin(admin.ModelAdmin):
     exclude = ("parent",)
     date_hierarchy = "created"
 
+    def get_queryset(self, request):
+        return Plurk.objects.select_related("author")
+
 
 @admin.register(Response)
 class ResponseAdmin(admin.ModelAdmin):
@@ -19,6 +22,9 @@ class ResponseAdmin(admin.ModelAdmin):
     list_select_related = ("author",)
     search_fields = ("content", "author__username")
     raw_id_fields = ("author", "parent")
+
+    def get_queryset(self, request):
+        return Response.objects.select_related("author")
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "parent":

@@ -61,6 +61,9 @@ class Plurk(models.Model):
     entries = models.Manager.from_queryset(PlurkQuerySet)()  # plurks and responses
 
     class Meta:
+        # Related managers (``plurk.responses``), dumpdata and cascades see every entry;
+        # ``Plurk.objects`` is the top-level plurks only.
+        default_manager_name = "entries"
         base_manager_name = "entries"
         indexes = [
             models.Index(fields=["author", "id"], name="plurkcore_entry_author"),
@@ -81,6 +84,7 @@ class Response(Plurk):
 
     class Meta:
         proxy = True
+        default_manager_name = "objects"
 
 
 class UserState(models.Model):

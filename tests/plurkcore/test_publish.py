@@ -187,3 +187,5 @@ def test_admin_response_needs_a_plurk_parent(signup, cache1, client):
     assert cached("getUnreadCount", a.user["id"], [cache1]) == b'{"count":2}'
     for model in ("plurk", "response", "follow", "userstate", "suspectserver", "stalekey"):
         assert client.get(f"/admin/plurkcore/{model}/").status_code == 200, model
+    assert client.get("/admin/plurkcore/plurk/").context["cl"].result_count == 1
+    assert client.get("/admin/plurkcore/response/").context["cl"].result_count == 2
