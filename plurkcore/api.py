@@ -10,7 +10,7 @@ from django.middleware.csrf import get_token
 from . import conf, publish
 from .answers import isoformat, unread_counts
 from .auth import issue_token
-from .http import ApiError, api_view, field, json_response, no_content, read_json
+from .http import ApiError, api_view, field, is_storable_text, json_response, no_content, read_json
 from .models import MAX_CONTENT_LENGTH, Follow, Plurk, UserState
 
 USERNAME_MAX = 150
@@ -121,7 +121,7 @@ def me(request):
 
 
 def _get_user(username):
-    if len(username) > USERNAME_MAX:
+    if len(username) > USERNAME_MAX or not is_storable_text(username):
         raise ApiError(404, "no such user")
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:

@@ -79,6 +79,18 @@ def read_json(request):
     return data
 
 
+def is_storable_text(value):
+    """False for text no database column should get: NUL (PostgreSQL refuses it) or lone
+    surrogates (not encodable as UTF-8)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def field(data, name, kind=str):
     value = data.get(name)
     if kind is int:
@@ -86,6 +98,8 @@ def field(data, name, kind=str):
             raise ApiError(400, f"'{name}' must be an integer")
     elif not isinstance(value, kind):
         raise ApiError(400, f"'{name}' must be a {'string' if kind is str else kind.__name__}")
+    elif kind is str and not is_storable_text(value):
+        raise ApiError(400, f"'{name}' contains characters that cannot be stored")
     return value
 
 
