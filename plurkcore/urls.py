@@ -25,5 +25,5 @@ urlpatterns = [
     path("api/timeline", api.timeline, name="timeline"),
     path("api/markRead", api.mark_read, name="mark-read"),
     path("Poll/<str:resource>", views.poll, name="poll"),
-    re_path(r"^(?:api|Poll)(?:/(?P<rest>.*))?$", not_found),
+    re_path(r"^(?:api|Poll)(?:/(?P<rest>[\s\S]*))?\Z", not_found),
 ]
