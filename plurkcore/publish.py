@@ -156,9 +156,19 @@ def _write_chunk(by_resource):
         wanted = {}
         for name, uid in todo.values():
             wanted.setdefault(name, set()).add(uid)
+        values = {}
         with answers.shared_reads():
-            values = {name: answers.get_resource(name).compute(sorted(resource_uids))
-                      for name, resource_uids in wanted.items()}
+            for name, resource_uids in wanted.items():
+                try:
+                    values[name] = answers.get_resource(name).compute(sorted(resource_uids))
+                except Exception:
+                    # one broken resource must not keep the others stale
+                    logger.exception("computing poll resource %s failed", name)
+                    broken = [key for key, (n, _) in todo.items() if n == name]
+                    mark_stale(broken)
+                    failed.update(broken)
+                    for key in broken:
+                        del todo[key]
         _hook("write.after_read", keys=sorted(todo), attempt=attempt)
         ops = {}
         for key, (name, uid) in todo.items():

@@ -134,3 +134,20 @@ def test_register_validates():
         answers.register("bad name")
     with pytest.raises(ValueError):
         answers.register("ok", affected_by={"nonsense"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broken_resource_does_not_stop_the_others(signup, cache1):
+    @answers.register("getBroken")
+    def broken(user_ids):
+        raise RuntimeError("bug in an integrating app")
+
+    try:
+        a, b = signup("a"), signup("b")
+        b.call("POST", "/api/follow", {"username": "a"})
+        assert a.call("POST", "/api/plurks", {"content": "x"}).status_code == 201
+        assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+        resp = poll(b, "getBroken")
+        assert resp.status_code == 500 and resp.json() == {"error": "internal error"}
+    finally:
+        answers.unregister("getBroken")
