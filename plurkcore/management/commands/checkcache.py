@@ -14,7 +14,8 @@ class Command(BaseCommand):
         parser.add_argument("--fix", action="store_true", help="rewrite the differing keys")
 
     def handle(self, *args, fix=False, **options):
-        cache = get_cache()
+        self.cache = get_cache()
+        self.unreachable = set()
         if fix:
             report = publish.repair()
             for node in report["flushed"]:
@@ -22,33 +23,27 @@ class Command(BaseCommand):
         size = conf.get_config()["BATCH_SIZE"]
         states = list(UserState.objects.filter(user__is_active=True).order_by("user_id")
                       .values_list("user_id", "epoch"))
-        differences = 0
-        unreachable = set()
-        checked = 0
+        differences = checked = 0
         for start in range(0, len(states), size):
             chunk = dict(states[start:start + size])
             wrong = {}
             for resource in answers.resources():
-                truth = resource.compute(sorted(chunk))
-                key_of = {keys.answer_key(resource.name, uid, epoch): uid for uid, epoch in chunk.items()}
-                cached = {}
-                for node, node_keys in cache.group(key_of).items():
-                    try:
-                        cached.update(cache.get_many(node, node_keys))
-                    except CacheUnavailable:
-                        unreachable.add(node)
-                for key, value in cached.items():
-                    checked += 1
-                    expected = truth.get(key_of[key])
-                    if value != expected:
+                found, suspects = self._compare(resource, chunk)
+                checked += found
+                if suspects:
+                    # A change may have committed between our two reads: look again before
+                    # calling it a difference.
+                    _, confirmed = self._compare(resource, {uid: chunk[uid] for uid in suspects})
+                    for uid, (key, value, expected) in confirmed.items():
                         differences += 1
-                        self.stdout.write(f"{key}: cached {value[:200]!r}, database {expected!r}"[:600])
-                        wrong.setdefault(resource.name, set()).add(key_of[key])
+                        shown = None if expected is None else expected[:200]
+                        self.stdout.write(f"{key}: cached {value[:200]!r}, database {shown!r}")
+                        wrong.setdefault(resource.name, set()).add(uid)
             if fix and wrong:
                 failed = publish.write_answers(wrong)
                 if failed:
                     self.stdout.write(f"could not rewrite {len(failed)} key(s); see repaircache")
-        for node in sorted(unreachable):
+        for node in sorted(self.unreachable):
             self.stderr.write(f"memcached {node} did not answer; its entries were not checked")
         summary = f"{len(states)} user(s), {checked} cached answer(s), {differences} difference(s)"
         if fix and differences:
@@ -56,3 +51,20 @@ class Command(BaseCommand):
         self.stdout.write(summary)
         if differences:
             raise SystemExit(1)
+
+    def _compare(self, resource, epochs):
+        """(number of cached entries, {uid: (key, cached, expected)} for those that differ)."""
+        key_of = {keys.answer_key(resource.name, uid, epoch): uid for uid, epoch in epochs.items()}
+        truth = resource.compute(sorted(epochs))
+        cached = {}
+        for node, node_keys in self.cache.group(key_of).items():
+            try:
+                cached.update(self.cache.get_many(node, node_keys))
+            except CacheUnavailable:
+                self.unreachable.add(node)
+        differ = {}
+        for key, value in cached.items():
+            expected = truth.get(key_of[key])
+            if value != expected:
+                differ[key_of[key]] = (key, value, expected)
+        return len(cached), differ
