@@ -55,10 +55,9 @@ def test_a_dead_server_is_skipped_for_the_retry_interval_but_never_ejected(memca
     with pytest.raises(CacheUnavailable) as failed:
         cache.cas_uniques(dead.spec, ["p1:a:1:0"])
     assert failed.value.attempted
-    start = time.monotonic()
     with pytest.raises(CacheUnavailable) as skipped:
         cache.cas_uniques(dead.spec, ["p1:a:1:0"])
-    assert not skipped.value.attempted and time.monotonic() - start < 0.01
+    assert not skipped.value.attempted
     assert {k: cache.node_for(k) for k in keys} == before          # placement never changes
     dead.start()
     time.sleep(0.35)
