@@ -38,6 +38,7 @@ class PostgresCluster:
         self.superuser = user
         self.process = None
         self.tmp = None
+        self._log = None
         self.version = os.path.basename(os.path.dirname(self.bindir))
 
     def _as_owner(self, argv):
@@ -54,13 +55,13 @@ class PostgresCluster:
         subprocess.run(self._as_owner([os.path.join(self.bindir, "initdb"), "-D", data, "-U", self.superuser,
                                        "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"]),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.tmp)
+        self._log = open(os.path.join(self.tmp, "postgres.log"), "wb")
         self.process = subprocess.Popen(
             self._as_owner([os.path.join(self.bindir, "postgres"), "-D", data, "-p", str(self.port),
                             "-k", self.tmp, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                             "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                             "-c", "max_connections=50"]),
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.tmp, "postgres.log"), "wb"),
-            cwd=self.tmp, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=self._log, cwd=self.tmp, start_new_session=True)
         try:
             wait_for_port("127.0.0.1", self.port, process=self.process, name="postgres")
             self._wait_ready()
@@ -104,6 +105,9 @@ class PostgresCluster:
                     self.process.kill()
                     self.process.wait(timeout=10)
             self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
