@@ -52,9 +52,13 @@ class PostgresCluster:
         if os.geteuid() == 0:
             shutil.chown(self.tmp, "postgres", "postgres")
             os.chmod(self.tmp, 0o700)
-        subprocess.run(self._as_owner([os.path.join(self.bindir, "initdb"), "-D", data, "-U", self.superuser,
-                                       "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"]),
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.tmp)
+        init = subprocess.run(self._as_owner([os.path.join(self.bindir, "initdb"), "-D", data,
+                                              "-U", self.superuser, "-A", "trust", "-E", "UTF8",
+                                              "--locale=C", "--no-sync"]),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.tmp)
+        if init.returncode != 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise RuntimeError(f"initdb failed: {init.stderr.decode(errors='replace').strip()}")
         self._log = open(os.path.join(self.tmp, "postgres.log"), "wb")
         self.process = subprocess.Popen(
             self._as_owner([os.path.join(self.bindir, "postgres"), "-D", data, "-p", str(self.port),
