@@ -1,0 +1,118 @@
+# cython: language_level=3
+"""Thin Cython layer over fastpath/src: configuration in, C event loop (without the GIL), errors out.
+
+Python owns the CLI and the worker processes (fastpath/__main__.py); this module owns turning a
+validated configuration into ``fp_config_t`` and running one worker's loop.
+"""
+from libc.string cimport memset
+from libc.stdint cimport uint64_t
+
+cimport fastpath.includes.fastpath as fp
+
+from fastpath.errors import FastpathError
+
+STATS_SLOT_SIZE = sizeof(fp.fp_stats_t)
+MAX_SERVERS = fp.FP_MAX_SERVERS
+MAX_RESOURCES = fp.FP_MAX_RESOURCES
+
+
+def run_worker(int listen_fd, int admin_fd, list node_names, list node_addrs, bytes secret,
+               int timeout_ms, int idle_timeout_s, int drain_timeout_s, size_t max_body,
+               size_t max_headers, list resources, list avoid_backends, stats, int n_workers,
+               int worker_index):
+    """Run one worker's event loop until SIGTERM/SIGINT; raise FastpathError on failure."""
+    cdef fp.fp_config_t cfg
+    cdef char err[256]
+    cdef int rc, i
+    cdef unsigned char[::1] stats_view = stats
+    # Keep every bytes object alive for as long as the C side holds pointers into it.
+    cdef list keep = []
+    cdef bytes b
+
+    if not 0 < len(node_names) == len(node_addrs) <= fp.FP_MAX_SERVERS:
+        raise FastpathError(f"need 1..{fp.FP_MAX_SERVERS} memcached servers")
+    if not 0 < len(resources) <= fp.FP_MAX_RESOURCES:
+        raise FastpathError(f"need 1..{fp.FP_MAX_RESOURCES} poll resources")
+    if len(avoid_backends) > 3:
+        raise FastpathError("too many backends to avoid")
+    if len(stats) < STATS_SLOT_SIZE * n_workers or not 0 <= worker_index < n_workers:
+        raise FastpathError("stats region too small")
+    memset(&cfg, 0, sizeof(cfg))
+    memset(err, 0, sizeof(err))
+    cfg.listen_fd = listen_fd
+    cfg.admin_fd = admin_fd
+    cfg.n_nodes = len(node_names)
+    for i in range(cfg.n_nodes):
+        b = node_names[i].encode("ascii")
+        keep.append(b)
+        cfg.nodes[i].name = b
+        cfg.nodes[i].name_len = len(b)
+        b = node_addrs[i].encode("ascii")
+        keep.append(b)
+        cfg.node_addr[i] = b
+    keep.append(secret)
+    cfg.secret = <const unsigned char *><char *>secret
+    cfg.secret_len = len(secret)
+    cfg.timeout_ms = timeout_ms
+    cfg.idle_timeout_s = idle_timeout_s
+    cfg.drain_timeout_s = drain_timeout_s
+    cfg.max_body = max_body
+    cfg.max_headers = max_headers
+    cfg.n_resources = len(resources)
+    for i in range(cfg.n_resources):
+        b = resources[i].encode("ascii")
+        keep.append(b)
+        cfg.resources[i] = b
+        cfg.resource_len[i] = len(b)
+    for i in range(len(avoid_backends)):
+        b = avoid_backends[i].encode("ascii")
+        keep.append(b)
+        cfg.backend_avoid[i] = b
+    cfg.stats = <fp.fp_stats_t *>&stats_view[0]
+    cfg.n_workers = n_workers
+    cfg.worker_index = worker_index
+    with nogil:
+        rc = fp.fp_server_run(&cfg, err, sizeof(err))
+    if rc != 0:
+        raise FastpathError(err.decode("utf-8", "replace"))
+
+
+def render_stats(stats, int n_workers):
+    """Prometheus text for the summed counters of ``n_workers`` slots of ``stats``."""
+    cdef unsigned char[::1] view = stats
+    cdef char buf[8192]
+    if len(stats) < STATS_SLOT_SIZE * n_workers:
+        raise FastpathError("stats region too small")
+    n = fp.fp_stats_render(<fp.fp_stats_t *>&view[0], n_workers, buf, sizeof(buf))
+    return buf[:n].decode("ascii")
+
+
+# -- test hooks (used by tests/fastpath; not public API) --------------------------------------
+
+def _testhelper_murmur3(bytes data, unsigned int seed=0):
+    return fp.fp_murmur3_32(<const char *>data, len(data), seed)
+
+
+def _testhelper_pick(list node_names, bytes key):
+    """Index of the node that holds ``key`` (same code as the request path)."""
+    cdef fp.fp_node_t nodes[64]
+    cdef list keep = [n.encode("ascii") for n in node_names]
+    cdef bytes b
+    if len(keep) > 64:
+        raise ValueError("too many nodes")
+    for i, b in enumerate(keep):
+        nodes[i].name = b
+        nodes[i].name_len = len(b)
+    return fp.fp_rendezvous_pick(nodes, len(keep), key, len(key))
+
+
+def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages"):
+    """(uid, epoch, expires, key) for a valid token, else the error string."""
+    cdef fp.fp_token_t t
+    cdef char key[128]
+    cdef bytes res = resource.encode("ascii")
+    r = fp.fp_token_check(<const unsigned char *><char *>secret, len(secret), token, len(token), now, &t)
+    if r != fp.FP_TOKEN_OK:
+        return fp.fp_token_strerror(r).decode("ascii")
+    n = fp.fp_make_key(key, sizeof(key), res, len(res), &t)
+    return (t.uid, t.epoch, t.expires, key[:n].decode("ascii"))

@@ -1,0 +1,56 @@
+# The C API of fastpath/src, declared once (uvloop's includes/ style).
+from libc.stdint cimport uint32_t, uint64_t, int64_t
+
+cdef extern from "fp_hash.h" nogil:
+    ctypedef struct fp_node_t:
+        const char *name
+        size_t name_len
+    uint32_t fp_murmur3_32(const void *data, size_t len, uint32_t seed)
+    int fp_rendezvous_pick(const fp_node_t *nodes, int n_nodes, const char *key, size_t key_len)
+
+cdef extern from "fp_token.h" nogil:
+    ctypedef enum fp_token_result_t:
+        FP_TOKEN_OK
+        FP_TOKEN_MALFORMED
+        FP_TOKEN_BAD_SIGNATURE
+        FP_TOKEN_EXPIRED
+    ctypedef struct fp_token_t:
+        uint64_t uid, epoch, expires
+        const char *uid_str
+        size_t uid_len
+        const char *epoch_str
+        size_t epoch_len
+    fp_token_result_t fp_token_check(const unsigned char *secret, size_t secret_len,
+                                     const char *tok, size_t tok_len, int64_t now, fp_token_t *out)
+    const char *fp_token_strerror(fp_token_result_t r)
+    size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
+
+cdef extern from "fp_server.h" nogil:
+    enum:
+        FP_MAX_SERVERS
+        FP_MAX_RESOURCES
+        FP_MAX_RESOURCE_LEN
+    ctypedef struct fp_stats_t:
+        pass
+    ctypedef struct fp_config_t:
+        int listen_fd
+        int admin_fd
+        int n_nodes
+        fp_node_t nodes[64]
+        const char *node_addr[64]
+        const unsigned char *secret
+        size_t secret_len
+        int timeout_ms
+        int idle_timeout_s
+        int drain_timeout_s
+        size_t max_body
+        size_t max_headers
+        int n_resources
+        const char *resources[16]
+        size_t resource_len[16]
+        const char *backend_avoid[4]
+        fp_stats_t *stats
+        int n_workers
+        int worker_index
+    int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
+    size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)

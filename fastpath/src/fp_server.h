@@ -1,0 +1,63 @@
+/* The fastpath HTTP server: one event base per worker process (docs/fastpath.md). */
+#ifndef FP_SERVER_H
+#define FP_SERVER_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp_hash.h"
+
+#define FP_MAX_SERVERS 64
+#define FP_MAX_RESOURCES 16
+#define FP_MAX_RESOURCE_LEN 32
+#define FP_MAX_URI 2048
+#define FP_LAT_BUCKETS 10
+
+enum fp_status_slot {
+    FP_ST_200, FP_ST_204, FP_ST_400, FP_ST_401, FP_ST_404, FP_ST_405, FP_ST_413, FP_ST_414,
+    FP_ST_503, FP_ST_OTHER, FP_ST_N
+};
+
+/* One worker's counters, in memory shared by every worker (mmap before fork), so that any
+ * worker's /metrics reports the sum.  Each worker writes only its own slot. */
+typedef struct {
+    uint64_t status[FP_ST_N];
+    uint64_t hits, empty_hits, misses;
+    uint64_t mc_errors, mc_timeouts, mc_connects;
+    int64_t inflight;
+    uint64_t lat_bucket[FP_LAT_BUCKETS];   /* memcached round trip, cumulative by bound */
+    uint64_t lat_sum_us, lat_count;
+    uint64_t pid;
+} fp_stats_t;
+
+extern const double fp_lat_bounds[FP_LAT_BUCKETS];   /* seconds; last is +Inf */
+
+typedef struct {
+    int listen_fd;                 /* bound, listening, non-blocking */
+    int admin_fd;                  /* -1: no admin listener in this worker */
+    int n_nodes;
+    fp_node_t nodes[FP_MAX_SERVERS];
+    const char *node_addr[FP_MAX_SERVERS];    /* "host:port" / "[v6]:port" for connect */
+    const unsigned char *secret;
+    size_t secret_len;
+    int timeout_ms;                /* memcached answer deadline */
+    int idle_timeout_s;            /* header read and keep-alive idle timeout */
+    int drain_timeout_s;
+    size_t max_body;
+    size_t max_headers;
+    int n_resources;
+    const char *resources[FP_MAX_RESOURCES];
+    size_t resource_len[FP_MAX_RESOURCES];
+    const char *backend_avoid[4];  /* libevent methods to avoid (NULL-terminated) */
+    fp_stats_t *stats;             /* n_workers slots */
+    int n_workers;
+    int worker_index;
+} fp_config_t;
+
+/* Runs the event loop until SIGTERM/SIGINT (draining in-flight requests).  Returns 0, or -1 with
+ * a message in err. */
+int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len);
+
+/* Prometheus text of the summed counters into buf; returns its length (truncated to cap). */
+size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap);
+
+#endif
