@@ -29,7 +29,7 @@ def _poll_until(stack, resource, token, want_cache, timeout=10.0, **kwargs):
 
 
 def _cache(stack):
-    return HashClient(stack.config.memcached_specs, connect_timeout=1, timeout=1)
+    return HashClient(stack.config.memcached_specs, connect_timeout=1, timeout=1, default_noreply=False)
 
 
 def _uid_epoch(token):

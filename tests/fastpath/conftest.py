@@ -1,0 +1,67 @@
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from plurksite.services import free_port, wait_for_port
+
+SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Fastpath:
+    def __init__(self, servers, tmp_path, workers=1, extra=()):
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.secret_file = tmp_path / "secret.key"
+        self.secret_file.write_bytes(SECRET + b"\n")
+        self.argv = [sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{self.port}",
+                     "--admin", f"127.0.0.1:{self.admin_port}",
+                     "--memcached", ",".join(s.spec for s in servers),
+                     "--secret-file", str(self.secret_file), "--workers", str(workers), *extra]
+        self.log = tmp_path / "fastpath.log"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=open(self.log, "ab"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
+        return self
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def fastpath_factory(tmp_path):
+    started = []
+
+    def make(servers, **kwargs):
+        fp = Fastpath(servers, tmp_path, **kwargs).start()
+        started.append(fp)
+        return fp
+
+    yield make
+    for fp in started:
+        fp.stop()
+
+
+def token(uid, epoch=0, ttl=3600, key=SECRET):
+    from plurkcore import tokens
+    return tokens.sign(key, uid, epoch, int(time.time()) + ttl)
