@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS_DIR = os.path.join(ROOT, "bench", "results")
+RESULTS_DIR = os.environ.get("PLURK_BENCH_RESULTS") or os.path.join(ROOT, "bench", "results")
 
 
 def _version(cmd, pattern=r"(\d+\.\d+(?:\.\d+)?)"):

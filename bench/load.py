@@ -1,0 +1,196 @@
+"""`make load`: the locust simulation against the stack, with a delivery verdict.
+
+    .venv/bin/python bench/load.py [--users 300] [--spawn-rate 50] [--run-time 60]
+                                   [--processes N] [--host URL] [--quick]
+
+Starts the stack (plurksite.stack) unless --host is given or PLURK_HTTP already answers, creates
+a few celebrity accounts, runs locust headless, then merges every process's records and reports:
+delivery latency (post committed -> first seen by a follower, p50/p95/max), messages lost (a
+follower who followed before the post and polled after it never saw it: must be 0), request
+failures, and the cache hit ratio the pollers saw.  Exit status 1 when anything was lost or failed.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import requests  # noqa: E402
+
+from bench.common import ROOT, progress, write_result  # noqa: E402
+
+
+def _percentile(values, p):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def make_celebrities(host, count):
+    celebs = []
+    for i in range(count):
+        name = f"celeb{i}x{os.getpid()}x{int(time.time())}"
+        resp = requests.post(f"{host}/api/signup", json={"username": name, "password": "load-pass-1"}, timeout=10)
+        resp.raise_for_status()
+        celebs.append({"username": name, "token": resp.json()["token"]})
+    return celebs
+
+
+def judge(records_dir):
+    """Merge every process's records and apply the delivery rule."""
+    posts, follows, seen, polls = [], [], {}, {}
+    cache = {"HIT": 0, "MISS": 0}
+    truncated = 0
+    for path in glob.glob(os.path.join(records_dir, "*.json")):
+        with open(path) as fh:
+            rec = json.load(fh)
+        posts += rec["posts"]
+        follows += rec["follows"]
+        for user, item_id, t in rec["seen"]:
+            key = (user, item_id)
+            seen[key] = min(t, seen.get(key, t))
+        for user, t in rec["polls"].items():
+            polls[user] = max(t, polls.get(user, 0))
+        for k in cache:
+            cache[k] += rec["cache"][k]
+        truncated += rec["truncated"]
+    followers = {}
+    for follower, followee, t in follows:
+        followers.setdefault(followee, []).append((follower, t))
+    latencies, lost, checked = [], [], 0
+    for author, plurk_id, started, committed in posts:
+        for follower, followed_at in followers.get(author, []):
+            if followed_at >= started:
+                continue                     # followed after the post began: not owed it
+            first = seen.get((follower, plurk_id))
+            if first is not None:
+                latencies.append(max(0.0, first - committed))
+                checked += 1
+            elif polls.get(follower, 0) > committed:
+                lost.append([author, plurk_id, follower])
+                checked += 1
+    total = cache["HIT"] + cache["MISS"]
+    return {
+        "plurks_posted": len(posts),
+        "deliveries_checked": checked,
+        "lost": len(lost),
+        "lost_examples": lost[:10],
+        "delivery_latency_s": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95),
+                               "max": max(latencies) if latencies else None},
+        "poll_responses": total,
+        "hit_ratio": cache["HIT"] / total if total else None,
+        "truncated_polls": truncated,
+    }
+
+
+def _stats_failures(csv_prefix):
+    path = csv_prefix + "_stats.csv"
+    if not os.path.exists(path):
+        return None, None
+    import csv
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
+    agg = next((r for r in rows if r["Name"] == "Aggregated"), None)
+    if agg is None:
+        return None, None
+    return int(agg["Request Count"]), int(agg["Failure Count"])
+
+
+def run(host, users, spawn_rate, run_time, processes, celebrities):
+    work = tempfile.mkdtemp(prefix="plurk-load-")
+    records = os.path.join(work, "records")
+    setup = os.path.join(work, "setup.json")
+    with open(setup, "w") as fh:
+        json.dump({"celebrities": make_celebrities(host, celebrities)}, fh)
+    env = dict(os.environ, PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
+    argv = [os.path.join(os.path.dirname(sys.executable), "locust"), "-f",
+            os.path.join(ROOT, "locustfiles", "plurkers.py"), "--headless", "--host", host,
+            "-u", str(users), "-r", str(spawn_rate), "-t", f"{run_time}s", "--stop-timeout", "5",
+            "--csv", os.path.join(work, "locust"), "--only-summary", "--loglevel", "WARNING"]
+    if processes > 1:
+        argv += ["--processes", str(processes)]
+    progress(f"locust: {users} users, {run_time}s, against {host} ...")
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    out_lines = []
+    import threading
+
+    def reader():
+        for line in proc.stdout:
+            out_lines.append(line)
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    while proc.poll() is None:
+        time.sleep(5)
+        requests_, failures = _stats_failures(os.path.join(work, "locust"))
+        progress(f"  {time.monotonic() - started:5.0f}s elapsed"
+                 + (f", {requests_} requests, {failures} failures" if requests_ is not None else ""))
+    t.join(timeout=5)
+    requests_, failures = _stats_failures(os.path.join(work, "locust"))
+    verdict = judge(records)
+    verdict.update({"users": users, "run_time_s": run_time, "processes": processes,
+                    "requests": requests_, "failures": failures, "locust_exit": proc.returncode})
+    if proc.returncode not in (0, 1) or requests_ is None:
+        verdict["locust_output_tail"] = "".join(out_lines[-20:])
+    return verdict
+
+
+def _stack_running(host):
+    try:
+        requests.get(host + "/Poll/getUnreadCount", timeout=2)
+        return True
+    except requests.RequestException:
+        return False
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Run the locust simulation and judge delivery.")
+    ap.add_argument("--users", type=int, default=300)
+    ap.add_argument("--spawn-rate", type=float, default=50)
+    ap.add_argument("--run-time", type=int, default=60)
+    ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--celebrities", type=int, default=5)
+    ap.add_argument("--host", default=None, help="base URL (default: PLURK_HTTP; started if not running)")
+    ap.add_argument("--quick", action="store_true", help="30 users for 30 s (the CI-sized run)")
+    ap.add_argument("--result-name", default="load")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.users, args.run_time, args.spawn_rate = 30, 30, 10
+    stack = None
+    host = args.host
+    if host is None:
+        from plurksite.config import load
+        config = load()
+        host = config.base_url
+        if not _stack_running(host):
+            from plurksite.stack import Stack
+            subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "migrate", "--noinput", "-v", "0"],
+                           check=True, cwd=ROOT)
+            progress(f"starting the stack at {host} ...")
+            stack = Stack(config).start()
+    try:
+        verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities)
+    finally:
+        if stack is not None:
+            stack.stop()
+    path = write_result(args.result_name, verdict)
+    lat = verdict["delivery_latency_s"]
+    fmt = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")
+    print(f"\nplurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
+          f"LOST {verdict['lost']}")
+    print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, max {fmt(lat['max'])}")
+    print(f"requests {verdict['requests']}, failures {verdict['failures']}, "
+          f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
+    print(f"results: {path}")
+    ok = verdict["lost"] == 0 and verdict["failures"] == 0 and verdict["requests"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Plurk users for locust: sign up, follow a skewed social graph, poll every couple of seconds,
+post and respond now and then, mark read what they have seen.
+
+    locust -f locustfiles/plurkers.py --host http://127.0.0.1:8080
+    locust -f locustfiles/plurkers.py --host http://127.0.0.1:8080 --headless -u 300 -r 50 -t 60s
+
+Delivery bookkeeping: every process writes what it posted, followed, polled and saw to
+``$PLURK_LOAD_RECORDS/<pid>.json`` when the test stops; ``bench/load.py`` merges the files and
+judges (every plurk must reach every follower that followed before it and polled after it).
+Celebrities (a few accounts many users follow) come from ``$PLURK_LOAD_SETUP`` (a JSON file
+written by bench/load.py); without it, users follow each other only.
+"""
+import itertools
+import json
+import os
+import random
+import threading
+import time
+import uuid
+
+from locust import HttpUser, between, events, task
+
+RECORDS_DIR = os.environ.get("PLURK_LOAD_RECORDS")
+SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
+PASSWORD = "load-pass-1"
+
+_lock = threading.Lock()
+_known_users = []                 # usernames signed up in this process
+_celebrities = []                 # [{"username", "token"}]
+_celebrity_turn = itertools.count()
+_records = {"posts": [], "follows": [], "polls": {}, "seen": [], "cache": {"HIT": 0, "MISS": 0},
+            "truncated": 0}
+
+if SETUP_FILE and os.path.exists(SETUP_FILE):
+    with open(SETUP_FILE) as fh:
+        _celebrities = json.load(fh)["celebrities"]
+
+
+def _zipf_index(n, s=1.2):
+    weights = [1 / (i + 1) ** s for i in range(n)]
+    return random.choices(range(n), weights=weights)[0]
+
+
+class _Plurker(HttpUser):
+    abstract = True
+    wait_time = between(1.5, 2.5)          # "every couple of seconds", with jitter
+
+    username = None
+    token = None
+    seen = None
+
+    def _auth(self):
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def poll(self):
+        started = time.time()
+        with self.client.get("/Poll/getUnreadCount", headers=self._auth(), name="/Poll/getUnreadCount",
+                             catch_response=True) as resp:
+            self._count_cache(resp)
+            if resp.status_code == 204:
+                resp.success()
+                self._polled(started)
+                return
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+                return
+            resp.success()
+        with self.client.get("/Poll/getMessages", headers=self._auth(), name="/Poll/getMessages",
+                             catch_response=True) as resp:
+            self._count_cache(resp)
+            if resp.status_code == 204:
+                resp.success()
+                self._polled(started)
+                return
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+                return
+            body = resp.json()
+            resp.success()
+        now = time.time()
+        items = body.get("items", [])
+        with _lock:
+            for item in items:
+                if item["kind"] == "plurk" and item["id"] not in self.seen:
+                    self.seen.add(item["id"])
+                    _records["seen"].append([self.username, item["id"], now])
+        self._polled(started)
+        if items and body.get("count") == len(items):
+            # everything unread was shown: mark it read (reading takes a moment)
+            self.client.post("/api/markRead", json={"upto": max(i["id"] for i in items)},
+                             headers=self._auth(), name="/api/markRead")
+        elif items:
+            with _lock:
+                _records["truncated"] += 1
+
+    def _polled(self, started):
+        with _lock:
+            _records["polls"][self.username] = started
+
+    @staticmethod
+    def _count_cache(resp):
+        state = resp.headers.get("X-Cache")
+        if state in ("HIT", "MISS"):
+            with _lock:
+                _records["cache"][state] += 1
+
+    def post(self, text):
+        started = time.time()
+        resp = self.client.post("/api/plurks", json={"content": text}, headers=self._auth(), name="/api/plurks")
+        if resp.status_code == 201:
+            with _lock:
+                _records["posts"].append([self.username, resp.json()["id"], started, time.time()])
+            return resp.json()
+        return None
+
+
+class Plurker(_Plurker):
+    """An ordinary user: polls a lot, posts and responds sometimes."""
+
+    weight = 20
+
+    def on_start(self):
+        self.seen = set()
+        self.username = f"u{uuid.uuid4().hex[:12]}"
+        resp = self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},
+                                name="/api/signup")
+        if resp.status_code != 201:
+            self.stop()
+            return
+        self.token = resp.json()["token"]
+        targets = set()
+        if _celebrities:
+            for _ in range(random.randint(1, 3)):
+                targets.add(_celebrities[_zipf_index(len(_celebrities))]["username"])
+        with _lock:
+            others = random.sample(_known_users, min(len(_known_users), random.randint(0, 3)))
+            _known_users.append(self.username)
+        targets.update(others)
+        for name in targets:
+            resp = self.client.post("/api/follow", json={"username": name}, headers=self._auth(),
+                                    name="/api/follow")
+            if resp.status_code in (200, 201):
+                with _lock:
+                    _records["follows"].append([self.username, name, time.time()])
+
+    @task(30)
+    def poll_task(self):
+        self.poll()
+
+    @task(1)
+    def post_task(self):
+        self.post(f"hello from {self.username} at {time.time():.3f}")
+
+    @task(1)
+    def respond_task(self):
+        resp = self.client.get("/api/timeline?limit=5", headers=self._auth(), name="/api/timeline")
+        if resp.status_code == 200 and resp.json()["items"]:
+            plurk = random.choice(resp.json()["items"])
+            self.client.post(f"/api/plurks/{plurk['id']}/responses", json={"content": "nice"},
+                             headers=self._auth(), name="/api/plurks/[id]/responses")
+
+
+class Celebrity(_Plurker):
+    """One of the few accounts that many follow: posts more often, polls too."""
+
+    weight = 1
+    wait_time = between(2, 4)
+
+    def on_start(self):
+        self.seen = set()
+        if not _celebrities:
+            self.stop()
+            return
+        celeb = _celebrities[next(_celebrity_turn) % len(_celebrities)]
+        self.username, self.token = celeb["username"], celeb["token"]
+
+    @task(3)
+    def post_task(self):
+        self.post(f"{self.username} says {random.randint(0, 10**6)}")
+
+    @task(5)
+    def poll_task(self):
+        self.poll()
+
+
+@events.test_stop.add_listener
+def _write_records(environment, **kwargs):
+    if not RECORDS_DIR:
+        return
+    os.makedirs(RECORDS_DIR, exist_ok=True)
+    with _lock:
+        data = json.dumps(_records)
+    path = os.path.join(RECORDS_DIR, f"{os.getpid()}-{uuid.uuid4().hex[:6]}.json")
+    with open(path, "w") as fh:
+        fh.write(data)
