@@ -1,0 +1,96 @@
+"""Draw PNG plots from bench/results/*.json (matplotlib, Agg).  `python bench/plot.py`"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.common import RESULTS_DIR  # noqa: E402
+
+
+def _load(name):
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def throughput(doc):
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    levels = doc["concurrency"]
+    for name, points in doc["configs"].items():
+        xs = [c for c in levels if str(c) in points]
+        ax1.plot(xs, [points[str(c)]["rps"] for c in xs], marker="o", label=name)
+    ax1.set(xlabel="concurrent keep-alive connections (wrk -t1)", ylabel="requests/s", xscale="log",
+            title="Poll throughput, 10,000 per-user keys")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=.3)
+    c = str(levels[0])
+    names = [n for n in doc["configs"] if c in doc["configs"][n]]
+    p50 = [doc["configs"][n][c]["p50_ms"] or 0 for n in names]
+    p99 = [doc["configs"][n][c]["p99_ms"] or 0 for n in names]
+    xs = range(len(names))
+    ax2.bar([x - .2 for x in xs], p50, width=.4, label="p50")
+    ax2.bar([x + .2 for x in xs], p99, width=.4, label="p99")
+    ax2.set_xticks(list(xs), names, rotation=20, fontsize=8)
+    ax2.set(ylabel="ms", yscale="log", title=f"Latency at c={c}")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "throughput.png"), dpi=110)
+
+
+def fanout(doc):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels, values = [], []
+    for run in doc["runs"]:
+        labels.append(f"{run['backend']}\n{run['memcached_servers']}mc {run['followers']//1000}k {run['phase']}")
+        values.append(run["seconds"])
+    ax.bar(range(len(values)), values)
+    ax.axhline(1.0, color="red", linestyle="--", label="goal (10k < 1 s)")
+    ax.set_xticks(range(len(values)), labels, fontsize=6, rotation=45)
+    ax.set(ylabel="seconds from commit to all entries written", title="Fan-out of one plurk")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "fanout.png"), dpi=110)
+
+
+def delivery(docs):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names, p50, p95, mx = [], [], [], []
+    for name, doc in docs:
+        lat = doc["delivery_latency_s"]
+        if lat["p50"] is None:
+            continue
+        names.append(f"{name}\n{doc['users']} users")
+        p50.append(lat["p50"]), p95.append(lat["p95"]), mx.append(lat["max"])
+    xs = range(len(names))
+    ax.bar([x - .25 for x in xs], p50, width=.25, label="p50")
+    ax.bar(list(xs), p95, width=.25, label="p95")
+    ax.bar([x + .25 for x in xs], mx, width=.25, label="max")
+    ax.set_xticks(list(xs), names)
+    ax.set(ylabel="seconds, commit to first sight", title="Delivery latency (pollers every ~2 s)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "delivery.png"), dpi=110)
+
+
+def main():
+    made = []
+    if (doc := _load("throughput")):
+        throughput(doc)
+        made.append("throughput.png")
+    if (doc := _load("fanout")):
+        fanout(doc)
+        made.append("fanout.png")
+    docs = [(n, d) for n in ("load", "load-10k") if (d := _load(n))]
+    if docs:
+        delivery(docs)
+        made.append("delivery.png")
+    print("plots:", ", ".join(os.path.join(RESULTS_DIR, m) for m in made))
+
+
+if __name__ == "__main__":
+    main()

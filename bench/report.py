@@ -1,0 +1,64 @@
+"""Print the markdown tables of the latest results (pasted into README by hand or by `make bench`)."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import RESULTS_DIR  # noqa: E402
+
+
+def _load(name):
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def main():
+    out = []
+    doc = _load("throughput")
+    if doc:
+        m = doc["machine"]
+        out.append(f"Throughput ({m['date']}, {m['cpus']} CPUs {m['host_cpu']}, nginx {m['nginx']}, "
+                   f"memcached {m['memcached']}, commit {m['commit']}; wrk -t1, keep-alive, "
+                   f"{doc['users']} per-user keys, {doc['duration_s']} s per point):\n")
+        levels = [str(c) for c in doc["concurrency"]]
+        out.append("| config | " + " | ".join(f"c={c} req/s (p50 / p99 ms)" for c in levels) + " |")
+        out.append("|---|" + "---|" * len(levels))
+        for name, pts in doc["configs"].items():
+            cells = [f"{pts[c]['rps']:,.0f} ({pts[c]['p50_ms']} / {pts[c]['p99_ms']})" if c in pts else "" for c in levels]
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append("")
+        for c, ratios in doc["ratios"].items():
+            out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**" for k, v in ratios.items() if v))
+        if doc.get("idle_connections"):
+            ic = doc["idle_connections"]
+            out.append(f"- {ic['connections']:,} idle keep-alive connections: fastpath worker RSS "
+                       f"{ic['rss_before_kb']:,} KB -> {ic['rss_with_connections_kb']:,} KB, "
+                       f"**{ic['bytes_per_connection']:,} bytes per connection**")
+        out.append("")
+    doc = _load("fanout")
+    if doc:
+        out.append("Fan-out, seconds from commit until every follower's entries are written:\n")
+        out.append("| database | memcached servers | followers | cold | warm |")
+        out.append("|---|---|---|---|---|")
+        rows = {}
+        for r in doc["runs"]:
+            rows.setdefault((r["backend"], r["memcached_servers"], r["followers"]), {})[r["phase"]] = r["seconds"]
+        for (b, s, f), ph in rows.items():
+            out.append(f"| {b} | {s} | {f:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
+        out.append("")
+    for name in ("load", "load-10k"):
+        doc = _load(name)
+        if doc:
+            lat = doc["delivery_latency_s"]
+            f = (lambda v: "n/a" if v is None else f"{v:.2f} s")
+            out.append(f"Locust `{name}`: {doc['users']} users, {doc['run_time_s']} s, {doc['requests']} requests, "
+                       f"{doc['failures']} failures, {doc['plurks_posted']} plurks, {doc['deliveries_checked']} "
+                       f"deliveries checked, **{doc['lost']} lost**, poll hit ratio "
+                       f"**{doc['hit_ratio']:.3f}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
+                       f"max {f(lat['max'])}.\n")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""`make bench`: every benchmark in one invocation, then the plots and the README table.
+
+    .venv/bin/python bench/run_all.py [--quick] [--with-10k]
+
+1. bench/throughput.py  fastpath vs nginx+fastpath, memcached_pass, return 200, Django (wrk)
+2. bench/fanout.py      one plurk to 1,000 / 10,000 followers (SQLite and PostgreSQL)
+3. bench/load.py        the locust simulation, 300 users for 60 s, with the delivery verdict
+4. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
+                        CPU and memory (needs far more than 2 cores to be meaningful here)
+Results: bench/results/*.json and *.png; bench/report.py prints the markdown table.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from bench.common import progress  # noqa: E402
+
+
+def step(name, argv):
+    progress(f"=== {name}: {' '.join(argv)}")
+    started = time.monotonic()
+    rc = subprocess.run([sys.executable, *argv], cwd=os.path.dirname(HERE)).returncode
+    progress(f"=== {name}: exit {rc} after {time.monotonic() - started:.0f}s")
+    return rc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--with-10k", action="store_true")
+    args = ap.parse_args()
+    failures = 0
+    failures += step("throughput", ["bench/throughput.py"] + (["--quick"] if args.quick else ["--duration", "8"])) != 0
+    failures += step("fan-out", ["bench/fanout.py"]) != 0
+    failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
+    if args.with_10k:
+        failures += step("10k users", ["bench/load.py", "--users", "10000", "--spawn-rate", "200",
+                                       "--processes", str(os.cpu_count() or 2), "--run-time", "120",
+                                       "--result-name", "load-10k"]) != 0
+    step("plots", ["bench/plot.py"])
+    step("report", ["bench/report.py"])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
