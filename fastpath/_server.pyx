@@ -109,9 +109,11 @@ def _testhelper_pick(list node_names, bytes key):
 def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages"):
     """(uid, epoch, expires, key) for a valid token, else the error string."""
     cdef fp.fp_token_t t
+    cdef fp.fp_hmac_key_t hmac
     cdef char key[128]
     cdef bytes res = resource.encode("ascii")
-    r = fp.fp_token_check(<const unsigned char *><char *>secret, len(secret), token, len(token), now, &t)
+    fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret))
+    r = fp.fp_token_check(&hmac, token, len(token), now, &t)
     if r != fp.FP_TOKEN_OK:
         return fp.fp_token_strerror(r).decode("ascii")
     n = fp.fp_make_key(key, sizeof(key), res, len(res), &t)

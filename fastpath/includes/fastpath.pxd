@@ -20,8 +20,11 @@ cdef extern from "fp_token.h" nogil:
         size_t uid_len
         const char *epoch_str
         size_t epoch_len
-    fp_token_result_t fp_token_check(const unsigned char *secret, size_t secret_len,
-                                     const char *tok, size_t tok_len, int64_t now, fp_token_t *out)
+    ctypedef struct fp_hmac_key_t:
+        pass
+    void fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len)
+    fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t tok_len,
+                                     int64_t now, fp_token_t *out)
     const char *fp_token_strerror(fp_token_result_t r)
     size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
 

@@ -70,6 +70,7 @@ typedef struct fp_server {
     fp_mc_t mc[FP_MAX_SERVERS];
     fp_pending_t *free_list;
     fp_stats_t *st;
+    fp_hmac_key_t hmac;
     int stopping;
     struct event *sig_term, *sig_int;
 } fp_server_t;
@@ -535,8 +536,7 @@ static void _handle_poll(struct evhttp_request *req, void *arg)
     }
     struct timeval now;
     event_base_gettimeofday_cached(srv->base, &now);
-    fp_token_result_t tr = fp_token_check(cfg->secret, cfg->secret_len, tok, tok_len,
-                                          (int64_t)now.tv_sec, &token);
+    fp_token_result_t tr = fp_token_check(&srv->hmac, tok, tok_len, (int64_t)now.tv_sec, &token);
     if (tr != FP_TOKEN_OK) {
         _reply_json_error(srv, req, 401, "Unauthorized", fp_token_strerror(tr), NULL);
         return;
@@ -692,6 +692,7 @@ int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
     srv.cfg = cfg;
     srv.st = &cfg->stats[cfg->worker_index];
     srv.st->pid = (uint64_t)getpid();
+    fp_hmac_prepare(&srv.hmac, cfg->secret, cfg->secret_len);
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS)
         return _fail(err, err_len, "need 1..64 memcached servers");
 

@@ -1,8 +1,7 @@
 #include <string.h>
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/sha.h>
 
 #include "fp_token.h"
 
@@ -42,14 +41,45 @@ static int _expect_dot(const char *s, size_t len, size_t *pos)
     return 0;
 }
 
-fp_token_result_t fp_token_check(const unsigned char *secret, size_t secret_len,
-                                 const char *tok, size_t len, int64_t now, fp_token_t *out)
+/* RFC 2104 with SHA-256: keys longer than the 64-byte block are hashed first. */
+void fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len)
+{
+    unsigned char block[SHA256_CBLOCK], pad[SHA256_CBLOCK];
+    memset(block, 0, sizeof(block));
+    if (secret_len > sizeof(block))
+        SHA256(secret, secret_len, block);
+    else
+        memcpy(block, secret, secret_len);
+    for (size_t i = 0; i < sizeof(block); i++)
+        pad[i] = block[i] ^ 0x36;
+    SHA256_Init(&key->inner);
+    SHA256_Update(&key->inner, pad, sizeof(pad));
+    for (size_t i = 0; i < sizeof(block); i++)
+        pad[i] = block[i] ^ 0x5c;
+    SHA256_Init(&key->outer);
+    SHA256_Update(&key->outer, pad, sizeof(pad));
+    OPENSSL_cleanse(block, sizeof(block));
+    OPENSSL_cleanse(pad, sizeof(pad));
+}
+
+static void _hmac(const fp_hmac_key_t *key, const char *msg, size_t len, unsigned char out[32])
+{
+    SHA256_CTX ctx = key->inner;
+    unsigned char inner[32];
+    SHA256_Update(&ctx, msg, len);
+    SHA256_Final(inner, &ctx);
+    ctx = key->outer;
+    SHA256_Update(&ctx, inner, sizeof(inner));
+    SHA256_Final(out, &ctx);
+}
+
+fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t len,
+                                 int64_t now, fp_token_t *out)
 {
     static const char hex[] = "0123456789abcdef";
     size_t pos = 3, payload_len, n_expires;
     const char *expires_str;
-    unsigned char mac[EVP_MAX_MD_SIZE];
-    unsigned int mac_len = 0;
+    unsigned char mac[32];
     char mac_hex[64];
 
     if (len < 3 || len > FP_TOKEN_MAX_LEN || memcmp(tok, "v1.", 3) != 0)
@@ -68,9 +98,7 @@ fp_token_result_t fp_token_check(const unsigned char *secret, size_t secret_len,
         if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
             return FP_TOKEN_MALFORMED;
     }
-    if (HMAC(EVP_sha256(), secret, (int)secret_len, (const unsigned char *)tok, payload_len,
-             mac, &mac_len) == NULL || mac_len != 32)
-        return FP_TOKEN_BAD_SIGNATURE;
+    _hmac(key, tok, payload_len, mac);
     for (unsigned int i = 0; i < 32; i++) {
         mac_hex[2 * i] = hex[mac[i] >> 4];
         mac_hex[2 * i + 1] = hex[mac[i] & 15];

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <openssl/sha.h>
+
 #define FP_TOKEN_MAX_LEN 128
 
 typedef enum {
@@ -20,8 +22,17 @@ typedef struct {
     const char *epoch_str; size_t epoch_len;
 } fp_token_t;
 
-fp_token_result_t fp_token_check(const unsigned char *secret, size_t secret_len,
-                                 const char *tok, size_t tok_len, int64_t now, fp_token_t *out);
+/* HMAC-SHA256 with the key's inner and outer SHA-256 states computed once at start-up, so a
+ * check costs two short SHA-256 runs and no allocation (OpenSSL 3's one-shot HMAC() fetches its
+ * algorithm on every call). */
+typedef struct {
+    SHA256_CTX inner, outer;
+} fp_hmac_key_t;
+
+void fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len);
+
+fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t tok_len,
+                                 int64_t now, fp_token_t *out);
 
 const char *fp_token_strerror(fp_token_result_t r);
 

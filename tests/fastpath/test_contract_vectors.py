@@ -60,3 +60,13 @@ def test_tie_goes_to_the_greater_node_name():
     # pick deterministically the same way pymemcache does
     nodes = ["a:1", "a:1"]
     assert _server._testhelper_pick(nodes, b"k") in (0, 1)
+
+
+@pytest.mark.parametrize("key_len", [32, 63, 64, 65, 200, 1024])
+def test_hmac_for_every_key_length(key_len):
+    """The precomputed-pad HMAC agrees with Python's hmac for keys shorter and longer than a block."""
+    from plurkcore import tokens
+    key = bytes((i * 7 + 3) % 256 for i in range(key_len))
+    tok = tokens.sign(key, 12345, 6, NOW + 10)
+    assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == (12345, 6, NOW + 10)
+    assert _server._testhelper_token(key[:-1] + b"\x00", tok.encode(), NOW) == "bad signature"
