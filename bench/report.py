@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import RESULTS_DIR  # noqa: E402
+from bench.common import RESULTS_DIR, ROOT  # noqa: E402
 
 
 def _load(name):
@@ -57,7 +57,27 @@ def main():
                        f"deliveries checked, **{doc['lost']} lost**, poll hit ratio "
                        f"**{doc['hit_ratio']:.3f}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
                        f"max {f(lat['max'])}.\n")
-    print("\n".join(out))
+    text = "\n".join(out)
+    print(text)
+    if "--write-readme" in sys.argv:
+        _write_readme(text)
+
+
+START, END = "<!-- bench:start (bench/report.py --write-readme) -->", "<!-- bench:end -->"
+
+
+def _write_readme(text):
+    readme = os.path.join(ROOT, "README.md")
+    with open(readme) as fh:
+        doc = fh.read()
+    if START not in doc or END not in doc:
+        print("README.md has no bench markers; table not written", file=sys.stderr)
+        return
+    head, rest = doc.split(START, 1)
+    _, tail = rest.split(END, 1)
+    with open(readme, "w") as fh:
+        fh.write(head + START + "\n" + text.rstrip() + "\n" + END + tail)
+    print(f"README.md table updated", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def main():
                                        "--processes", str(os.cpu_count() or 2), "--run-time", "120",
                                        "--result-name", "load-10k"]) != 0
     step("plots", ["bench/plot.py"])
-    step("report", ["bench/report.py"])
+    step("report", ["bench/report.py", "--write-readme"])
     return 1 if failures else 0
 
 
