@@ -32,14 +32,13 @@ def _percentile(values, p):
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def make_celebrities(host, count):
-    celebs = []
-    for i in range(count):
-        name = f"celeb{i}x{os.getpid()}x{int(time.time())}"
-        resp = requests.post(f"{host}/api/signup", json={"username": name, "password": "load-pass-1"}, timeout=10)
-        resp.raise_for_status()
-        celebs.append({"username": name, "token": resp.json()["token"]})
-    return celebs
+def make_accounts(count, prefix, path, env):
+    """Logged-in accounts made in bulk by `manage.py loadusers` (no password hashing under load)."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "loadusers", str(count),
+                    "--prefix", prefix, "--out", path], check=True, cwd=ROOT, env=env,
+                   stdout=subprocess.DEVNULL)
+    with open(path) as fh:
+        return json.load(fh)
 
 
 def judge(records_dir):
@@ -102,12 +101,15 @@ def _stats_failures(csv_prefix):
     return int(agg["Request Count"]), int(agg["Failure Count"])
 
 
-def run(host, users, spawn_rate, run_time, processes, celebrities):
+def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env):
     work = tempfile.mkdtemp(prefix="plurk-load-")
     records = os.path.join(work, "records")
     setup = os.path.join(work, "setup.json")
+    run_id = f"r{os.getpid()}x{int(time.time()) % 10**6}_"
+    env = dict(os.environ, **stack_env, DJANGO_SETTINGS_MODULE="plurksite.settings")
+    accounts = make_accounts(users + celebrities, run_id, os.path.join(work, "accounts.json"), env)
     with open(setup, "w") as fh:
-        json.dump({"celebrities": make_celebrities(host, celebrities)}, fh)
+        json.dump({"celebrities": accounts[:celebrities], "users": accounts[celebrities:]}, fh)
     env = dict(os.environ, PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
     argv = [os.path.join(os.path.dirname(sys.executable), "locust"), "-f",
             os.path.join(ROOT, "locustfiles", "plurkers.py"), "--headless", "--host", host,
@@ -162,11 +164,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.users, args.run_time, args.spawn_rate = 30, 30, 10
+    from plurksite.config import load
+
     stack = None
+    config = load()                  # the same PLURK_* the stack runs with (its database)
     host = args.host
     if host is None:
-        from plurksite.config import load
-        config = load()
         host = config.base_url
         if not _stack_running(host):
             from plurksite.stack import Stack
@@ -175,7 +178,8 @@ def main(argv=None):
             progress(f"starting the stack at {host} ...")
             stack = Stack(config).start()
     try:
-        verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities)
+        verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities,
+                      config.to_env())
     finally:
         if stack is not None:
             stack.stop()

@@ -27,13 +27,19 @@ PASSWORD = "load-pass-1"
 _lock = threading.Lock()
 _known_users = []                 # usernames signed up in this process
 _celebrities = []                 # [{"username", "token"}]
+_accounts = []                    # pre-made logged-in accounts (bench/load.py); else users sign up
 _celebrity_turn = itertools.count()
+_account_turn = itertools.count()
 _records = {"posts": [], "follows": [], "polls": {}, "seen": [], "cache": {"HIT": 0, "MISS": 0},
             "truncated": 0}
 
 if SETUP_FILE and os.path.exists(SETUP_FILE):
     with open(SETUP_FILE) as fh:
-        _celebrities = json.load(fh)["celebrities"]
+        _setup = json.load(fh)
+    _celebrities = _setup["celebrities"]
+    _accounts = _setup.get("users", [])
+    # several locust processes share the list: start each at its own offset
+    _account_turn = itertools.count(random.randrange(len(_accounts)) if _accounts else 0)
 
 
 def _zipf_index(n, s=1.2):
@@ -121,13 +127,17 @@ class Plurker(_Plurker):
 
     def on_start(self):
         self.seen = set()
-        self.username = f"u{uuid.uuid4().hex[:12]}"
-        resp = self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},
-                                name="/api/signup")
-        if resp.status_code != 201:
-            self.stop()
-            return
-        self.token = resp.json()["token"]
+        if _accounts:
+            account = _accounts[next(_account_turn) % len(_accounts)]
+            self.username, self.token = account["username"], account["token"]
+        else:
+            self.username = f"u{uuid.uuid4().hex[:12]}"
+            resp = self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},
+                                    name="/api/signup")
+            if resp.status_code != 201:
+                self.stop()
+                return
+            self.token = resp.json()["token"]
         targets = set()
         if _celebrities:
             for _ in range(random.randint(1, 3)):

@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_quick_simulation_delivers_everything(stack, tmp_path):
     env = dict(os.environ, PLURK_BENCH_RESULTS=str(tmp_path))
+    env.update(stack.config.to_env())
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "load.py"), "--quick",
                            "--host", stack.base_url], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=300)

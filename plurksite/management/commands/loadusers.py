@@ -1,0 +1,46 @@
+"""``manage.py loadusers N --prefix P --out FILE``: accounts for the load simulation.
+
+Creates N users (no usable password) with their plurkcore state in bulk and writes
+``[{"username", "token"}, ...]`` to FILE.  Simulated users start logged in, as most pollers of a
+real site are: signing 300 users up at once would measure Django's password hashing (PBKDF2,
+deliberately ~0.5 s of CPU each), not polling.
+"""
+import json
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from plurkcore.auth import issue_token
+from plurkcore.models import UserState
+
+
+class Command(BaseCommand):
+    help = "Create N logged-in accounts for the locust simulation and write their tokens to a file."
+
+    def add_arguments(self, parser):
+        parser.add_argument("count", type=int)
+        parser.add_argument("--prefix", required=True, help="username prefix (letters, digits, _)")
+        parser.add_argument("--out", required=True, help="JSON file to write")
+
+    def handle(self, count, prefix, out, **options):
+        if not 1 <= count <= 200_000:
+            raise CommandError("count must be 1..200000")
+        if not prefix.replace("_", "").isalnum() or len(prefix) > 100:
+            raise CommandError("--prefix must be letters, digits or _ (at most 100)")
+        User = get_user_model()
+        names = [f"{prefix}{i}" for i in range(count)]
+        if User.objects.filter(username__in=names[:1000]).exists():
+            raise CommandError(f"users named {prefix}N exist already; choose another --prefix")
+        with transaction.atomic():
+            users = [User(username=n) for n in names]
+            for u in users:
+                u.set_unusable_password()
+            User.objects.bulk_create(users, batch_size=1000)
+            ids = dict(User.objects.filter(username__in=names).values_list("username", "id"))
+            UserState.objects.bulk_create([UserState(user_id=ids[n]) for n in names], batch_size=1000,
+                                          ignore_conflicts=True)
+        accounts = [{"username": n, "token": issue_token(ids[n], 0)} for n in names]
+        with open(out, "w") as fh:
+            json.dump(accounts, fh)
+        self.stdout.write(f"{count} accounts written to {out}")
