@@ -5,6 +5,7 @@ import logging
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpResponse
+from django.db import OperationalError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
@@ -138,6 +139,11 @@ def api_view(methods, auth=True):
             except SuspiciousOperation as exc:
                 logger.warning("suspicious request: %s", exc)
                 return error_response(400, "bad request")
+            except OperationalError as exc:
+                # the database is overloaded or away (SQLite "database is locked" after its
+                # timeout, a lost PostgreSQL connection): the client should retry, not give up
+                logger.error("database unavailable in %s: %s", view.__name__, exc)
+                return error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
             except Exception:
                 logger.exception("unexpected error in %s", view.__name__)
                 return error_response(500, "internal error")

@@ -285,3 +285,20 @@ def test_settings_are_cached_and_reset(settings):
     assert conf.get_config()["CACHE_TTL"] == conf.DEFAULTS["CACHE_TTL"]
     settings.PLURKCORE = dict(settings.PLURKCORE, CACHE_TTL=5)
     assert conf.get_config()["CACHE_TTL"] == 5
+
+
+def test_database_unavailable_is_503_json_not_500(client, monkeypatch):
+    """An overloaded database (SQLite 'database is locked') answers 503 + Retry-After, never 500."""
+    from django.db import OperationalError
+
+    from plurkcore import api
+
+    def locked(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(api, "issue_token", locked)
+    resp = client.post("/api/signup", data={"username": "lockme", "password": "long-enough-1"},
+                       content_type="application/json")
+    assert resp.status_code == 503
+    assert resp["Retry-After"] == "1"
+    assert resp.json() == {"error": "database busy, retry shortly"}
