@@ -82,6 +82,9 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--workers", str(config.gunicorn_workers),
             "--worker-class", "gthread", "--threads", "4",
             "--timeout", "30", "--graceful-timeout", "10",
+            # longer than nginx keeps idle upstream connections (60 s), so nginx never reuses a
+            # connection gunicorn has just closed (a 502 on loopback)
+            "--keep-alive", "75",
             "--access-logfile", "-", "--error-logfile", "-",
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 
