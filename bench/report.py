@@ -55,7 +55,7 @@ def main():
             out.append(f"Locust `{name}`: {doc['users']} users, {doc['run_time_s']} s, {doc['requests']} requests, "
                        f"{doc['failures']} failures, {doc['plurks_posted']} plurks, {doc['deliveries_checked']} "
                        f"deliveries checked, **{doc['lost']} lost**, poll hit ratio "
-                       f"**{doc['hit_ratio']:.3f}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
+                       f"**{doc['hit_ratio']:.4f}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
                        f"max {f(lat['max'])}.\n")
     text = "\n".join(out)
     print(text)
