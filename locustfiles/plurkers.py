@@ -58,31 +58,31 @@ class _Plurker(HttpUser):
     def _auth(self):
         return {"Authorization": f"Bearer {self.token}"}
 
+    def _get_poll(self, resource):
+        """One poll request: its JSON body, {} for 204, or None on failure (recorded by locust)."""
+        path = f"/Poll/{resource}"
+        with self.client.get(path, headers=self._auth(), name=path, catch_response=True) as resp:
+            self._count_cache(resp)
+            if resp.status_code == 204:
+                resp.success()
+                return {}
+            if resp.status_code != 200:
+                resp.failure(f"status {resp.status_code}")
+                return None
+            resp.success()
+            return resp.json()
+
     def poll(self):
         started = time.time()
-        with self.client.get("/Poll/getUnreadCount", headers=self._auth(), name="/Poll/getUnreadCount",
-                             catch_response=True) as resp:
-            self._count_cache(resp)
-            if resp.status_code == 204:
-                resp.success()
-                self._polled(started)
-                return
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
-                return
-            resp.success()
-        with self.client.get("/Poll/getMessages", headers=self._auth(), name="/Poll/getMessages",
-                             catch_response=True) as resp:
-            self._count_cache(resp)
-            if resp.status_code == 204:
-                resp.success()
-                self._polled(started)
-                return
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
-                return
-            body = resp.json()
-            resp.success()
+        counted = self._get_poll("getUnreadCount")
+        if counted is None:
+            return
+        body = self._get_poll("getMessages") if counted else {}
+        if body is None:
+            return
+        if not body:
+            self._polled(started)
+            return
         now = time.time()
         items = body.get("items", [])
         with _lock:
