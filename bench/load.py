@@ -32,10 +32,11 @@ def _percentile(values, p):
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def make_accounts(count, prefix, path, env):
+def make_accounts(count, prefix, path, env, celebrities=0, prefollow=False):
     """Logged-in accounts made in bulk by `manage.py loadusers` (no password hashing under load)."""
+    extra = ["--celebrities", str(celebrities), "--prefollow"] if prefollow else []
     subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "loadusers", str(count),
-                    "--prefix", prefix, "--out", path], check=True, cwd=ROOT, env=env,
+                    "--prefix", prefix, "--out", path, *extra], check=True, cwd=ROOT, env=env,
                    stdout=subprocess.DEVNULL)
     with open(path) as fh:
         return json.load(fh)
@@ -101,13 +102,14 @@ def _stats_failures(csv_prefix):
     return int(agg["Request Count"]), int(agg["Failure Count"])
 
 
-def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env):
+def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, prefollow=False):
     work = tempfile.mkdtemp(prefix="plurk-load-")
     records = os.path.join(work, "records")
     setup = os.path.join(work, "setup.json")
     run_id = f"r{os.getpid()}x{int(time.time()) % 10**6}_"
     env = dict(os.environ, **stack_env, DJANGO_SETTINGS_MODULE="plurksite.settings")
-    accounts = make_accounts(users + celebrities, run_id, os.path.join(work, "accounts.json"), env)
+    accounts = make_accounts(users + celebrities, run_id, os.path.join(work, "accounts.json"), env,
+                             celebrities, prefollow)
     with open(setup, "w") as fh:
         json.dump({"celebrities": accounts[:celebrities], "users": accounts[celebrities:]}, fh)
     env = dict(os.environ, PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
@@ -143,6 +145,73 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env):
     return verdict
 
 
+SERVICES = {  # how each part of the stack shows up in /proc/<pid>/cmdline
+    "nginx": lambda cmd: cmd.startswith("nginx"),
+    "fastpath": lambda cmd: "-m fastpath" in cmd,
+    "memcached": lambda cmd: "memcached" in cmd.split(" ")[0],
+    "gunicorn": lambda cmd: "gunicorn" in cmd and "plurksite.wsgi" in cmd,
+}
+
+
+class StackSampler:
+    """Every second: CPU (from /proc/<pid>/stat utime+stime) and RSS of nginx, fastpath, memcached
+    and gunicorn, each summed over its processes (masters and workers)."""
+
+    def __init__(self, interval=1.0):
+        import threading
+        self.interval = interval
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def _read(self):
+        totals = {name: {"cpu_s": 0.0, "rss_kb": 0, "processes": 0} for name in SERVICES}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/status") as fh:
+                    rss = next((int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS")), 0)
+            except (OSError, ValueError, IndexError):
+                continue
+            for name, match in SERVICES.items():
+                if match(cmd):
+                    t = totals[name]
+                    t["cpu_s"] += (int(fields[11]) + int(fields[12])) / self._ticks
+                    t["rss_kb"] += rss
+                    t["processes"] += 1
+                    break
+        return totals
+
+    def _run(self):
+        last, last_t = self._read(), time.monotonic()
+        while not self._stop.wait(self.interval):
+            now, now_t = self._read(), time.monotonic()
+            self.samples.append({name: {"cpu_pct": round(100 * (now[name]["cpu_s"] - last[name]["cpu_s"]) / (now_t - last_t), 1),
+                                        "rss_mb": round(now[name]["rss_kb"] / 1024, 1),
+                                        "processes": now[name]["processes"]} for name in SERVICES})
+            last, last_t = now, now_t
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        summary = {}
+        for name in SERVICES:
+            cpu = [s[name]["cpu_pct"] for s in self.samples]
+            rss = [s[name]["rss_mb"] for s in self.samples]
+            if cpu:
+                summary[name] = {"cpu_pct_mean": round(sum(cpu) / len(cpu), 1), "cpu_pct_max": max(cpu),
+                                 "rss_mb_max": max(rss), "processes": self.samples[-1][name]["processes"]}
+        return summary
+
+
 def _stack_running(host):
     try:
         requests.get(host + "/Poll/getUnreadCount", timeout=2)
@@ -161,6 +230,8 @@ def main(argv=None):
     ap.add_argument("--host", default=None, help="base URL (default: PLURK_HTTP; started if not running)")
     ap.add_argument("--quick", action="store_true", help="30 users for 30 s (the CI-sized run)")
     ap.add_argument("--result-name", default="load")
+    ap.add_argument("--prefollow", action="store_true",
+                    help="create the social graph in bulk before the run (for 10,000 users)")
     args = ap.parse_args(argv)
     if args.quick:
         args.users, args.run_time, args.spawn_rate = 30, 30, 10
@@ -177,12 +248,15 @@ def main(argv=None):
                            check=True, cwd=ROOT)
             progress(f"starting the stack at {host} ...")
             stack = Stack(config).start()
+    sampler = StackSampler().start()
     try:
         verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities,
-                      config.to_env())
+                      config.to_env(), args.prefollow)
     finally:
+        verdict_resources = sampler.stop()
         if stack is not None:
             stack.stop()
+    verdict["stack_resources"] = verdict_resources
     path = write_result(args.result_name, verdict)
     lat = verdict["delivery_latency_s"]
     fmt = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")
@@ -191,6 +265,9 @@ def main(argv=None):
     print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, max {fmt(lat['max'])}")
     print(f"requests {verdict['requests']}, failures {verdict['failures']}, "
           f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
+    for name, r in verdict_resources.items():
+        print(f"  {name:10s} CPU mean {r['cpu_pct_mean']:6.1f}% max {r['cpu_pct_max']:6.1f}%   "
+              f"RSS max {r['rss_mb_max']:7.1f} MB  ({r['processes']} processes)")
     print(f"results: {path}")
     ok = verdict["lost"] == 0 and verdict["failures"] == 0 and verdict["requests"]
     return 0 if ok else 1

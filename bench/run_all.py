@@ -40,7 +40,7 @@ def main():
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
     if args.with_10k:
         failures += step("10k users", ["bench/load.py", "--users", "10000", "--spawn-rate", "200",
-                                       "--processes", str(os.cpu_count() or 2), "--run-time", "120",
+                                       "--processes", str(os.cpu_count() or 2), "--run-time", "120", "--prefollow",
                                        "--result-name", "load-10k"]) != 0
     step("plots", ["bench/plot.py"])
     step("report", ["bench/report.py", "--write-readme"])

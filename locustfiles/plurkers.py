@@ -130,6 +130,12 @@ class Plurker(_Plurker):
         if _accounts:
             account = _accounts[next(_account_turn) % len(_accounts)]
             self.username, self.token = account["username"], account["token"]
+            if account.get("follows"):            # graph made in bulk before the run
+                with _lock:
+                    for name in account["follows"]:
+                        _records["follows"].append([self.username, name, 0.0])
+                        _known_users.append(self.username)
+                return
         else:
             self.username = f"u{uuid.uuid4().hex[:12]}"
             resp = self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},

@@ -22,8 +22,12 @@ class Command(BaseCommand):
         parser.add_argument("count", type=int)
         parser.add_argument("--prefix", required=True, help="username prefix (letters, digits, _)")
         parser.add_argument("--out", required=True, help="JSON file to write")
+        parser.add_argument("--celebrities", type=int, default=0,
+                            help="the first K accounts are celebrities; with --prefollow every other "
+                                 "account follows 1-3 of them (Zipf), created in bulk")
+        parser.add_argument("--prefollow", action="store_true")
 
-    def handle(self, count, prefix, out, **options):
+    def handle(self, count, prefix, out, celebrities=0, prefollow=False, **options):
         if not 1 <= count <= 200_000:
             raise CommandError("count must be 1..200000")
         if not prefix.replace("_", "").isalnum() or len(prefix) > 100:
@@ -40,7 +44,22 @@ class Command(BaseCommand):
             ids = dict(User.objects.filter(username__in=names).values_list("username", "id"))
             UserState.objects.bulk_create([UserState(user_id=ids[n]) for n in names], batch_size=1000,
                                           ignore_conflicts=True)
-        accounts = [{"username": n, "token": issue_token(ids[n], 0)} for n in names]
+        accounts = [{"username": n, "token": issue_token(ids[n], 0), "follows": []} for n in names]
+        if prefollow and 0 < celebrities < count:
+            import random
+
+            from plurkcore.models import Follow
+
+            rng = random.Random(count)
+            weights = [1 / (i + 1) ** 1.2 for i in range(celebrities)]
+            edges = []
+            for account in accounts[celebrities:]:
+                picks = {rng.choices(range(celebrities), weights)[0] for _ in range(rng.randint(1, 3))}
+                for i in picks:
+                    account["follows"].append(names[i])
+                    edges.append(Follow(follower_id=ids[account["username"]], followee_id=ids[names[i]]))
+            # bulk: no per-row signals; followers' cached answers are filled on their first poll
+            Follow.objects.bulk_create(edges, batch_size=2000)
         with open(out, "w") as fh:
             json.dump(accounts, fh)
         self.stdout.write(f"{count} accounts written to {out}")
