@@ -112,6 +112,11 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
                              celebrities, prefollow)
     with open(setup, "w") as fh:
         json.dump({"celebrities": accounts[:celebrities], "users": accounts[celebrities:]}, fh)
+    if prefollow:
+        # the bulk-made graph published nothing: write every answer once, as a warm cache would hold
+        progress("warming the cache (checkcache --fix) ...")
+        subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "checkcache", "--fix"],
+                       cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     env = dict(os.environ, PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
     argv = [os.path.join(os.path.dirname(sys.executable), "locust"), "-f",
             os.path.join(ROOT, "locustfiles", "plurkers.py"), "--headless", "--host", host,

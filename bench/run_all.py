@@ -39,6 +39,7 @@ def main():
     failures += step("fan-out", ["bench/fanout.py"]) != 0
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
     if args.with_10k:
+        os.environ.update(PLURK_LOAD_WRITE_WEIGHT="0", PLURK_LOAD_CELEB_WAIT="60")
         failures += step("10k users", ["bench/load.py", "--users", "10000", "--spawn-rate", "200",
                                        "--processes", str(os.cpu_count() or 2), "--run-time", "120", "--prefollow",
                                        "--result-name", "load-10k"]) != 0

@@ -21,6 +21,10 @@ import uuid
 from locust import HttpUser, between, events, task
 
 RECORDS_DIR = os.environ.get("PLURK_LOAD_RECORDS")
+# Knobs for a polling-heavy run (the 10,000-user run on 2 cores): how often ordinary users write
+# (task weight, default 1 against 30 for polling) and how long celebrities wait between actions.
+WRITE_WEIGHT = int(os.environ.get("PLURK_LOAD_WRITE_WEIGHT", "1"))
+CELEB_WAIT = float(os.environ.get("PLURK_LOAD_CELEB_WAIT", "3"))
 SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
 PASSWORD = "load-pass-1"
 
@@ -163,11 +167,11 @@ class Plurker(_Plurker):
     def poll_task(self):
         self.poll()
 
-    @task(1)
+    @task(WRITE_WEIGHT)
     def post_task(self):
         self.post(f"hello from {self.username} at {time.time():.3f}")
 
-    @task(1)
+    @task(WRITE_WEIGHT)
     def respond_task(self):
         resp = self.client.get("/api/timeline?limit=5", headers=self._auth(), name="/api/timeline")
         if resp.status_code == 200 and resp.json()["items"]:
@@ -180,7 +184,8 @@ class Celebrity(_Plurker):
     """One of the few accounts that many follow: posts more often, polls too."""
 
     weight = 1
-    wait_time = between(2, 4)
+    fixed_count = len(_celebrities)          # exactly one locust user per celebrity account
+    wait_time = between(CELEB_WAIT * 0.7, CELEB_WAIT * 1.3)
 
     def on_start(self):
         self.seen = set()
@@ -200,12 +205,16 @@ class Celebrity(_Plurker):
 
 
 @events.test_stop.add_listener
-def _write_records(environment, **kwargs):
+@events.quitting.add_listener
+def _write_records(environment=None, **kwargs):
+    """Written at test stop and again when the process quits (worker processes of --processes
+    may only see the latter); one file per process, replaced atomically."""
     if not RECORDS_DIR:
         return
     os.makedirs(RECORDS_DIR, exist_ok=True)
     with _lock:
         data = json.dumps(_records)
-    path = os.path.join(RECORDS_DIR, f"{os.getpid()}-{uuid.uuid4().hex[:6]}.json")
-    with open(path, "w") as fh:
+    path = os.path.join(RECORDS_DIR, f"{os.getpid()}.json")
+    with open(path + ".tmp", "w") as fh:
         fh.write(data)
+    os.replace(path + ".tmp", path)
