@@ -3,12 +3,25 @@ post and respond now and then, mark read what they have seen.
 
     locust -f locustfiles/plurkers.py --host http://127.0.0.1:8080
     locust -f locustfiles/plurkers.py --host http://127.0.0.1:8080 --headless -u 300 -r 50 -t 60s
+    locust -f locustfiles/plurkers.py --host ... --headless -u 10000 -r 100 -t 300s --processes 2
 
-Delivery bookkeeping: every process writes what it posted, followed, polled and saw to
-``$PLURK_LOAD_RECORDS/<pid>.json`` when the test stops; ``bench/load.py`` merges the files and
+Users are FastHttpUser (geventhttpclient): several times cheaper per request than HttpUser
+(requests), which matters when locust shares 2 cores with the stack it measures.
+
+Delivery bookkeeping: every process that runs users writes what it posted, followed, polled and
+saw to ``$PLURK_LOAD_RECORDS/<pid>.json`` -- a consistent snapshot every few seconds while the test
+runs, and again when it stops and when the process quits (in ``--processes`` mode the master may
+SIGINT a worker that is slow to stop; the last snapshot is then at most a few seconds old, and a
+snapshot never holds a poll without what that poll saw).  ``bench/load.py`` merges the files and
 judges (every plurk must reach every follower that followed before it and polled after it).
 Celebrities (a few accounts many users follow) come from ``$PLURK_LOAD_SETUP`` (a JSON file
 written by bench/load.py); without it, users follow each other only.
+
+Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
+  PLURK_LOAD_POLL_WAIT    mean seconds between an ordinary user's actions (default 2, jitter
+                          +-25%); Plurk's pollers asked every few to tens of seconds
+  PLURK_LOAD_WRITE_WEIGHT task weight of posting and of responding against 30 for polling (default 1)
+  PLURK_LOAD_CELEB_WAIT   mean seconds between a celebrity's actions (default 3)
 """
 import itertools
 import json
@@ -18,11 +31,15 @@ import threading
 import time
 import uuid
 
-from locust import HttpUser, between, events, task
+import gevent
+from locust import between, events, task
+from locust.contrib.fasthttp import FastHttpUser
+from locust.runners import MasterRunner
 
 RECORDS_DIR = os.environ.get("PLURK_LOAD_RECORDS")
-# Knobs for a polling-heavy run (the 10,000-user run on 2 cores): how often ordinary users write
-# (task weight, default 1 against 30 for polling) and how long celebrities wait between actions.
+RECORDS_EVERY_S = 5
+# Knobs for a polling-heavy run (see the module docstring).
+POLL_WAIT = float(os.environ.get("PLURK_LOAD_POLL_WAIT", "2"))
 WRITE_WEIGHT = int(os.environ.get("PLURK_LOAD_WRITE_WEIGHT", "1"))
 CELEB_WAIT = float(os.environ.get("PLURK_LOAD_CELEB_WAIT", "3"))
 SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
@@ -46,14 +63,19 @@ if SETUP_FILE and os.path.exists(SETUP_FILE):
     _account_turn = itertools.count(random.randrange(len(_accounts)) if _accounts else 0)
 
 
+def _json(resp):
+    """The body as JSON, without FastResponse.text's charset detection (our bodies are UTF-8)."""
+    return json.loads(resp.content)
+
+
 def _zipf_index(n, s=1.2):
     weights = [1 / (i + 1) ** s for i in range(n)]
     return random.choices(range(n), weights=weights)[0]
 
 
-class _Plurker(HttpUser):
+class _Plurker(FastHttpUser):
     abstract = True
-    wait_time = between(1.5, 2.5)          # "every couple of seconds", with jitter
+    wait_time = between(POLL_WAIT * 0.75, POLL_WAIT * 1.25)   # "every couple of seconds", with jitter
 
     username = None
     token = None
@@ -74,7 +96,7 @@ class _Plurker(HttpUser):
                 resp.failure(f"status {resp.status_code}")
                 return None
             resp.success()
-            return resp.json()
+            return _json(resp)
 
     def poll(self):
         started = time.time()
@@ -109,7 +131,7 @@ class _Plurker(HttpUser):
 
     @staticmethod
     def _count_cache(resp):
-        state = resp.headers.get("X-Cache")
+        state = resp.headers.get("X-Cache") if resp.headers else None
         if state in ("HIT", "MISS"):
             with _lock:
                 _records["cache"][state] += 1
@@ -119,8 +141,8 @@ class _Plurker(HttpUser):
         resp = self.client.post("/api/plurks", json={"content": text}, headers=self._auth(), name="/api/plurks")
         if resp.status_code == 201:
             with _lock:
-                _records["posts"].append([self.username, resp.json()["id"], started, time.time()])
-            return resp.json()
+                _records["posts"].append([self.username, _json(resp)["id"], started, time.time()])
+            return _json(resp)
         return None
 
 
@@ -147,7 +169,7 @@ class Plurker(_Plurker):
             if resp.status_code != 201:
                 self.stop()
                 return
-            self.token = resp.json()["token"]
+            self.token = _json(resp)["token"]
         targets = set()
         if _celebrities:
             for _ in range(random.randint(1, 3)):
@@ -174,8 +196,9 @@ class Plurker(_Plurker):
     @task(WRITE_WEIGHT)
     def respond_task(self):
         resp = self.client.get("/api/timeline?limit=5", headers=self._auth(), name="/api/timeline")
-        if resp.status_code == 200 and resp.json()["items"]:
-            plurk = random.choice(resp.json()["items"])
+        items = _json(resp)["items"] if resp.status_code == 200 else None
+        if items:
+            plurk = random.choice(items)
             self.client.post(f"/api/plurks/{plurk['id']}/responses", json={"content": "nice"},
                              headers=self._auth(), name="/api/plurks/[id]/responses")
 
@@ -204,13 +227,8 @@ class Celebrity(_Plurker):
         self.poll()
 
 
-@events.test_stop.add_listener
-@events.quitting.add_listener
-def _write_records(environment=None, **kwargs):
-    """Written at test stop and again when the process quits (worker processes of --processes
-    may only see the latter); one file per process, replaced atomically."""
-    if not RECORDS_DIR:
-        return
+def _write_records():
+    """One consistent snapshot of this process's records (taken under the lock), replaced atomically."""
     os.makedirs(RECORDS_DIR, exist_ok=True)
     with _lock:
         data = json.dumps(_records)
@@ -218,3 +236,33 @@ def _write_records(environment=None, **kwargs):
     with open(path + ".tmp", "w") as fh:
         fh.write(data)
     os.replace(path + ".tmp", path)
+
+
+def _runs_users(environment):
+    return RECORDS_DIR and not isinstance(getattr(environment, "runner", None), MasterRunner)
+
+
+_snapshots = None
+
+
+@events.test_start.add_listener
+def _start_snapshots(environment=None, **kwargs):
+    """Every process that runs users (the only one, or each worker) snapshots its records."""
+    global _snapshots
+    if not _runs_users(environment) or _snapshots is not None:
+        return
+
+    def loop():
+        while True:
+            gevent.sleep(RECORDS_EVERY_S)
+            _write_records()
+    _snapshots = gevent.spawn(loop)
+
+
+@events.test_stopping.add_listener
+@events.test_stop.add_listener
+@events.quitting.add_listener
+def _final_records(environment=None, **kwargs):
+    """Also written when the test stops and when the process quits."""
+    if _runs_users(environment):
+        _write_records()
