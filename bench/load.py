@@ -89,25 +89,51 @@ def judge(records_dir):
     }
 
 
-def _stats_failures(csv_prefix):
-    path = csv_prefix + "_stats.csv"
-    if not os.path.exists(path):
-        return None, None
+def _csv_rows(path):
     import csv
+    if not os.path.exists(path):
+        return []
     with open(path) as fh:
-        rows = list(csv.DictReader(fh))
-    agg = next((r for r in rows if r["Name"] == "Aggregated"), None)
+        return list(csv.DictReader(fh))
+
+
+def _stats_failures(csv_prefix):
+    agg = next((r for r in _csv_rows(csv_prefix + "_stats.csv") if r["Name"] == "Aggregated"), None)
     if agg is None:
         return None, None
     return int(agg["Request Count"]), int(agg["Failure Count"])
 
 
-def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, prefollow=False):
+def _locust_details(csv_prefix):
+    """Per endpoint: requests, failures, median/p95/max response time; every distinct failure
+    (endpoint, error, count); and locust's per-second history (users, requests/s, failures/s)."""
+    endpoints = {}
+    for r in _csv_rows(csv_prefix + "_stats.csv"):
+        if r["Name"] == "Aggregated":
+            continue
+        endpoints[f"{r['Type']} {r['Name']}"] = {
+            "requests": int(r["Request Count"]), "failures": int(r["Failure Count"]),
+            "median_ms": float(r["Median Response Time"] or 0), "p95_ms": float(r["95%"] or 0) if r["95%"] != "N/A" else None,
+            "max_ms": float(r["Max Response Time"] or 0), "rps": round(float(r["Requests/s"] or 0), 1)}
+    failures = [{"endpoint": f"{r['Method']} {r['Name']}", "error": r["Error"], "count": int(r["Occurrences"])}
+                for r in _csv_rows(csv_prefix + "_failures.csv")]
+    history = []
+    for r in _csv_rows(csv_prefix + "_stats_history.csv"):
+        if r["Name"] != "Aggregated":
+            continue
+        history.append([int(r["Timestamp"]), int(r["User Count"]), round(float(r["Requests/s"]), 1),
+                        round(float(r["Failures/s"]), 1)])
+    return endpoints, sorted(failures, key=lambda f: -f["count"]), history
+
+
+def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, prefollow=False,
+        sampler=None, locust_env=None):
     work = tempfile.mkdtemp(prefix="plurk-load-")
     records = os.path.join(work, "records")
     setup = os.path.join(work, "setup.json")
     run_id = f"r{os.getpid()}x{int(time.time()) % 10**6}_"
     env = dict(os.environ, **stack_env, DJANGO_SETTINGS_MODULE="plurksite.settings")
+    progress(f"creating {users + celebrities} accounts ...")
     accounts = make_accounts(users + celebrities, run_id, os.path.join(work, "accounts.json"), env,
                              celebrities, prefollow)
     with open(setup, "w") as fh:
@@ -117,16 +143,22 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
         progress("warming the cache (checkcache --fix) ...")
         subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "checkcache", "--fix"],
                        cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    env = dict(os.environ, PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
+    env = dict(os.environ, **(locust_env or {}), PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
     argv = [os.path.join(os.path.dirname(sys.executable), "locust"), "-f",
             os.path.join(ROOT, "locustfiles", "plurkers.py"), "--headless", "--host", host,
             "-u", str(users), "-r", str(spawn_rate), "-t", f"{run_time}s", "--stop-timeout", "5",
-            "--csv", os.path.join(work, "locust"), "--only-summary", "--loglevel", "WARNING"]
+            "--csv", os.path.join(work, "locust"), "--csv-full-history", "--only-summary",
+            "--loglevel", "WARNING"]
     if processes > 1:
         argv += ["--processes", str(processes)]
-    progress(f"locust: {users} users, {run_time}s, against {host} ...")
+    progress(f"locust: {users} users ({processes} process{'es' if processes > 1 else ''}), {run_time}s, "
+             f"against {host} ...")
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = time.monotonic()
+    first_sample = None
+    if sampler is not None:
+        sampler.locust_pid = proc.pid
+        first_sample = sampler.mark()
     out_lines = []
     import threading
 
@@ -141,12 +173,24 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
         progress(f"  {time.monotonic() - started:5.0f}s elapsed"
                  + (f", {requests_} requests, {failures} failures" if requests_ is not None else ""))
     t.join(timeout=5)
+    elapsed = time.monotonic() - started
     requests_, failures = _stats_failures(os.path.join(work, "locust"))
+    endpoints, failure_kinds, history = _locust_details(os.path.join(work, "locust"))
     verdict = judge(records)
-    verdict.update({"users": users, "run_time_s": run_time, "processes": processes,
-                    "requests": requests_, "failures": failures, "locust_exit": proc.returncode})
-    if proc.returncode not in (0, 1) or requests_ is None:
-        verdict["locust_output_tail"] = "".join(out_lines[-20:])
+    verdict.update({"users": users, "run_time_s": run_time, "processes": processes, "spawn_rate": spawn_rate,
+                    "locust_wall_s": round(elapsed, 1), "record_files": len(glob.glob(os.path.join(records, "*.json"))),
+                    "requests": requests_, "failures": failures, "locust_exit": proc.returncode,
+                    "knobs": {k: v for k, v in env.items() if k.startswith("PLURK_LOAD_") and k not in
+                              ("PLURK_LOAD_RECORDS", "PLURK_LOAD_SETUP")},
+                    "endpoints": endpoints, "failure_kinds": failure_kinds[:20], "locust_history": history})
+    if sampler is not None:
+        ramp = first_sample + int(users / spawn_rate) + 5
+        verdict["stack_resources"] = sampler.summarize(first_sample)
+        verdict["stack_resources_after_rampup"] = sampler.summarize(ramp)
+        verdict["resource_series"] = {name: [[s[name]["cpu_pct"], s[name]["rss_mb"]] for s in sampler.samples[first_sample:]]
+                                      for name in COMPONENTS}
+    if proc.returncode not in (0, 1) or requests_ is None or failures:
+        verdict["locust_output_tail"] = "".join(out_lines[-30:])
     return verdict
 
 
@@ -155,65 +199,160 @@ SERVICES = {  # how each part of the stack shows up in /proc/<pid>/cmdline
     "fastpath": lambda cmd: "-m fastpath" in cmd,
     "memcached": lambda cmd: "memcached" in cmd.split(" ")[0],
     "gunicorn": lambda cmd: "gunicorn" in cmd and "plurksite.wsgi" in cmd,
+    "repaircache": lambda cmd: "manage.py repaircache" in cmd,
 }
+COMPONENTS = list(SERVICES) + ["locust"]
+
+
+def _listening_inodes(ports):
+    """Socket inodes of the TCP sockets listening on these ports (IPv4 and IPv6)."""
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh:
+                next(fh)
+                for line in fh:
+                    f = line.split()
+                    if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) in ports:
+                        inodes.add(f[9])
+        except OSError:
+            continue
+    return inodes
 
 
 class StackSampler:
-    """Every second: CPU (from /proc/<pid>/stat utime+stime) and RSS of nginx, fastpath, memcached
-    and gunicorn, each summed over its processes (masters and workers)."""
+    """Every second: CPU (from /proc/<pid>/stat utime+stime) and RSS of nginx, fastpath, memcached,
+    gunicorn and the cache repairer, each summed over its processes (masters and workers), and of
+    locust (master and workers).
 
-    def __init__(self, interval=1.0):
+    Only *this* stack is counted, not another one on the machine (a test suite's, on other ports):
+    the processes listening on the stack's ports are found once, and each sample counts every
+    descendant of their supervisor (runstack, or this process when it started the stack), named
+    by its command line; locust is the process tree of ``locust_pid``."""
+
+    def __init__(self, ports, interval=1.0):
         import threading
         self.interval = interval
+        self.ports = set(ports)
         self.samples = []
+        self.locust_pid = None
+        self.supervisors = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._ticks = os.sysconf("SC_CLK_TCK")
 
-    def _read(self):
-        totals = {name: {"cpu_s": 0.0, "rss_kb": 0, "processes": 0} for name in SERVICES}
+    @staticmethod
+    def _cmdline(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+
+    @staticmethod
+    def _service(cmd):
+        return next((name for name, match in SERVICES.items() if match(cmd)), None)
+
+    def _find_supervisors(self, procs):
+        """The parents of the stack's top service processes (those listening on its ports)."""
+        inodes = _listening_inodes(self.ports)
+        listening = set()
+        for pid, (_, _, cmd) in procs.items():
+            if self._service(cmd) is None:
+                continue
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    listening.add(pid)
+                    break
+        supervisors = set()
+        for pid in listening:
+            while procs.get(procs[pid][0]) and self._service(procs[procs[pid][0]][2]) is not None:
+                pid = procs[pid][0]        # worker -> its master
+            supervisors.add(procs[pid][0])
+        return supervisors
+
+    def _scan(self):
+        """{pid: (ppid, (cpu_s, rss_kb), cmdline)} of every process."""
+        procs = {}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
                 with open(f"/proc/{pid}/stat") as fh:
                     fields = fh.read().rsplit(")", 1)[1].split()
                 with open(f"/proc/{pid}/status") as fh:
                     rss = next((int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS")), 0)
+                cmd = self._cmdline(pid)
             except (OSError, ValueError, IndexError):
                 continue
-            for name, match in SERVICES.items():
-                if match(cmd):
-                    t = totals[name]
-                    t["cpu_s"] += (int(fields[11]) + int(fields[12])) / self._ticks
-                    t["rss_kb"] += rss
-                    t["processes"] += 1
-                    break
+            procs[pid] = (fields[1], ((int(fields[11]) + int(fields[12])) / self._ticks, rss), cmd)
+        return procs
+
+    def _read(self):
+        procs = self._scan()
+        if not self.supervisors:
+            self.supervisors = self._find_supervisors(procs)
+        children = {}
+        for pid, (ppid, _, _) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+
+        def tree(roots):
+            out, todo = set(), list(roots)
+            while todo:
+                pid = todo.pop()
+                if pid not in out:
+                    out.add(pid)
+                    todo += children.get(pid, [])
+            return out
+        locust = tree([str(self.locust_pid)]) if self.locust_pid and str(self.locust_pid) in procs else set()
+        totals = {name: {"cpu_s": 0.0, "rss_kb": 0, "processes": 0} for name in COMPONENTS}
+        for pid in tree(self.supervisors) | locust:
+            if pid not in procs or pid in self.supervisors:
+                continue
+            name = "locust" if pid in locust else self._service(procs[pid][2])
+            if name is None:
+                continue
+            cpu_s, rss = procs[pid][1]
+            totals[name]["cpu_s"] += cpu_s
+            totals[name]["rss_kb"] += rss
+            totals[name]["processes"] += 1
         return totals
 
     def _run(self):
         last, last_t = self._read(), time.monotonic()
         while not self._stop.wait(self.interval):
             now, now_t = self._read(), time.monotonic()
-            self.samples.append({name: {"cpu_pct": round(100 * (now[name]["cpu_s"] - last[name]["cpu_s"]) / (now_t - last_t), 1),
+            # a process that exited between samples takes its CPU time with it: never below 0
+            self.samples.append({name: {"cpu_pct": max(0.0, round(100 * (now[name]["cpu_s"] - last[name]["cpu_s"]) / (now_t - last_t), 1)),
                                         "rss_mb": round(now[name]["rss_kb"] / 1024, 1),
-                                        "processes": now[name]["processes"]} for name in SERVICES})
+                                        "processes": now[name]["processes"]} for name in COMPONENTS})
             last, last_t = now, now_t
 
     def start(self):
         self._thread.start()
         return self
 
+    def mark(self):
+        """Index of the next sample: summarize(from_=mark()) covers only what follows."""
+        return len(self.samples)
+
     def stop(self):
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def summarize(self, from_=0, to=None):
         summary = {}
-        for name in SERVICES:
-            cpu = [s[name]["cpu_pct"] for s in self.samples]
-            rss = [s[name]["rss_mb"] for s in self.samples]
+        window = self.samples[from_:to]
+        for name in COMPONENTS:
+            cpu = [s[name]["cpu_pct"] for s in window if s[name]["processes"]]
+            rss = [s[name]["rss_mb"] for s in window if s[name]["processes"]]
             if cpu:
                 summary[name] = {"cpu_pct_mean": round(sum(cpu) / len(cpu), 1), "cpu_pct_max": max(cpu),
-                                 "rss_mb_max": max(rss), "processes": self.samples[-1][name]["processes"]}
+                                 "rss_mb_max": max(rss),
+                                 "processes": max(s[name]["processes"] for s in window)}
         return summary
 
 
@@ -230,16 +369,26 @@ def main(argv=None):
     ap.add_argument("--users", type=int, default=300)
     ap.add_argument("--spawn-rate", type=float, default=50)
     ap.add_argument("--run-time", type=int, default=60)
-    ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--processes", type=int, default=1, help="locust worker processes (>1: distributed mode)")
     ap.add_argument("--celebrities", type=int, default=5)
     ap.add_argument("--host", default=None, help="base URL (default: PLURK_HTTP; started if not running)")
     ap.add_argument("--quick", action="store_true", help="30 users for 30 s (the CI-sized run)")
     ap.add_argument("--result-name", default="load")
     ap.add_argument("--prefollow", action="store_true",
                     help="create the social graph in bulk before the run (for 10,000 users)")
+    ap.add_argument("--poll-wait", type=float, default=None,
+                    help="mean seconds between an ordinary user's actions (PLURK_LOAD_POLL_WAIT, default 2)")
+    ap.add_argument("--write-weight", type=int, default=None,
+                    help="task weight of posting/responding against 30 for polling (PLURK_LOAD_WRITE_WEIGHT, default 1)")
+    ap.add_argument("--celeb-wait", type=float, default=None,
+                    help="mean seconds between a celebrity's actions (PLURK_LOAD_CELEB_WAIT, default 3)")
     args = ap.parse_args(argv)
     if args.quick:
         args.users, args.run_time, args.spawn_rate = 30, 30, 10
+    locust_env = {name: str(value) for name, value in (("PLURK_LOAD_POLL_WAIT", args.poll_wait),
+                                                       ("PLURK_LOAD_WRITE_WEIGHT", args.write_weight),
+                                                       ("PLURK_LOAD_CELEB_WAIT", args.celeb_wait))
+                  if value is not None}
     from plurksite.config import load
 
     stack = None
@@ -253,26 +402,32 @@ def main(argv=None):
                            check=True, cwd=ROOT)
             progress(f"starting the stack at {host} ...")
             stack = Stack(config).start()
-    sampler = StackSampler().start()
+    ports = [config.http[1], config.django[1], config.fastpath[1]] + [p for _, p in config.memcached]
+    sampler = StackSampler(ports).start()
     try:
         verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities,
-                      config.to_env(), args.prefollow)
+                      config.to_env(), args.prefollow, sampler, locust_env)
     finally:
-        verdict_resources = sampler.stop()
+        sampler.stop()
         if stack is not None:
             stack.stop()
-    verdict["stack_resources"] = verdict_resources
     path = write_result(args.result_name, verdict)
     lat = verdict["delivery_latency_s"]
     fmt = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")
-    print(f"\nplurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
+    print(f"\n{verdict['users']} users, {verdict['processes']} locust process(es), {verdict['run_time_s']} s")
+    print(f"plurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
           f"LOST {verdict['lost']}")
     print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, max {fmt(lat['max'])}")
     print(f"requests {verdict['requests']}, failures {verdict['failures']}, "
           f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
-    for name, r in verdict_resources.items():
-        print(f"  {name:10s} CPU mean {r['cpu_pct_mean']:6.1f}% max {r['cpu_pct_max']:6.1f}%   "
-              f"RSS max {r['rss_mb_max']:7.1f} MB  ({r['processes']} processes)")
+    for kind in verdict["failure_kinds"][:5]:
+        print(f"  failure x{kind['count']}: {kind['endpoint']}: {kind['error'][:120]}")
+    for title, key in (("during the run", "stack_resources"), ("after ramp-up", "stack_resources_after_rampup")):
+        if verdict.get(key):
+            print(f"CPU (100% = one core) and memory {title}:")
+        for name, r in verdict.get(key, {}).items():
+            print(f"  {name:11s} CPU mean {r['cpu_pct_mean']:6.1f}% max {r['cpu_pct_max']:6.1f}%   "
+                  f"RSS max {r['rss_mb_max']:7.1f} MB  ({r['processes']} processes)")
     print(f"results: {path}")
     ok = verdict["lost"] == 0 and verdict["failures"] == 0 and verdict["requests"]
     return 0 if ok else 1
