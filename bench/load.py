@@ -32,9 +32,9 @@ def _percentile(values, p):
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def make_accounts(count, prefix, path, env, celebrities=0, prefollow=False):
+def make_accounts(count, prefix, path, env, celebrities=0, prefollow=False, zipf=1.2):
     """Logged-in accounts made in bulk by `manage.py loadusers` (no password hashing under load)."""
-    extra = ["--celebrities", str(celebrities), "--prefollow"] if prefollow else []
+    extra = ["--celebrities", str(celebrities), "--prefollow", "--zipf", str(zipf)] if prefollow else []
     subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "loadusers", str(count),
                     "--prefix", prefix, "--out", path, *extra], check=True, cwd=ROOT, env=env,
                    stdout=subprocess.DEVNULL)
@@ -127,7 +127,7 @@ def _locust_details(csv_prefix):
 
 
 def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, prefollow=False,
-        sampler=None, locust_env=None):
+        sampler=None, locust_env=None, zipf=1.2):
     work = tempfile.mkdtemp(prefix="plurk-load-")
     records = os.path.join(work, "records")
     setup = os.path.join(work, "setup.json")
@@ -135,7 +135,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
     env = dict(os.environ, **stack_env, DJANGO_SETTINGS_MODULE="plurksite.settings")
     progress(f"creating {users + celebrities} accounts ...")
     accounts = make_accounts(users + celebrities, run_id, os.path.join(work, "accounts.json"), env,
-                             celebrities, prefollow)
+                             celebrities, prefollow, zipf)
     with open(setup, "w") as fh:
         json.dump({"celebrities": accounts[:celebrities], "users": accounts[celebrities:]}, fh)
     if prefollow:
@@ -376,6 +376,8 @@ def main(argv=None):
     ap.add_argument("--result-name", default="load")
     ap.add_argument("--prefollow", action="store_true",
                     help="create the social graph in bulk before the run (for 10,000 users)")
+    ap.add_argument("--zipf", type=float, default=1.2,
+                    help="with --prefollow: exponent of the celebrities' popularity (smaller is flatter)")
     ap.add_argument("--poll-wait", type=float, default=None,
                     help="mean seconds between an ordinary user's actions (PLURK_LOAD_POLL_WAIT, default 2)")
     ap.add_argument("--write-weight", type=int, default=None,
@@ -406,7 +408,7 @@ def main(argv=None):
     sampler = StackSampler(ports).start()
     try:
         verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities,
-                      config.to_env(), args.prefollow, sampler, locust_env)
+                      config.to_env(), args.prefollow, sampler, locust_env, args.zipf)
     finally:
         sampler.stop()
         if stack is not None:

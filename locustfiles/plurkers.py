@@ -217,6 +217,8 @@ class Celebrity(_Plurker):
             return
         celeb = _celebrities[next(_celebrity_turn) % len(_celebrities)]
         self.username, self.token = celeb["username"], celeb["token"]
+        # first action at a random moment of the first wait, not all celebrities at once at spawn
+        gevent.sleep(random.uniform(0, CELEB_WAIT))
 
     @task(3)
     def post_task(self):

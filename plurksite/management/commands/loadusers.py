@@ -26,8 +26,10 @@ class Command(BaseCommand):
                             help="the first K accounts are celebrities; with --prefollow every other "
                                  "account follows 1-3 of them (Zipf), created in bulk")
         parser.add_argument("--prefollow", action="store_true")
+        parser.add_argument("--zipf", type=float, default=1.2,
+                            help="exponent of the celebrities' popularity (default 1.2; smaller is flatter)")
 
-    def handle(self, count, prefix, out, celebrities=0, prefollow=False, **options):
+    def handle(self, count, prefix, out, celebrities=0, prefollow=False, zipf=1.2, **options):
         if not 1 <= count <= 200_000:
             raise CommandError("count must be 1..200000")
         if not prefix.replace("_", "").isalnum() or len(prefix) > 100:
@@ -51,7 +53,7 @@ class Command(BaseCommand):
             from plurkcore.models import Follow
 
             rng = random.Random(count)
-            weights = [1 / (i + 1) ** 1.2 for i in range(celebrities)]
+            weights = [1 / (i + 1) ** zipf for i in range(celebrities)]
             edges = []
             for account in accounts[celebrities:]:
                 picks = {rng.choices(range(celebrities), weights)[0] for _ in range(rng.randint(1, 3))}
