@@ -30,11 +30,28 @@ def pkg_config(*args):
     return shlex.split(out)
 
 
+# llhttp (the HTTP parser of Node.js) is not a shared library on Debian: the node-llhttp
+# package ships its C sources, which we compile into the extension.  LLHTTP_DIR overrides.
+LLHTTP_DEBIAN = ("/usr/share/llhttp", "/usr/share/include/llhttp")
+LLHTTP_SOURCES = ("llhttp.c", "api.c", "http.c")
+
+
+def llhttp_paths():
+    src_dir, inc_dir = (os.environ["LLHTTP_DIR"],) * 2 if os.environ.get("LLHTTP_DIR") else LLHTTP_DEBIAN
+    sources = [os.path.join(src_dir, name) for name in LLHTTP_SOURCES]
+    if not os.path.exists(os.path.join(inc_dir, "llhttp.h")) or not all(map(os.path.exists, sources)):
+        sys.exit("error: llhttp sources not found; install them with: apt-get install node-llhttp")
+    return sources, inc_dir
+
+
 class FastpathBuildExt(build_ext):
-    """Finds libevent and libcrypto with pkg-config and fails with one line naming the package."""
+    """Finds libevent, libcrypto and llhttp and fails with one line naming the package."""
 
     def build_extensions(self):
         for ext in self.extensions:
+            llhttp_sources, llhttp_include = llhttp_paths()
+            ext.sources += [s for s in llhttp_sources if s not in ext.sources]
+            ext.include_dirs.append(llhttp_include)
             for module, debian_package in NATIVE_DEPENDENCIES.items():
                 flags = pkg_config("--cflags", "--libs", module)
                 if flags is None:

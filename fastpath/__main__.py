@@ -22,10 +22,14 @@ def build_parser():
     p.add_argument("--secret-file", default="var/secret.key", help="the HMAC secret shared with Django")
     p.add_argument("--workers", type=int, default=1, help="worker processes (0: one per CPU)")
     p.add_argument("--timeout-ms", type=int, default=50, help="memcached answer deadline (503 after)")
-    p.add_argument("--idle-timeout", type=int, default=10, help="seconds for headers and idle keep-alive")
+    p.add_argument("--idle-timeout", type=int, default=10,
+                   help="seconds a request may take to arrive, a response to be read, or a "
+                        "keep-alive connection to stay idle")
     p.add_argument("--drain-timeout", type=int, default=5, help="seconds SIGTERM waits for in-flight requests")
     p.add_argument("--max-body", type=int, default=65536, help="largest request body (413 beyond)")
     p.add_argument("--max-headers", type=int, default=8192, help="largest request head")
+    p.add_argument("--max-connections", type=int, default=16384,
+                   help="open connections per worker; more are closed at once so nginx falls back")
     p.add_argument("--resources", type=_csv, default=DEFAULT_RESOURCES,
                    help="poll resources served (others: 404, so Django answers)")
     p.add_argument("--backend", choices=("epoll", "poll", "select"), default=None,
@@ -40,6 +44,7 @@ def main(argv=None):
                    secret_file=args.secret_file, workers=args.workers, timeout_ms=args.timeout_ms,
                    idle_timeout=args.idle_timeout, drain_timeout=args.drain_timeout,
                    max_body=args.max_body, max_headers=args.max_headers,
+                   max_connections=args.max_connections,
                    resources=args.resources, backend=args.backend)
     try:
         serve(opts)

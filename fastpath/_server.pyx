@@ -19,7 +19,7 @@ MAX_RESOURCES = fp.FP_MAX_RESOURCES
 def run_worker(int listen_fd, int admin_fd, list node_names, list node_addrs, bytes secret,
                int timeout_ms, int idle_timeout_s, int drain_timeout_s, size_t max_body,
                size_t max_headers, list resources, list avoid_backends, stats, int n_workers,
-               int worker_index):
+               int worker_index, int max_connections=16384):
     """Run one worker's event loop until SIGTERM/SIGINT; raise FastpathError on failure."""
     cdef fp.fp_config_t cfg
     cdef char err[256]
@@ -55,6 +55,7 @@ def run_worker(int listen_fd, int admin_fd, list node_names, list node_addrs, by
     cfg.secret_len = len(secret)
     cfg.timeout_ms = timeout_ms
     cfg.idle_timeout_s = idle_timeout_s
+    cfg.max_connections = max_connections
     cfg.drain_timeout_s = drain_timeout_s
     cfg.max_body = max_body
     cfg.max_headers = max_headers

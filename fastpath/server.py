@@ -57,6 +57,7 @@ class Options:
     drain_timeout: int = 5
     max_body: int = 65536
     max_headers: int = 8192
+    max_connections: int = 16384         # per worker
     resources: tuple = DEFAULT_RESOURCES
     backend: str = None                  # epoll | poll | select (None: libevent's choice)
 
@@ -85,7 +86,8 @@ class Options:
                                        ("--idle-timeout", self.idle_timeout, 1, 3600),
                                        ("--drain-timeout", self.drain_timeout, 0, 600),
                                        ("--max-body", self.max_body, 0, 1 << 24),
-                                       ("--max-headers", self.max_headers, 512, 1 << 20)]:
+                                       ("--max-headers", self.max_headers, 512, 1 << 20),
+                                       ("--max-connections", self.max_connections, 1, 1 << 20)]:
             if not low <= value <= high:
                 raise ConfigurationError(f"{name} must be in {low}..{high}, got {value}")
         if self.backend not in (None,) + _BACKENDS:
@@ -136,6 +138,19 @@ def _check_port_free(addr, what):
     _listen_socket(addr, what, reuse_port=False).close()
 
 
+def _raise_fd_limit(needed):
+    """Each connection is a descriptor: lift the soft limit toward the hard one, or say how."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            raise ConfigurationError(
+                f"--max-connections needs {needed} file descriptors but the hard limit is {hard}; "
+                f"raise it (ulimit -Hn, LimitNOFILE=) or lower --max-connections")
+
+
 def _die_with_parent():
     try:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
@@ -159,7 +174,8 @@ def _run_worker(opts, index, stats):
         _server.run_worker(listener.fileno(), admin.fileno() if admin else -1,
                            opts.node_names, opts.node_addrs, opts.secret, opts.timeout_ms,
                            opts.idle_timeout, opts.drain_timeout, opts.max_body, opts.max_headers,
-                           list(opts.resources), opts.avoid_backends(), stats, opts.workers, index)
+                           list(opts.resources), opts.avoid_backends(), stats, opts.workers, index,
+                           opts.max_connections)
     finally:
         listener.close()
         if admin:
@@ -173,6 +189,7 @@ def serve(options=None, **kwargs):
     from . import _server
 
     opts = (options or Options(**kwargs)).validate()
+    _raise_fd_limit(opts.max_connections + 64 + len(opts.node_names))
     _check_port_free(opts.listen_addr, "--listen")
     if opts.admin_addr:
         _check_port_free(opts.admin_addr, "--admin")

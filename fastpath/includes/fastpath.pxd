@@ -45,6 +45,7 @@ cdef extern from "fp_server.h" nogil:
         size_t secret_len
         int timeout_ms
         int idle_timeout_s
+        int max_connections
         int drain_timeout_s
         size_t max_body
         size_t max_headers

@@ -1,4 +1,5 @@
-/* The fastpath HTTP server: one event base per worker process (docs/fastpath.md). */
+/* The fastpath HTTP server: one event base per worker process (docs/fastpath.md).
+ * Public to the Cython layer: configuration in, stats out. */
 #ifndef FP_SERVER_H
 #define FP_SERVER_H
 #include <stddef.h>
@@ -14,7 +15,7 @@
 
 enum fp_status_slot {
     FP_ST_200, FP_ST_204, FP_ST_400, FP_ST_401, FP_ST_404, FP_ST_405, FP_ST_413, FP_ST_414,
-    FP_ST_503, FP_ST_OTHER, FP_ST_N
+    FP_ST_431, FP_ST_503, FP_ST_505, FP_ST_OTHER, FP_ST_N
 };
 
 /* One worker's counters, in memory shared by every worker (mmap before fork), so that any
@@ -24,6 +25,8 @@ typedef struct {
     uint64_t hits, empty_hits, misses;
     uint64_t mc_errors, mc_timeouts, mc_connects;
     int64_t inflight;
+    int64_t connections;                   /* open client connections (gauge) */
+    uint64_t conn_accepted, conn_rejected;
     uint64_t lat_bucket[FP_LAT_BUCKETS];   /* memcached round trip, cumulative by bound */
     uint64_t lat_sum_us, lat_count;
     uint64_t pid;
@@ -40,7 +43,8 @@ typedef struct {
     const unsigned char *secret;
     size_t secret_len;
     int timeout_ms;                /* memcached answer deadline */
-    int idle_timeout_s;            /* header read and keep-alive idle timeout */
+    int idle_timeout_s;            /* whole-request read, slow-reader and keep-alive idle timeout */
+    int max_connections;           /* per worker; beyond it new connections are closed at once */
     int drain_timeout_s;
     size_t max_body;
     size_t max_headers;

@@ -1,0 +1,158 @@
+/* Structures shared by the three halves of a worker: fp_conn.c (HTTP connections, llhttp),
+ * fp_mc.c (the memcached client) and fp_server.c (lifecycle, stats).  Not part of the Cython API.
+ *
+ * One worker = one event base = one thread: nothing here is locked.
+ */
+#ifndef FP_INTERNAL_H
+#define FP_INTERNAL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <llhttp.h>
+
+#include "fp_server.h"
+#include "fp_token.h"
+
+#define FP_KEY_CAP 80
+#define FP_BUF_POOL_MAX 256          /* idle read buffers kept for reuse */
+
+struct fp_server;
+struct fp_conn;
+
+/* A read buffer lent to a connection while it has unparsed bytes (idle connections hold none). */
+typedef struct fp_buf {
+    struct fp_buf *next;             /* in the pool */
+    size_t len;                      /* bytes read */
+    size_t pos;                      /* bytes the parser has consumed */
+    char data[];                     /* srv->buf_cap bytes */
+} fp_buf_t;
+
+/* One get waiting in a memcached server's queue. */
+typedef struct fp_pending {
+    struct fp_pending *next;
+    struct fp_conn *conn;            /* NULL once the client went away: the answer is dropped */
+    int64_t start_us, deadline_us;
+    uint8_t sent;                    /* part of a "get" command already written */
+    uint8_t batch_end;               /* last key of its "get" command */
+    uint8_t answered;
+    size_t key_len;
+    char key[FP_KEY_CAP];
+} fp_pending_t;
+
+typedef enum {
+    FP_MC_QUEUED, FP_MC_HIT, FP_MC_EMPTY, FP_MC_MISS, FP_MC_UNAVAILABLE, FP_MC_OVERLOADED
+} fp_mc_result_t;
+
+typedef enum { MC_DOWN, MC_CONNECTING, MC_UP } fp_mc_state_t;
+
+typedef struct fp_mc {
+    struct fp_server *srv;
+    int fd;
+    fp_mc_state_t state;
+    struct event *rev, *wev;         /* per connection; wev only while the socket is full */
+    struct event *flush_ev;          /* deferred: one write of every queued get per loop pass */
+    struct event *timer;             /* deadline of the oldest get */
+    int64_t retry_at_us;
+    int backoff_ms;
+    fp_pending_t *head, *tail;       /* in command order; sent ones first */
+    int n_pending;
+    char *out;                       /* commands not yet taken by the socket */
+    size_t out_len, out_sent, out_cap;
+    char *in;                        /* replies not yet parsed */
+    size_t in_len, in_cap;
+    struct sockaddr_storage addr;
+    int addr_len;
+} fp_mc_t;
+
+typedef enum { CONN_READING, CONN_WAITING, CONN_WRITING, CONN_LINGERING } fp_conn_state_t;
+
+/* One client connection.  Requests on it are answered one at a time, in order (pipelined ones
+ * wait in the read buffer), so responses never need reordering. */
+typedef struct fp_conn {
+    struct fp_server *srv;
+    struct fp_conn *prev, *next;     /* every open connection, for draining */
+    int fd;
+    uint8_t admin;                   /* the loopback stats listener */
+    uint8_t state;                   /* fp_conn_state_t */
+    uint8_t keep_alive;
+    uint8_t in_head;                 /* between the first byte of a request and its blank line */
+    uint8_t field_kind;              /* header being parsed: 0 other, 1 Authorization, 2 Cookie */
+    uint8_t is_head;                 /* HEAD request: no body in the answer */
+    uint8_t in_message;              /* a request has begun and not yet ended */
+    uint8_t read_paused;             /* read buffer full while waiting: stop reading */
+    uint8_t have_auth, have_cookie;
+    int16_t error_status;            /* set by a parser callback: answer this and close */
+    const char *error_message;
+    int16_t answer_code;             /* decided at the end of the head; 0: ask memcached */
+    const char *answer_message;
+    const char *answer_cache;
+    uint8_t key_len;
+    char key[FP_KEY_CAP];
+    int64_t deadline_s;              /* the current request must have arrived by then */
+    struct event *ev;                /* read (or write while the socket is full), with timeout */
+    llhttp_t parser;
+    fp_buf_t *in;
+    fp_pending_t *pending;           /* the get this connection waits for */
+    char *out;                       /* response bytes the socket would not take yet */
+    size_t out_len, out_sent;
+    /* the request being parsed: offsets into in->data from head_start */
+    size_t head_start;
+    size_t url_off, url_len;
+    size_t field_off, field_len;
+    size_t value_off, value_len;
+    size_t auth_off, auth_len;
+    size_t cookie_off, cookie_len;
+    uint64_t body_len;
+} fp_conn_t;
+
+typedef struct fp_server {
+    const fp_config_t *cfg;
+    struct event_base *base;
+    struct evconnlistener *listener, *admin_listener;
+    fp_mc_t mc[FP_MAX_SERVERS];
+    fp_pending_t *pending_pool;
+    fp_buf_t *buf_pool;
+    int buf_pool_n;
+    size_t buf_cap;
+    fp_conn_t *conns;                /* list head */
+    int n_conns;
+    fp_stats_t *st;
+    fp_hmac_key_t hmac;
+    llhttp_settings_t http_settings;
+    const struct timeval *idle_tv;   /* a libevent common timeout */
+    struct event *pause_accept;      /* re-enables accepting after EMFILE */
+    int stopping;
+    struct event *sig_term, *sig_int;
+    int64_t date_s;                  /* second the Date header below was made for */
+    char date[40];
+    size_t date_len;
+} fp_server_t;
+
+/* fp_server.c */
+int64_t fp_now_us(void);
+int64_t fp_now_s(fp_server_t *srv);
+int fp_status_slot(int code);
+void fp_maybe_finish_drain(fp_server_t *srv);
+const char *fp_date_header(fp_server_t *srv, size_t *len);
+
+/* fp_mc.c */
+int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t err_len);
+void fp_mc_close(fp_mc_t *mc);
+/* Queue a get for conn: FP_MC_QUEUED, and the answer comes later through fp_conn_mc_answer;
+ * or the answer at once (FP_MC_UNAVAILABLE during a backoff, FP_MC_OVERLOADED, FP_MC_MISS). */
+fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, size_t key_len);
+
+/* fp_conn.c */
+void fp_conn_settings_init(llhttp_settings_t *s);
+void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
+void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
+void fp_conn_accept_error(struct evconnlistener *l, void *arg);
+void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len);
+void fp_conn_close_idle(fp_server_t *srv);
+void fp_conn_close_all(fp_server_t *srv);
+void fp_buf_pool_free(fp_server_t *srv);
+
+#endif
