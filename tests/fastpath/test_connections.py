@@ -1,0 +1,223 @@
+"""The connection layer (fastpath/src/fp_conn.c) over raw sockets: keep-alive rules, request
+framing, pipelining past the read buffer, slow readers, clients that leave mid-request, the
+connection cap and lingering close."""
+import socket
+import time
+import urllib.request
+
+import pytest
+from pymemcache.client.hash import HashClient
+
+from tests.fastpath.conftest import token
+
+pytest.importorskip("fastpath._server")
+
+
+def _req(path="/Poll/getMessages", uid=1, method="GET", version="1.1", extra=b"", body=b""):
+    head = f"{method} {path} HTTP/{version}\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n".encode()
+    if body:
+        head += b"Content-Length: %d\r\n" % len(body)
+    return head + extra + b"\r\n" + body
+
+
+class Reader:
+    """Reads whole HTTP responses off a socket, keeping what belongs to the next one."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+
+    def _more(self):
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed; have {self.buf[:200]!r}")
+        self.buf += chunk
+
+    def response(self):
+        """(status, headers dict, body), the body read exactly by Content-Length."""
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        need = int(headers.get("content-length", 0))
+        while len(self.buf) < need:
+            self._more()
+        body, self.buf = self.buf[:need], self.buf[need:]
+        return status, headers, body
+
+
+def _read_response(sock):
+    return Reader(sock).response()
+
+
+def _closed_by_peer(sock, timeout=3.0):
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.fixture
+def cache(memcached):
+    client = HashClient([memcached.spec], default_noreply=False)
+    client.set("p1:getMessages:1:0", b'{"mine":1}')
+    client.set("p1:getMessages:2:0", b'{"mine":2}')
+    return client
+
+
+@pytest.fixture
+def fp(fastpath_factory, memcached, cache):
+    return fastpath_factory([memcached], extra=("--idle-timeout", "3", "--max-body", "4096"))
+
+
+def _connect(fp):
+    return socket.create_connection(("127.0.0.1", fp.port), timeout=5)
+
+
+def test_http11_keeps_the_connection_and_sends_date(fp):
+    with _connect(fp) as sock:
+        for _ in range(3):
+            sock.sendall(_req())
+            status, headers, body = _read_response(sock)
+            assert status == 200 and body == b'{"mine":1}'
+            assert "connection" not in headers and headers["date"].endswith(" GMT")
+
+
+def test_http10_closes_unless_asked_to_keep_alive(fp):
+    with _connect(fp) as sock:
+        sock.sendall(_req(version="1.0", extra=b"Connection: keep-alive\r\n"))
+        status, headers, _ = _read_response(sock)
+        assert status == 200 and headers["connection"] == "keep-alive"
+        sock.sendall(_req(version="1.0"))
+        status, headers, _ = _read_response(sock)
+        assert status == 200 and headers["connection"] == "close"
+        assert _closed_by_peer(sock)
+
+
+def test_request_split_into_single_bytes(fp):
+    with _connect(fp) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for byte in _req(uid=2):
+            sock.send(bytes([byte]))
+        status, _, body = _read_response(sock)
+        assert status == 200 and body == b'{"mine":2}'
+
+
+def test_chunked_post_body_is_read_and_dropped(fp):
+    chunked = (b"POST /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+               + token(1).encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n")
+    with _connect(fp) as sock:
+        sock.sendall(chunked + _req(uid=2))
+        reader = Reader(sock)
+        assert reader.response()[2] == b'{"mine":1}'
+        assert reader.response()[2] == b'{"mine":2}'
+
+
+@pytest.mark.parametrize("data, status", [
+    (b"GET /Poll/" + b"a" * 3000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nX-Big: " + b"h" * 9000 + b"\r\n\r\n", 431),
+    (b"POST /Poll/getMessages HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", 413),
+    (b"POST /Poll/getMessages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + b"1000\r\n" + b"z" * 4096 + b"\r\n1000\r\n" + b"z" * 4096 + b"\r\n0\r\n\r\n", 413),
+    (b"GET /Poll/getMessages HTTP/2.5\r\nHost: x\r\n\r\n", 505),
+    (b"HEAD /Poll/getMessages HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+])
+def test_limits_answer_with_their_status_then_close(fp, data, status):
+    with _connect(fp) as sock:
+        sock.sendall(data)
+        got, headers, body = _read_response(sock)
+        assert got == status and headers["connection"] == "close"
+        if status == 405:
+            assert headers["allow"] == "GET, POST" and body == b""    # HEAD: no body
+        else:
+            assert body.startswith(b'{"error":"')
+        assert _closed_by_peer(sock)
+
+
+def test_pipelined_requests_beyond_the_read_buffer(fp):
+    """200 pipelined requests (~60 KB, far more than one read buffer) come back all, in order."""
+    uids = [1 + (i % 2) for i in range(200)]
+    with _connect(fp) as sock:
+        sock.sendall(b"".join(_req(uid=u) for u in uids))
+        reader = Reader(sock)
+        bodies = [reader.response()[2] for _ in uids]
+    assert bodies == [b'{"mine":%d}' % u for u in uids]
+
+
+def test_large_value_to_a_slow_reader(fp, cache):
+    value = b'{"items":"' + b"x" * 900_000 + b'"}'
+    cache.set("p1:getMessages:1:0", value)
+    with _connect(fp) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(_req() + _req(uid=2))
+        time.sleep(0.5)               # the server fills the socket and must wait for us
+        reader = Reader(sock)
+        status, _, body = reader.response()
+        assert status == 200 and body == value
+        assert reader.response()[2] == b'{"mine":2}'
+
+
+def test_client_leaving_while_memcached_is_slow(fastpath_factory, memcached, cache):
+    fp = fastpath_factory([memcached], extra=("--timeout-ms", "1500"))
+    memcached.pause()
+    try:
+        for _ in range(5):
+            with _connect(fp) as sock:
+                sock.sendall(_req())
+        time.sleep(0.2)
+    finally:
+        memcached.resume()
+    with _connect(fp) as sock:       # the dropped answers went nowhere; the server is fine
+        sock.sendall(_req(uid=2))
+        assert _read_response(sock)[2] == b'{"mine":2}'
+
+
+def test_connection_cap_closes_extra_connections_at_once(fastpath_factory, memcached, cache):
+    fp = fastpath_factory([memcached], extra=("--max-connections", "3"))
+    held = [_connect(fp) for _ in range(3)]
+    try:
+        for sock in held:
+            sock.sendall(_req())
+            assert _read_response(sock)[0] == 200
+        extra = _connect(fp)
+        started = time.monotonic()
+        assert _closed_by_peer(extra)
+        assert time.monotonic() - started < 2
+        extra.close()
+        held.pop().close()
+        time.sleep(0.2)
+        with _connect(fp) as sock:
+            sock.sendall(_req(uid=2))
+            assert _read_response(sock)[2] == b'{"mine":2}'
+    finally:
+        for sock in held:
+            sock.close()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{fp.admin_port}/metrics", timeout=5).read().decode()
+    assert "fastpath_connections_rejected_total 1" in text
+
+
+def test_idle_connections_are_closed_after_the_idle_timeout(fp):
+    with _connect(fp) as sock:
+        sock.sendall(_req())
+        _read_response(sock)
+        started = time.monotonic()
+        assert _closed_by_peer(sock, timeout=8)
+        assert 2 <= time.monotonic() - started < 6
+
+
+def test_metrics_count_open_connections(fp):
+    socks = [_connect(fp) for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.sendall(_req())
+            _read_response(sock)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{fp.admin_port}/metrics", timeout=5).read().decode()
+        # ours plus the metrics request's own connection
+        assert "fastpath_connections 5" in text
+    finally:
+        for sock in socks:
+            sock.close()
