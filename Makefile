@@ -12,8 +12,16 @@ EXT_SRC   := $(wildcard fastpath/*.pyx fastpath/*.pxd fastpath/includes/*.pxd fa
 EXT       := fastpath/.built
 PYTEST    := $(PY) -m pytest
 PYTEST_ARGS ?=
+# sanitizer runs (part of `make test`): an AddressSanitizer build of the extension that the
+# fastpath tests run against, and a libFuzzer target over the request path (ASan + UBSan)
+ASAN_ROOT    := build/asan
+ASAN_RUNTIME  = $(shell gcc -print-file-name=libasan.so)
+LLHTTP_SRC   := /usr/share/llhttp
+LLHTTP_INC   := /usr/share/include/llhttp
+FUZZ_BIN     := build/fuzz/fuzz_request
+FUZZ_SECONDS ?= 30
 
-.PHONY: run test test-sqlite test-postgres load bench compile debug install migrate demo clean distclean help
+.PHONY: test-asan fuzz run test test-sqlite test-postgres load bench compile debug install migrate demo clean distclean help
 
 help:
 	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
@@ -21,6 +29,8 @@ help:
 	@echo "make load     run the locust simulation (a few hundred users, one minute) against the stack"
 	@echo "make bench    run every benchmark; results and plots in bench/results/"
 	@echo "make compile  rebuild the fastpath extension in place"
+	@echo "make test-asan  the fastpath tests against an AddressSanitizer build"
+	@echo "make fuzz     libFuzzer on the request path (FUZZ_SECONDS=30)"
 	@echo "make clean    remove build products (keeps .venv and var/)"
 
 $(APT_STAMP): deps/apt-packages.txt deps/install-apt.sh
@@ -59,6 +69,26 @@ run: demo
 test: install
 	$(PYTEST) $(PYTEST_ARGS) tests
 	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/plurkcore
+	$(MAKE) test-asan fuzz
+
+test-asan: install
+	rm -rf $(ASAN_ROOT) && mkdir -p $(ASAN_ROOT)/fastpath
+	cp -r fastpath/*.py fastpath/includes $(ASAN_ROOT)/fastpath/
+	FASTPATH_SANITIZE=address $(PY) setup.py -q build_ext --force --build-lib $(ASAN_ROOT) --build-temp build/asan-tmp
+	FASTPATH_ASAN_ROOT=$(CURDIR)/$(ASAN_ROOT) FASTPATH_ASAN_RUNTIME=$(ASAN_RUNTIME) \
+		$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/fastpath
+
+$(FUZZ_BIN): $(EXT_SRC) fastpath/fuzz/fuzz_request.c $(APT_STAMP)
+	@mkdir -p $(dir $@)
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+		-Ifastpath/src -I$(LLHTTP_INC) $$(pkg-config --cflags libevent libcrypto) \
+		fastpath/fuzz/fuzz_request.c $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
+		$(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c \
+		$$(pkg-config --libs libevent libcrypto) -o $@
+
+fuzz: $(FUZZ_BIN)
+	@mkdir -p build/fuzz/corpus
+	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=16384 build/fuzz/corpus fastpath/fuzz/corpus
 
 test-sqlite: install
 	$(PYTEST) $(PYTEST_ARGS) tests

@@ -141,6 +141,11 @@ static void _conn_new(fp_server_t *srv, evutil_socket_t fd, int admin)
     srv->st->conn_accepted++;
 }
 
+void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, int admin)
+{
+    _conn_new(srv, fd, admin);
+}
+
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
 {
     _conn_new(arg, fd, 0);

@@ -132,6 +132,8 @@ typedef struct fp_server {
 } fp_server_t;
 
 /* fp_server.c */
+int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t err_len);
+void fp_server_fini(fp_server_t *srv);
 int64_t fp_now_us(void);
 int64_t fp_now_s(fp_server_t *srv);
 int fp_status_slot(int code);
@@ -149,6 +151,7 @@ fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, siz
 void fp_conn_settings_init(llhttp_settings_t *s);
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
 void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
+void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, int admin);    /* adopt a socket */
 void fp_conn_accept_error(struct evconnlistener *l, void *arg);
 void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len);
 void fp_conn_close_idle(fp_server_t *srv);

@@ -195,20 +195,21 @@ static struct evconnlistener *_listen(fp_server_t *srv, int fd, evconnlistener_c
     return l;
 }
 
-int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
+/* Everything but the signals and the loop: event base, memcached clients, listeners (when
+ * cfg->listen_fd >= 0; the fuzz target adopts sockets itself).  On failure, err says why and
+ * fp_server_fini must still be called. */
+int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t err_len)
 {
-    fp_server_t srv;
     struct event_config *ecfg;
     struct timeval idle = {cfg->idle_timeout_s, 0};
-    int rc = -1;
 
-    memset(&srv, 0, sizeof(srv));
-    srv.cfg = cfg;
-    srv.st = &cfg->stats[cfg->worker_index];
-    srv.st->pid = (uint64_t)getpid();
-    srv.buf_cap = cfg->max_headers + 1024;
-    fp_hmac_prepare(&srv.hmac, cfg->secret, cfg->secret_len);
-    fp_conn_settings_init(&srv.http_settings);
+    memset(srv, 0, sizeof(*srv));
+    srv->cfg = cfg;
+    srv->st = &cfg->stats[cfg->worker_index];
+    srv->st->pid = (uint64_t)getpid();
+    srv->buf_cap = cfg->max_headers + 1024;
+    fp_hmac_prepare(&srv->hmac, cfg->secret, cfg->secret_len);
+    fp_conn_settings_init(&srv->http_settings);
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS)
         return _fail(err, err_len, "need 1..64 memcached servers");
     if (cfg->max_connections <= 0)
@@ -219,34 +220,68 @@ int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
         return _fail(err, err_len, "event_config_new failed");
     for (int i = 0; i < 4 && cfg->backend_avoid[i] != NULL; i++)
         event_config_avoid_method(ecfg, cfg->backend_avoid[i]);
-    srv.base = event_base_new_with_config(ecfg);
+    srv->base = event_base_new_with_config(ecfg);
     event_config_free(ecfg);
-    if (srv.base == NULL)
+    if (srv->base == NULL)
         return _fail(err, err_len, "cannot create an event base (backend unavailable?)");
     /* every connection shares one timeout: libevent keeps them in an O(1) queue, not a heap */
-    srv.idle_tv = event_base_init_common_timeout(srv.base, &idle);
-    srv.pause_accept = evtimer_new(srv.base, _on_accept_pause_over, &srv);
-    if (srv.idle_tv == NULL || srv.pause_accept == NULL) {
-        _fail(err, err_len, "cannot set up timers");
-        goto out;
-    }
+    srv->idle_tv = event_base_init_common_timeout(srv->base, &idle);
+    srv->pause_accept = evtimer_new(srv->base, _on_accept_pause_over, srv);
+    if (srv->idle_tv == NULL || srv->pause_accept == NULL)
+        return _fail(err, err_len, "cannot set up timers");
 
     for (int i = 0; i < cfg->n_nodes; i++)
-        if (fp_mc_init(&srv, i, cfg->node_addr[i], err, err_len) < 0)
-            goto out;
-
-    srv.listener = _listen(&srv, cfg->listen_fd, fp_conn_accept);
-    if (srv.listener == NULL) {
-        _fail(err, err_len, "cannot accept on the listening socket");
-        goto out;
+        if (fp_mc_init(srv, i, cfg->node_addr[i], err, err_len) < 0)
+            return -1;
+    if (cfg->listen_fd >= 0) {
+        srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);
+        if (srv->listener == NULL)
+            return _fail(err, err_len, "cannot accept on the listening socket");
     }
     if (cfg->admin_fd >= 0) {
-        srv.admin_listener = _listen(&srv, cfg->admin_fd, fp_conn_admin_accept);
-        if (srv.admin_listener == NULL) {
-            _fail(err, err_len, "cannot accept on the admin socket");
-            goto out;
-        }
+        srv->admin_listener = _listen(srv, cfg->admin_fd, fp_conn_admin_accept);
+        if (srv->admin_listener == NULL)
+            return _fail(err, err_len, "cannot accept on the admin socket");
     }
+    return 0;
+}
+
+void fp_server_fini(fp_server_t *srv)
+{
+    if (srv->listener != NULL)
+        evconnlistener_free(srv->listener);
+    if (srv->admin_listener != NULL)
+        evconnlistener_free(srv->admin_listener);
+    srv->listener = srv->admin_listener = NULL;
+    srv->stopping = 1;
+    for (int i = 0; i < srv->cfg->n_nodes && i < FP_MAX_SERVERS; i++)
+        fp_mc_close(&srv->mc[i]);    /* waiting requests get 503 ("Connection: close") */
+    fp_conn_close_all(srv);
+    fp_buf_pool_free(srv);
+    while (srv->pending_pool != NULL) {
+        fp_pending_t *next = srv->pending_pool->next;
+        free(srv->pending_pool);
+        srv->pending_pool = next;
+    }
+    if (srv->pause_accept != NULL)
+        event_free(srv->pause_accept);
+    if (srv->sig_term != NULL)
+        event_free(srv->sig_term);
+    if (srv->sig_int != NULL)
+        event_free(srv->sig_int);
+    if (srv->base != NULL)
+        event_base_free(srv->base);
+    srv->pause_accept = srv->sig_term = srv->sig_int = NULL;
+    srv->base = NULL;
+}
+
+int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
+{
+    fp_server_t srv;
+    int rc = -1;
+
+    if (fp_server_init(&srv, cfg, err, err_len) < 0)
+        goto out;
     srv.sig_term = evsignal_new(srv.base, SIGTERM, _on_stop_signal, &srv);
     srv.sig_int = evsignal_new(srv.base, SIGINT, _on_stop_signal, &srv);
     if (srv.sig_term == NULL || srv.sig_int == NULL ||
@@ -259,29 +294,7 @@ int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
         goto out;
     }
     rc = 0;
-
 out:
-    if (srv.listener != NULL)
-        evconnlistener_free(srv.listener);
-    if (srv.admin_listener != NULL)
-        evconnlistener_free(srv.admin_listener);
-    srv.listener = srv.admin_listener = NULL;
-    srv.stopping = 1;
-    for (int i = 0; i < cfg->n_nodes; i++)
-        fp_mc_close(&srv.mc[i]);     /* waiting requests get 503 ("Connection: close") */
-    fp_conn_close_all(&srv);
-    fp_buf_pool_free(&srv);
-    while (srv.pending_pool != NULL) {
-        fp_pending_t *next = srv.pending_pool->next;
-        free(srv.pending_pool);
-        srv.pending_pool = next;
-    }
-    if (srv.pause_accept != NULL)
-        event_free(srv.pause_accept);
-    if (srv.sig_term != NULL)
-        event_free(srv.sig_term);
-    if (srv.sig_int != NULL)
-        event_free(srv.sig_int);
-    event_base_free(srv.base);
+    fp_server_fini(&srv);
     return rc;
 }

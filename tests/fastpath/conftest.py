@@ -11,6 +11,10 @@ from plurksite.services import free_port, wait_for_port
 
 SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# `make test-asan` points these at an AddressSanitizer build of the extension and its runtime:
+# every fastpath these tests start then runs instrumented, and any report fails the test.
+ASAN_ROOT = os.environ.get("FASTPATH_ASAN_ROOT")
+ASAN_RUNTIME = os.environ.get("FASTPATH_ASAN_RUNTIME")
 
 
 class Fastpath:
@@ -24,10 +28,17 @@ class Fastpath:
                      "--memcached", ",".join(s.spec for s in servers),
                      "--secret-file", str(self.secret_file), "--workers", str(workers), *extra]
         self.log = tmp_path / "fastpath.log"
+        self.asan_log = tmp_path / "asan"
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=open(self.log, "ab"),
+        env, cwd = dict(os.environ), ROOT
+        if ASAN_ROOT:
+            cwd = ASAN_ROOT
+            env["LD_PRELOAD"] = ASAN_RUNTIME
+            # Python itself is not instrumented and keeps memory to exit: leaks are not ours
+            env["ASAN_OPTIONS"] = f"detect_leaks=0:log_path={self.asan_log}"
+        self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
         return self
@@ -46,6 +57,9 @@ class Fastpath:
                 self.proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        reports = sorted(self.asan_log.parent.glob(self.asan_log.name + ".*"))
+        if reports:
+            raise AssertionError("AddressSanitizer: " + reports[0].read_text()[:4000])
 
 
 @pytest.fixture
