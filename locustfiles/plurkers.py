@@ -32,6 +32,7 @@ import time
 import uuid
 
 import gevent
+import gevent.event
 from locust import between, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.runners import MasterRunner
@@ -217,7 +218,10 @@ class Celebrity(_Plurker):
             return
         celeb = _celebrities[next(_celebrity_turn) % len(_celebrities)]
         self.username, self.token = celeb["username"], celeb["token"]
-        # first action at a random moment of the first wait, not all celebrities at once at spawn
+        # first post only once every user runs (a user spawned later could not see it before it
+        # starts, which would measure the ramp-up, not delivery), then at a random moment of the
+        # first wait, not all celebrities at once
+        _all_spawned.wait(timeout=SPAWN_WAIT_MAX_S)
         gevent.sleep(random.uniform(0, CELEB_WAIT))
 
     @task(3)
@@ -245,6 +249,13 @@ def _runs_users(environment):
 
 
 _snapshots = None
+_all_spawned = gevent.event.Event()
+SPAWN_WAIT_MAX_S = 600
+
+
+@events.spawning_complete.add_listener
+def _spawned(**kwargs):
+    _all_spawned.set()
 
 
 @events.test_start.add_listener

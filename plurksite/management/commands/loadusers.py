@@ -26,10 +26,13 @@ class Command(BaseCommand):
                             help="the first K accounts are celebrities; with --prefollow every other "
                                  "account follows 1-3 of them (Zipf), created in bulk")
         parser.add_argument("--prefollow", action="store_true")
+        parser.add_argument("--warm", action="store_true",
+                            help="write every new account's poll answers into memcached (as a running "
+                                 "site's cache holds them), so first polls are hits")
         parser.add_argument("--zipf", type=float, default=1.2,
                             help="exponent of the celebrities' popularity (default 1.2; smaller is flatter)")
 
-    def handle(self, count, prefix, out, celebrities=0, prefollow=False, zipf=1.2, **options):
+    def handle(self, count, prefix, out, celebrities=0, prefollow=False, zipf=1.2, warm=False, **options):
         if not 1 <= count <= 200_000:
             raise CommandError("count must be 1..200000")
         if not prefix.replace("_", "").isalnum() or len(prefix) > 100:
@@ -60,8 +63,15 @@ class Command(BaseCommand):
                 for i in picks:
                     account["follows"].append(names[i])
                     edges.append(Follow(follower_id=ids[account["username"]], followee_id=ids[names[i]]))
-            # bulk: no per-row signals; followers' cached answers are filled on their first poll
+            # bulk: no per-row signals (--warm writes the answers afterwards)
             Follow.objects.bulk_create(edges, batch_size=2000)
+        if warm:
+            # the same write protocol as after a commit (gets, read the database, cas/add)
+            from plurkcore import answers, publish
+
+            failed = publish.write_answers({r.name: set(ids.values()) for r in answers.resources()})
+            if failed:
+                raise CommandError(f"{len(failed)} answers could not be written to memcached")
         with open(out, "w") as fh:
             json.dump(accounts, fh)
         self.stdout.write(f"{count} accounts written to {out}")
