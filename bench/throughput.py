@@ -5,6 +5,7 @@
 Configurations (each server gets one worker process; wrk gets one thread):
   fastpath            fastpath directly
   nginx+fastpath      nginx proxying /Poll/ to fastpath over upstream keep-alive (the real stack path)
+  nginx+fastpath unix   the same over a unix-domain socket (fastpath --listen unix:...)
   nginx memcached_pass  nginx's own memcached module, upstream keep-alive, same memcached, same keys
                       (no token check: it trusts ?u=<uid>, so it does less work than fastpath)
   nginx return 200    a constant answer: the ceiling for any HTTP responder here
@@ -51,6 +52,7 @@ end
 """
 
 NGINX = """
+{user}
 worker_processes 1;
 pid {var}/nginx-{name}.pid;
 error_log {var}/nginx-{name}-error.log warn;
@@ -62,6 +64,7 @@ http {{
     uwsgi_temp_path {var}/tmp; scgi_temp_path {var}/tmp;
     keepalive_requests 1000000;
     upstream fp {{ server 127.0.0.1:{fastpath}; keepalive 256; keepalive_timeout 8s; }}
+    upstream fpu {{ server unix:{fastpath_unix}; keepalive 256; keepalive_timeout 8s; }}
     upstream mc {{ server 127.0.0.1:{memcached}; keepalive 256; }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
@@ -71,6 +74,7 @@ http {{
 """
 BODIES = {
     "nginx+fastpath": "proxy_pass http://fp; proxy_http_version 1.1; proxy_set_header Connection \"\";",
+    "nginx+fastpath unix": "proxy_pass http://fpu; proxy_http_version 1.1; proxy_set_header Connection \"\";",
     "nginx memcached_pass": "set $memcached_key \"p1:getUnreadCount:$arg_u:0\"; memcached_pass mc; "
                             "default_type application/json; add_header X-Cache HIT;",
     "nginx return 200": "default_type application/json; add_header X-Cache HIT; return 200 '{\"count\":3}';",
@@ -197,12 +201,22 @@ def main():
         procs.append(fp)
         wait_for_port("127.0.0.1", fp_port, process=fp, name="fastpath")
         ports["fastpath"] = (fp_port, "token")
+        fp_unix = os.path.join(tmp, "fastpath.sock")
+        fpu = _spawn([sys.executable, "-m", "fastpath", "--listen", f"unix:{fp_unix}",
+                      "--memcached", f"127.0.0.1:{mc_port}", "--secret-file", secret_file,
+                      "--workers", "1", "--idle-timeout", "120"], log, cwd=ROOT)
+        procs.append(fpu)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(fp_unix) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for name, body in BODIES.items():
             port = free_port()
             conf = os.path.join(tmp, f"{name.replace(' ', '_').replace('+', '_')}.conf")
             with open(conf, "w") as fh:
+                # as root, workers must stay root to reach the private unix socket
                 fh.write(NGINX.format(var=tmp, name=port, fastpath=fp_port, memcached=mc_port,
-                                      port=port, body=body))
+                                      port=port, body=body, fastpath_unix=fp_unix,
+                                      user="user root;" if os.geteuid() == 0 else ""))
             proc = _spawn([find_binary("nginx", "nginx"), "-p", tmp, "-c", conf, "-g", "daemon off;"], log)
             procs.append(proc)
             wait_for_port("127.0.0.1", port, process=proc, name=name)
@@ -232,10 +246,12 @@ def main():
             return results["configs"].get(n, {}).get(conns, {}).get("rps")
         fpr, mcp, ret, nfp, dj = (rps("fastpath"), rps("nginx memcached_pass"), rps("nginx return 200"),
                                   rps("nginx+fastpath"), rps("django"))
+        nfu = rps("nginx+fastpath unix")
         ratios[conns] = {
             "fastpath / memcached_pass": fpr / mcp if fpr and mcp else None,
             "fastpath / return 200": fpr / ret if fpr and ret else None,
             "nginx+fastpath / memcached_pass": nfp / mcp if nfp and mcp else None,
+            "nginx+fastpath unix / memcached_pass": nfu / mcp if nfu and mcp else None,
             "fastpath / django": fpr / dj if fpr and dj else None,
         }
     results["ratios"] = ratios

@@ -15,7 +15,7 @@ def build_parser():
         prog="python -m fastpath",
         description="Answer /Poll/<resource> requests straight from memcached; 404 on a miss so "
                     "that nginx falls back to Django.")
-    p.add_argument("--listen", default="127.0.0.1:8001", help="host:port to serve polls on")
+    p.add_argument("--listen", default="127.0.0.1:8001", help="host:port to serve polls on, or unix:/path (nginx on this host)")
     p.add_argument("--admin", default=None, help="loopback host:port serving /metrics (Prometheus)")
     p.add_argument("--memcached", type=_csv, default=("127.0.0.1:11211",),
                    help="comma-separated memcached host:port list (mapped as pymemcache's HashClient)")

@@ -31,6 +31,16 @@ def parse_address(text, what="address"):
     return host, int(port)
 
 
+def parse_listen(text):
+    """``host:port``, or ``unix:/path`` for a unix-domain socket (nginx on the same host)."""
+    if text.startswith("unix:"):
+        path = text[5:]
+        if not path or len(os.fsencode(path)) > 107:
+            raise ConfigurationError(f"bad --listen {text!r}: unix:<path of at most 107 bytes>")
+        return ("unix", os.path.abspath(path))
+    return parse_address(text, "--listen")
+
+
 def read_secret(path):
     """The key bytes of docs/contract.md section 1."""
     try:
@@ -62,7 +72,7 @@ class Options:
     backend: str = None                  # epoll | poll | select (None: libevent's choice)
 
     def validate(self):
-        self.listen_addr = parse_address(self.listen, "--listen")
+        self.listen_addr = parse_listen(self.listen)
         self.admin_addr = parse_address(self.admin, "--admin") if self.admin else None
         if self.admin_addr and not _is_loopback(self.admin_addr[0]):
             raise ConfigurationError("--admin must be a loopback address (stats are not public)")
@@ -133,6 +143,36 @@ def _listen_socket(addr, what, reuse_port=True):
     return sock
 
 
+def _unix_listen_socket(path):
+    """Bound before the workers fork, so they all accept on it (SO_REUSEPORT is TCP-only).
+    A socket file left by a dead fastpath is replaced; one that still answers is refused."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        raise FastpathError(f"--listen unix:{path} is already in use")
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    except OSError as exc:
+        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    if os.path.lexists(path):
+        import stat
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise FastpathError(f"--listen unix:{path} exists and is not a socket")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o660)          # nginx runs as this user or its group; nobody else
+    except OSError as exc:
+        sock.close()
+        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
 def _check_port_free(addr, what):
     """Without SO_REUSEPORT, so that a port held by anyone (even another fastpath) is refused."""
     _listen_socket(addr, what, reuse_port=False).close()
@@ -162,13 +202,13 @@ def _log(message):
     print(f"fastpath[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
 
-def _run_worker(opts, index, stats):
+def _run_worker(opts, index, stats, shared_listener=None):
     from . import _server
 
     _die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    listener = _listen_socket(opts.listen_addr, "--listen")
+    listener = shared_listener or _listen_socket(opts.listen_addr, "--listen")
     admin = _listen_socket(opts.admin_addr, "--admin") if opts.admin_addr else None
     try:
         _server.run_worker(listener.fileno(), admin.fileno() if admin else -1,
@@ -190,7 +230,11 @@ def serve(options=None, **kwargs):
 
     opts = (options or Options(**kwargs)).validate()
     _raise_fd_limit(opts.max_connections + 64 + len(opts.node_names))
-    _check_port_free(opts.listen_addr, "--listen")
+    unix_listener = None
+    if opts.listen_addr[0] == "unix":
+        unix_listener = _unix_listen_socket(opts.listen_addr[1])
+    else:
+        _check_port_free(opts.listen_addr, "--listen")
     if opts.admin_addr:
         _check_port_free(opts.admin_addr, "--admin")
     stats = mmap.mmap(-1, max(_server.STATS_SLOT_SIZE * opts.workers, 1))   # shared with children
@@ -203,7 +247,7 @@ def serve(options=None, **kwargs):
         if pid == 0:
             code = 0
             try:
-                _run_worker(opts, index, stats)
+                _run_worker(opts, index, stats, unix_listener)
             except FastpathError as exc:
                 _log(f"worker {index}: {exc}")
                 code = 1
@@ -256,4 +300,10 @@ def serve(options=None, **kwargs):
     finally:
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
+        if unix_listener is not None:
+            unix_listener.close()
+            try:
+                os.unlink(opts.listen_addr[1])
+            except OSError:
+                pass
     _log("stopped")

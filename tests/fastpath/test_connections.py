@@ -221,3 +221,40 @@ def test_metrics_count_open_connections(fp):
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_unix_socket_listener(tmp_path, memcached, cache):
+    """--listen unix:/path: every worker accepts on one socket; a stale file is replaced; the
+    file is gone after SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.fastpath.conftest import ROOT, SECRET
+    path = tmp_path / "fp.sock"
+    path.write_bytes(b"")                      # not a socket: refused with a clear message
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(SECRET)
+    argv = [sys.executable, "-m", "fastpath", "--listen", f"unix:{path}", "--memcached", memcached.spec,
+            "--secret-file", str(secret), "--workers", "2"]
+    bad = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "exists and is not a socket" in bad.stderr
+    path.unlink()
+    proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for uid in (1, 2, 1, 2):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(5)
+                sock.connect(str(path))
+                sock.sendall(_req(uid=uid))
+                assert _read_response(sock)[2] == b'{"mine":%d}' % uid
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert not path.exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
