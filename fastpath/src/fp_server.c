@@ -141,6 +141,8 @@ size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)
               (unsigned long long)sum.mc_timeouts, (unsigned long long)sum.mc_connects,
               (long long)sum.inflight, n, (long long)sum.connections,
               (unsigned long long)sum.conn_accepted, (unsigned long long)sum.conn_rejected);
+    if (n > 0 && slots[0].backend[0] != '\0')
+        FP_APPEND("# TYPE fastpath_info gauge\nfastpath_info{backend=\"%.15s\"} 1\n", slots[0].backend);
     FP_APPEND("# HELP fastpath_memcached_seconds memcached round trip of answered gets.\n"
               "# TYPE fastpath_memcached_seconds histogram\n");
     for (int i = 0; i < FP_LAT_BUCKETS - 1; i++)
@@ -225,6 +227,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     if (srv->base == NULL)
         return _fail(err, err_len, "cannot create an event base (backend unavailable?)");
     /* every connection shares one timeout: libevent keeps them in an O(1) queue, not a heap */
+    snprintf(srv->st->backend, sizeof(srv->st->backend), "%s", event_base_get_method(srv->base));
     srv->idle_tv = event_base_init_common_timeout(srv->base, &idle);
     srv->pause_accept = evtimer_new(srv->base, _on_accept_pause_over, srv);
     if (srv->idle_tv == NULL || srv->pause_accept == NULL)

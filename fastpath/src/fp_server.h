@@ -30,6 +30,7 @@ typedef struct {
     uint64_t lat_bucket[FP_LAT_BUCKETS];   /* memcached round trip, cumulative by bound */
     uint64_t lat_sum_us, lat_count;
     uint64_t pid;
+    char backend[16];                      /* libevent's method: "epoll", "poll", ... */
 } fp_stats_t;
 
 extern const double fp_lat_bounds[FP_LAT_BUCKETS];   /* seconds; last is +Inf */

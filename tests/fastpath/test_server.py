@@ -141,3 +141,14 @@ def test_crashed_worker_is_restarted_and_sigterm_stops(fastpath_factory, memcach
     assert _get(fp, "getMessages", token(1)).status_code == 404
     fp.proc.send_signal(signal.SIGTERM)
     assert fp.proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("backend", ["epoll", "poll"])
+def test_libevent_backend_choice(fastpath_factory, memcached, backend):
+    """--backend picks libevent's method (the long-polling issue compares them); both serve."""
+    fp = fastpath_factory([memcached], extra=("--backend", backend))
+    HashClient([memcached.spec], default_noreply=False).set("p1:getUnreadCount:3:0", b'{"count":3}')
+    for _ in range(3):
+        assert _get(fp, "getUnreadCount", token(3)).json() == {"count": 3}
+    text = urllib.request.urlopen(f"http://127.0.0.1:{fp.admin_port}/metrics", timeout=5).read().decode()
+    assert f'fastpath_info{{backend="{backend}"}} 1' in text
