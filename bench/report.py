@@ -13,6 +13,18 @@ def _load(name):
     return json.load(open(path)) if os.path.exists(path) else None
 
 
+# Issue 4's goals on this 2-core machine: ratio name -> at least
+GOALS = {"fastpath / memcached_pass": 2.0, "fastpath / return 200": 0.8,
+         "nginx+fastpath / memcached_pass": 1.0, "nginx+fastpath unix / memcached_pass": 1.0}
+
+
+def _goal_mark(name, value):
+    goal = GOALS.get(name)
+    if goal is None:
+        return ""
+    return f" (goal {goal:g}: {'met' if value >= goal else 'not met'})"
+
+
 def main():
     out = []
     doc = _load("throughput")
@@ -29,12 +41,14 @@ def main():
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
         for c, ratios in doc["ratios"].items():
-            out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**" for k, v in ratios.items() if v))
+            out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**{_goal_mark(k, v)}"
+                                                for k, v in ratios.items() if v))
         if doc.get("idle_connections"):
             ic = doc["idle_connections"]
             out.append(f"- {ic['connections']:,} idle keep-alive connections: fastpath worker RSS "
                        f"{ic['rss_before_kb']:,} KB -> {ic['rss_with_connections_kb']:,} KB, "
-                       f"**{ic['bytes_per_connection']:,} bytes per connection**")
+                       f"**{ic['bytes_per_connection']:,} bytes per connection** (goal < 2,048: "
+                       f"{'met' if ic['bytes_per_connection'] < 2048 else 'not met'})")
         out.append("")
     doc = _load("fanout")
     if doc:
@@ -55,7 +69,7 @@ def main():
             out.append(f"Locust `{name}`: {doc['users']} users, {doc['run_time_s']} s, {doc['requests']} requests, "
                        f"{doc['failures']} failures, {doc['plurks_posted']} plurks, {doc['deliveries_checked']} "
                        f"deliveries checked, **{doc['lost']} lost**, poll hit ratio "
-                       f"**{doc['hit_ratio']:.4f}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
+                       f"**{'n/a' if doc['hit_ratio'] is None else format(doc['hit_ratio'], '.4f')}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
                        f"max {f(lat['max'])}.\n")
     text = "\n".join(out)
     print(text)
