@@ -21,12 +21,13 @@ LLHTTP_INC   := /usr/share/include/llhttp
 FUZZ_BIN     := build/fuzz/fuzz_request
 FUZZ_SECONDS ?= 30
 
-.PHONY: test-asan fuzz run test test-sqlite test-postgres load bench compile debug install migrate demo clean distclean help
+.PHONY: test-asan fuzz run test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
 
 help:
 	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
 	@echo "make test     install what is missing, run the full test suite (SQLite, then PostgreSQL)"
 	@echo "make load     run the locust simulation (a few hundred users, one minute) against the stack"
+	@echo "make load-10k the 10,000-user polling run (locust --processes 2, ~8 min): CPU/RSS per component"
 	@echo "make bench    run every benchmark; results and plots in bench/results/"
 	@echo "make compile  rebuild the fastpath extension in place"
 	@echo "make test-asan  the fastpath tests against an AddressSanitizer build"
@@ -98,6 +99,12 @@ test-postgres: install
 
 load: migrate
 	$(PY) bench/load.py
+
+# 10,000 polling users in locust's distributed mode (bench/load.py PRESET_10K); starts the stack
+# unless one runs; writes bench/results/load-10k.json and .png, prints CPU/RSS per component.
+load-10k: migrate
+	$(PY) bench/load.py --preset 10k
+	$(PY) bench/plot.py
 
 bench: migrate
 	$(PY) bench/run_all.py

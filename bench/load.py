@@ -361,6 +361,21 @@ def _stack_running(host):
         return False
 
 
+# The 10,000-user run on a 2-core machine: locust's distributed mode (2 worker processes), a
+# polling-heavy mix (a poll every ~15 s, ordinary users only read, 50 celebrities post every ~5 min
+# to a bulk-made graph of ~19,000 follows), a 100 s ramp-up.  Per poll the stack does almost nothing
+# (fastpath hits); what is expensive here is Django: each delivered plurk costs a markRead (and a
+# post fans out to its author's followers), so the number of deliveries per second is what has to
+# fit.  The stack it starts waits up to 500 ms for memcached (PLURK_MEMCACHED_TIMEOUT_MS, default
+# 50): with ~10 busy processes on 2 cores a Django thread can wait 50 ms for the CPU alone, and a
+# timed-out cache write is (rightly) a failed write -- memcached marked suspect and flushed, after
+# which all 10,000 users miss at once and Django drowns in 504s.  An already running stack keeps
+# the timeout it was started with.
+PRESET_10K = {"users": 10000, "processes": 2, "spawn_rate": 100, "run_time": 360, "prefollow": True,
+              "celebrities": 50, "zipf": 1.0, "write_weight": 0, "celeb_wait": 300, "poll_wait": 15,
+              "result_name": "load-10k"}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Run the locust simulation and judge delivery.")
     ap.add_argument("--users", type=int, default=300)
@@ -381,7 +396,16 @@ def main(argv=None):
                     help="task weight of posting/responding against 30 for polling (PLURK_LOAD_WRITE_WEIGHT, default 1)")
     ap.add_argument("--celeb-wait", type=float, default=None,
                     help="mean seconds between a celebrity's actions (PLURK_LOAD_CELEB_WAIT, default 3)")
+    ap.add_argument("--preset", choices=["10k"], default=None,
+                    help="10k: the 10,000-user polling run (see PRESET_10K); other flags override it")
     args = ap.parse_args(argv)
+    if args.preset == "10k":
+        explicit = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+        for name, value in PRESET_10K.items():
+            if "--" + name.replace("_", "-") not in explicit:
+                setattr(args, name, value)
+        # see PRESET_10K: only applies to a stack this run starts
+        os.environ.setdefault("PLURK_MEMCACHED_TIMEOUT_MS", "500")
     if args.quick:
         args.users, args.run_time, args.spawn_rate = 30, 30, 10
     locust_env = {name: str(value) for name, value in (("PLURK_LOAD_POLL_WAIT", args.poll_wait),
@@ -402,6 +426,9 @@ def main(argv=None):
             progress(f"starting the stack at {host} ...")
             stack = Stack(config).start()
     ports = [config.http[1], config.django[1], config.fastpath[1]] + [p for _, p in config.memcached]
+    stack_info = {"started_by_this_run": stack is not None,
+                  "memcached_timeout_ms": config.memcached_timeout_ms if stack is not None else None,
+                  "gunicorn_workers": config.gunicorn_workers if stack is not None else None}
     sampler = StackSampler(ports).start()
     try:
         verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities,
@@ -410,6 +437,7 @@ def main(argv=None):
         sampler.stop()
         if stack is not None:
             stack.stop()
+    verdict["stack"] = stack_info
     path = write_result(args.result_name, verdict)
     lat = verdict["delivery_latency_s"]
     fmt = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")

@@ -64,17 +64,46 @@ def delivery(docs):
         lat = doc["delivery_latency_s"]
         if lat["p50"] is None:
             continue
-        names.append(f"{name}\n{doc['users']} users")
+        wait = doc.get("knobs", {}).get("PLURK_LOAD_POLL_WAIT", "2")
+        names.append(f"{name}\n{doc['users']} users, poll ~{float(wait):g} s")
         p50.append(lat["p50"]), p95.append(lat["p95"]), mx.append(lat["max"])
     xs = range(len(names))
     ax.bar([x - .25 for x in xs], p50, width=.25, label="p50")
     ax.bar(list(xs), p95, width=.25, label="p95")
     ax.bar([x + .25 for x in xs], mx, width=.25, label="max")
     ax.set_xticks(list(xs), names)
-    ax.set(ylabel="seconds, commit to first sight", title="Delivery latency (pollers every ~2 s)")
+    ax.set(ylabel="seconds, commit to first sight", title="Delivery latency")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS_DIR, "delivery.png"), dpi=110)
+
+
+def load_run(name, doc):
+    """One locust run over time: users, requests/s and failures/s (locust), and the CPU of each part
+    of the stack and of locust (100% = one core)."""
+    history, series = doc.get("locust_history"), doc.get("resource_series")
+    if not history or not series:
+        return False
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    t0 = history[0][0]
+    ts = [h[0] - t0 for h in history]
+    ax1.plot(ts, [h[2] for h in history], label="requests/s")
+    ax1.plot(ts, [h[3] for h in history], label="failures/s", color="red")
+    ax1.set(ylabel="per second", title=f"{name}: {doc['users']} locust users in {doc['processes']} "
+            f"process(es); {doc['requests']} requests, {doc['failures']} failures, {doc['lost']} lost")
+    users = ax1.twinx()
+    users.plot(ts, [h[1] for h in history], color="gray", linestyle=":", label="users")
+    users.set_ylabel("users")
+    ax1.legend(loc="upper left")
+    users.legend(loc="lower right")
+    for component, points in series.items():
+        if any(cpu for cpu, _ in points):
+            ax2.plot(range(len(points)), [cpu for cpu, _ in points], label=component, linewidth=1)
+    ax2.set(xlabel="seconds since locust started", ylabel="CPU % (100 = one core; 2 cores)")
+    ax2.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, f"{name}.png"), dpi=110)
+    return True
 
 
 def main():
@@ -89,6 +118,9 @@ def main():
     if docs:
         delivery(docs)
         made.append("delivery.png")
+    for name, doc in docs:
+        if name == "load-10k" and load_run(name, doc):
+            made.append(f"{name}.png")
     print("plots:", ", ".join(os.path.join(RESULTS_DIR, m) for m in made))
 
 

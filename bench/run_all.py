@@ -6,7 +6,7 @@
 2. bench/fanout.py      one plurk to 1,000 / 10,000 followers (SQLite and PostgreSQL)
 3. bench/load.py        the locust simulation, 300 users for 60 s, with the delivery verdict
 4. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
-                        CPU and memory (needs far more than 2 cores to be meaningful here)
+                        CPU and memory (bench/load.py --preset 10k, also `make load-10k`)
 Results: bench/results/*.json and *.png; bench/report.py prints the markdown table.
 """
 import argparse
@@ -39,10 +39,7 @@ def main():
     failures += step("fan-out", ["bench/fanout.py"]) != 0
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
     if args.with_10k:
-        os.environ.update(PLURK_LOAD_WRITE_WEIGHT="0", PLURK_LOAD_CELEB_WAIT="60")
-        failures += step("10k users", ["bench/load.py", "--users", "10000", "--spawn-rate", "200",
-                                       "--processes", str(os.cpu_count() or 2), "--run-time", "120", "--prefollow",
-                                       "--result-name", "load-10k"]) != 0
+        failures += step("10k users", ["bench/load.py", "--preset", "10k"]) != 0
     step("plots", ["bench/plot.py"])
     step("report", ["bench/report.py", "--write-readme"])
     return 1 if failures else 0
