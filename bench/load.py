@@ -362,17 +362,20 @@ def _stack_running(host):
 
 
 # The 10,000-user run on a 2-core machine: locust's distributed mode (2 worker processes), a
-# polling-heavy mix (a poll every ~15 s, ordinary users only read, 50 celebrities post every ~5 min
-# to a bulk-made graph of ~19,000 follows), a 100 s ramp-up.  Per poll the stack does almost nothing
-# (fastpath hits); what is expensive here is Django: each delivered plurk costs a markRead (and a
-# post fans out to its author's followers), so the number of deliveries per second is what has to
-# fit.  The stack it starts waits up to 500 ms for memcached (PLURK_MEMCACHED_TIMEOUT_MS, default
+# polling-heavy mix (a poll every ~15 s, ordinary users only read; 100 celebrities, each acting
+# every ~5 min -- 3 times in 8 a post -- to a bulk-made graph of ~19,700 follows, each user
+# following 1-3 of them, popularity Zipf 0.6: the most followed has ~1,400 followers, the median
+# ~140), a 100 s ramp-up.  Per poll the stack does almost nothing (fastpath hits); what is
+# expensive is Django: each delivered plurk costs its reader a markRead (~10 ms of CPU), and a
+# plurk's followers all poll within ~15 s of it, so the deliveries per second, and the followers of
+# one plurk, are what have to fit in the CPU that locust leaves (a markRead that waits 30 s is a
+# 504; its user retries at the next poll, and a backlog feeds itself).  The stack it starts waits up to 500 ms for memcached (PLURK_MEMCACHED_TIMEOUT_MS, default
 # 50): with ~10 busy processes on 2 cores a Django thread can wait 50 ms for the CPU alone, and a
 # timed-out cache write is (rightly) a failed write -- memcached marked suspect and flushed, after
 # which all 10,000 users miss at once and Django drowns in 504s.  An already running stack keeps
 # the timeout it was started with.
 PRESET_10K = {"users": 10000, "processes": 2, "spawn_rate": 100, "run_time": 360, "prefollow": True,
-              "celebrities": 50, "zipf": 1.0, "write_weight": 0, "celeb_wait": 300, "poll_wait": 15,
+              "celebrities": 100, "zipf": 0.6, "write_weight": 0, "celeb_wait": 300, "poll_wait": 15,
               "result_name": "load-10k"}
 
 
