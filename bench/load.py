@@ -197,6 +197,7 @@ SERVICES = {  # how each part of the stack shows up in /proc/<pid>/cmdline
     "memcached": lambda cmd: "memcached" in cmd.split(" ")[0],
     "gunicorn": lambda cmd: "gunicorn" in cmd and "plurksite.wsgi" in cmd,
     "repaircache": lambda cmd: "manage.py repaircache" in cmd,
+    "postgres": lambda cmd: cmd.split(" ")[0].endswith("/postgres") or cmd.startswith("postgres:"),
 }
 COMPONENTS = list(SERVICES) + ["locust"]
 
@@ -372,11 +373,14 @@ def _stack_running(host):
 # 504; its user retries at the next poll, and a backlog feeds itself).  The stack it starts waits up to 500 ms for memcached (PLURK_MEMCACHED_TIMEOUT_MS, default
 # 50): with ~10 busy processes on 2 cores a Django thread can wait 50 ms for the CPU alone, and a
 # timed-out cache write is (rightly) a failed write -- memcached marked suspect and flushed, after
-# which all 10,000 users miss at once and Django drowns in 504s.  An already running stack keeps
-# the timeout it was started with.
+# which all 10,000 users miss at once and Django drowns in 504s.  Its database is a throwaway
+# PostgreSQL cluster: on SQLite every markRead is a write transaction, and ~40 of them a second
+# from 8 gunicorn threads queue on SQLite's single write lock (busy-waiting with sleeps) until
+# they take 30 s and nginx answers 504 (Django itself at ~55% of a core).  An already running
+# stack keeps its own database and timeout.
 PRESET_10K = {"users": 10000, "processes": 2, "spawn_rate": 100, "run_time": 360, "prefollow": True,
               "celebrities": 100, "zipf": 0.6, "write_weight": 0, "celeb_wait": 300, "poll_wait": 15,
-              "result_name": "load-10k"}
+              "database": "postgresql", "result_name": "load-10k"}
 
 
 def main(argv=None):
@@ -399,6 +403,9 @@ def main(argv=None):
                     help="task weight of posting/responding against 30 for polling (PLURK_LOAD_WRITE_WEIGHT, default 1)")
     ap.add_argument("--celeb-wait", type=float, default=None,
                     help="mean seconds between a celebrity's actions (PLURK_LOAD_CELEB_WAIT, default 3)")
+    ap.add_argument("--database", choices=["config", "postgresql"], default="config",
+                    help="for a stack this run starts: config (PLURK_DATABASE_URL, SQLite by default) or "
+                         "postgresql (a throwaway cluster, tests/support/postgres.py)")
     ap.add_argument("--preset", choices=["10k"], default=None,
                     help="10k: the 10,000-user polling run (see PRESET_10K); other flags override it")
     args = ap.parse_args(argv)
@@ -420,16 +427,30 @@ def main(argv=None):
     stack = None
     config = load()                  # the same PLURK_* the stack runs with (its database)
     host = args.host
+    cluster = None
     if host is None:
         host = config.base_url
         if not _stack_running(host):
             from plurksite.stack import Stack
+            if args.database == "postgresql":
+                from tests.support.postgres import PostgresCluster
+                progress("starting a throwaway PostgreSQL cluster ...")
+                cluster = PostgresCluster().start()
+                os.environ["PLURK_DATABASE_URL"] = cluster.create_database("plurkload")
+                config = load()
             subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "migrate", "--noinput", "-v", "0"],
                            check=True, cwd=ROOT)
             progress(f"starting the stack at {host} ...")
             stack = Stack(config).start()
+        elif args.database != "config":
+            progress(f"warning: a stack already answers at {host}: --database {args.database} does not apply, "
+                     "the run uses that stack as it is")
     ports = [config.http[1], config.django[1], config.fastpath[1]] + [p for _, p in config.memcached]
+    if cluster is not None:
+        ports.append(cluster.port)
     stack_info = {"started_by_this_run": stack is not None,
+                  "database": (config.database_url.split(":", 1)[0].replace("postgres", "postgresql")
+                               if stack is not None else None),
                   "memcached_timeout_ms": config.memcached_timeout_ms if stack is not None else None,
                   "gunicorn_workers": config.gunicorn_workers if stack is not None else None}
     sampler = StackSampler(ports).start()
@@ -440,6 +461,8 @@ def main(argv=None):
         sampler.stop()
         if stack is not None:
             stack.stop()
+        if cluster is not None:
+            cluster.stop()
     verdict["stack"] = stack_info
     path = write_result(args.result_name, verdict)
     lat = verdict["delivery_latency_s"]
