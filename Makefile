@@ -18,8 +18,12 @@ ASAN_ROOT    := build/asan
 ASAN_RUNTIME  = $(shell gcc -print-file-name=libasan.so)
 LLHTTP_SRC   := /usr/share/llhttp
 LLHTTP_INC   := /usr/share/include/llhttp
-FUZZ_BIN     := build/fuzz/fuzz_request
-FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := request memcached
+FUZZ_SECONDS ?= 20
+FUZZ_CFLAGS  := -g -O1 -Werror=implicit-function-declaration -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+                -Ifastpath/src -I$(LLHTTP_INC)
+FUZZ_SRC     := $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
+                $(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c
 
 .PHONY: test-asan fuzz run test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
 
@@ -31,7 +35,7 @@ help:
 	@echo "make bench    run every benchmark; results and plots in bench/results/"
 	@echo "make compile  rebuild the fastpath extension in place"
 	@echo "make test-asan  the fastpath tests against an AddressSanitizer build"
-	@echo "make fuzz     libFuzzer on the request path (FUZZ_SECONDS=30)"
+	@echo "make fuzz     libFuzzer on the request path and the memcached client (FUZZ_SECONDS=20 each)"
 	@echo "make clean    remove build products (keeps .venv and var/)"
 
 $(APT_STAMP): deps/apt-packages.txt deps/install-apt.sh
@@ -79,17 +83,19 @@ test-asan: install
 	FASTPATH_ASAN_ROOT=$(CURDIR)/$(ASAN_ROOT) FASTPATH_ASAN_RUNTIME=$(ASAN_RUNTIME) \
 		$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/fastpath
 
-$(FUZZ_BIN): $(EXT_SRC) fastpath/fuzz/fuzz_request.c $(APT_STAMP)
+build/fuzz/fuzz_%: fastpath/fuzz/fuzz_%.c $(EXT_SRC) $(APT_STAMP)
 	@mkdir -p $(dir $@)
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-		-Ifastpath/src -I$(LLHTTP_INC) $$(pkg-config --cflags libevent libcrypto) \
-		fastpath/fuzz/fuzz_request.c $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
-		$(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c \
+	clang $(FUZZ_CFLAGS) $$(pkg-config --cflags libevent libcrypto) $< $(FUZZ_SRC) \
 		$$(pkg-config --libs libevent libcrypto) -o $@
 
-fuzz: $(FUZZ_BIN)
-	@mkdir -p build/fuzz/corpus
-	$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=16384 build/fuzz/corpus fastpath/fuzz/corpus
+# each target runs FUZZ_SECONDS from its seed corpus (fastpath/fuzz/corpus*); new inputs it finds
+# are kept in build/fuzz/ for the next run
+fuzz: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
+	@mkdir -p build/fuzz/found-request build/fuzz/found-memcached
+	build/fuzz/fuzz_request -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=16384 \
+		build/fuzz/found-request fastpath/fuzz/corpus
+	build/fuzz/fuzz_memcached -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=8192 \
+		build/fuzz/found-memcached fastpath/fuzz/corpus-memcached
 
 test-sqlite: install
 	$(PYTEST) $(PYTEST_ARGS) tests

@@ -143,6 +143,8 @@ const char *fp_date_header(fp_server_t *srv, size_t *len);
 /* fp_mc.c */
 int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t err_len);
 void fp_mc_close(fp_mc_t *mc);
+/* Use fd (connected, non-blocking) as server index's connection: the fuzz target's socketpair. */
+int fp_mc_adopt(fp_server_t *srv, int index, int fd);
 /* Queue a get for conn: FP_MC_QUEUED, and the answer comes later through fp_conn_mc_answer;
  * or the answer at once (FP_MC_UNAVAILABLE during a backoff, FP_MC_OVERLOADED, FP_MC_MISS). */
 fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, size_t key_len);

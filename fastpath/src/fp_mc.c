@@ -503,6 +503,23 @@ int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t 
     return 0;
 }
 
+int fp_mc_adopt(fp_server_t *srv, int index, int fd)
+{
+    fp_mc_t *mc = &srv->mc[index];
+    _drop_socket(mc);
+    mc->fd = fd;
+    mc->rev = event_new(srv->base, fd, EV_READ | EV_PERSIST, _mc_read_cb, mc);
+    mc->wev = event_new(srv->base, fd, EV_WRITE | EV_PERSIST, _mc_write_cb, mc);
+    if (mc->rev == NULL || mc->wev == NULL || event_add(mc->rev, NULL) < 0) {
+        _drop_socket(mc);
+        return -1;
+    }
+    mc->state = MC_UP;
+    mc->retry_at_us = 0;
+    mc->backoff_ms = MC_BACKOFF_MIN_MS;
+    return 0;
+}
+
 /* At exit: waiting requests get 503, everything is freed. */
 void fp_mc_close(fp_mc_t *mc)
 {
