@@ -147,7 +147,13 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
             "--csv", os.path.join(work, "locust"), "--csv-full-history", "--only-summary",
             "--loglevel", "WARNING"]
     if processes > 1:
-        argv += ["--processes", str(processes)]
+        # a free port for the master, not locust's fixed 5557 (another run, a test, may hold it)
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        argv += ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
+                 "--master-bind-port", str(port), "--master-host", "127.0.0.1", "--master-port", str(port)]
     progress(f"locust: {users} users ({processes} process{'es' if processes > 1 else ''}), {run_time}s, "
              f"against {host} ...")
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
