@@ -83,10 +83,11 @@ static void _conn_close(fp_conn_t *c)
     close(c->fd);
     if (c->in != NULL)
         _buf_put(srv, c->in);
+    srv->n_conns--;
+    srv->n_polls -= !c->admin;
+    srv->st->connections--;
     free(c->out);
     free(c);
-    srv->n_conns--;
-    srv->st->connections--;
     fp_maybe_finish_drain(srv);
 }
 
@@ -103,7 +104,8 @@ static int _conn_watch(fp_conn_t *c, short what)
 static void _conn_new(fp_server_t *srv, evutil_socket_t fd, int admin)
 {
     const fp_config_t *cfg = srv->cfg;
-    if (srv->stopping || srv->n_conns >= cfg->max_connections) {
+    /* the cap is for poll connections: an operator can still read /metrics at the cap */
+    if (srv->stopping || (!admin && srv->n_polls >= cfg->max_connections)) {
         close(fd);                   /* nginx falls back to Django at once, instead of queueing */
         srv->st->conn_rejected++;
         return;
@@ -137,6 +139,7 @@ static void _conn_new(fp_server_t *srv, evutil_socket_t fd, int admin)
         srv->conns->prev = c;
     srv->conns = c;
     srv->n_conns++;
+    srv->n_polls += !admin;
     srv->st->connections++;
     srv->st->conn_accepted++;
 }

@@ -118,7 +118,8 @@ typedef struct fp_server {
     int buf_pool_n;
     size_t buf_cap;
     fp_conn_t *conns;                /* list head */
-    int n_conns;
+    int n_conns;                     /* all open connections */
+    int n_polls;                     /* those on the poll listener (what --max-connections caps) */
     fp_stats_t *st;
     fp_hmac_key_t hmac;
     llhttp_settings_t http_settings;
