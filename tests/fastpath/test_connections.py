@@ -275,3 +275,26 @@ def test_unix_socket_listener(tmp_path, memcached, cache):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_sigterm_drains_a_request_in_flight(fastpath_factory, memcached, cache):
+    """SIGTERM: idle connections close at once, a request waiting on memcached still gets its
+    answer (with Connection: close), then the process exits 0."""
+    import signal
+    fp = fastpath_factory([memcached], extra=("--timeout-ms", "3000", "--drain-timeout", "5"))
+    idle = _connect_and_poll(fp, uid=2)
+    memcached.pause()
+    try:
+        busy = _connect(fp)
+        busy.sendall(_req(uid=1))
+        time.sleep(0.3)                       # the get is queued on the frozen memcached
+        fp.proc.send_signal(signal.SIGTERM)
+        assert _closed_by_peer(idle)          # idle keep-alive connection: closed right away
+        time.sleep(0.3)
+    finally:
+        memcached.resume()
+    status, headers, body = _read_response(busy)
+    assert status == 200 and body == b'{"mine":1}' and headers["connection"] == "close"
+    assert fp.proc.wait(timeout=10) == 0
+    busy.close()
+    idle.close()
