@@ -164,7 +164,9 @@ def _unix_listen_socket(path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
-        os.chmod(path, 0o660)          # nginx runs as this user or its group; nobody else
+        # as reachable as a loopback TCP port (nginx's workers may run as another user); limit
+        # who can reach it with the permissions of the directory it is in
+        os.chmod(path, 0o666)
     except OSError as exc:
         sock.close()
         raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None

@@ -20,7 +20,8 @@ class ConfigError(ValueError):
 VARIABLES = {
     "PLURK_HTTP": ("127.0.0.1:8080", "public nginx listen address (the only public port)"),
     "PLURK_DJANGO": ("127.0.0.1:8000", "gunicorn (Django) listen address"),
-    "PLURK_FASTPATH": ("127.0.0.1:8001", "fastpath listen address (internal, nginx only)"),
+    "PLURK_FASTPATH": ("127.0.0.1:8001", "fastpath listen address (internal, nginx only); "
+                       "unix:/path for a unix socket (faster; nginx's workers must reach the path)"),
     "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (/metrics)"),
     "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached host:port list"),
     "PLURK_DATABASE_URL": ("sqlite:///var/plurk.sqlite3", "sqlite:///relative/or//absolute/path or postgres://user:pw@host:port/db"),
@@ -48,6 +49,18 @@ def parse_hostport(name, value):
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{name}={value!r}: expected host:port, for example 127.0.0.1:8080")
     return host, int(port)
+
+
+def parse_listen(name, value):
+    """``parse_hostport``, or ``unix:/path`` -> ("unix", absolute path).  The pair formats back
+    as ``unix:/path`` with format_hostport, which is also how nginx names such an upstream."""
+    value = value.strip()
+    if value.startswith("unix:"):
+        path = _resolve(value[5:]) if value[5:] else ""
+        if not path or len(os.fsencode(path)) > 107:
+            raise ConfigError(f"{name}={value!r}: expected unix:<path of at most 107 bytes>")
+        return ("unix", path)
+    return parse_hostport(name, value)
 
 
 def is_loopback(host):
@@ -109,7 +122,7 @@ class StackConfig:
         config = cls(
             http=parse_hostport("PLURK_HTTP", get("PLURK_HTTP")),
             django=parse_hostport("PLURK_DJANGO", get("PLURK_DJANGO")),
-            fastpath=parse_hostport("PLURK_FASTPATH", get("PLURK_FASTPATH")),
+            fastpath=parse_listen("PLURK_FASTPATH", get("PLURK_FASTPATH")),
             fastpath_admin=parse_hostport("PLURK_FASTPATH_ADMIN", get("PLURK_FASTPATH_ADMIN")),
             memcached=memcached,
             database_url=database_url,

@@ -35,6 +35,8 @@ def free_port(host="127.0.0.1"):
 
 
 def port_in_use(host, port):
+    if host == "unix":                      # a stale socket file is fine: fastpath replaces it
+        return accepts(host, port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -46,6 +48,14 @@ def port_in_use(host, port):
 
 
 def accepts(host, port, timeout=0.2):
+    if host == "unix":
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(port)
+                return True
+            except OSError:
+                return False
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True

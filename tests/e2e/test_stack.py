@@ -159,3 +159,25 @@ def test_both_dead_then_both_back(private_stack):
         assert resp.status_code == 200 and resp.json()["count"] == 1
     resp = _poll_until(stack, "getMessages", token_b, "HIT", timeout=20)
     assert resp.headers["X-Cache"] == "HIT" and resp.json()["count"] == 1
+
+
+def test_fastpath_on_a_unix_socket(tmp_path):
+    """PLURK_FASTPATH=unix:/path: nginx reaches fastpath over a unix socket (also when run as root
+    with its workers as nobody: the socket's directory is world-traversable here)."""
+    import os
+    import tempfile
+
+    from tests.support.stack import TestStack, stack_config
+    sock_dir = tempfile.mkdtemp(prefix="plurk-fp-")
+    os.chmod(sock_dir, 0o755)
+    config = stack_config(tmp_path / "var", PLURK_FASTPATH=f"unix:{sock_dir}/fastpath.sock")
+    assert config.fastpath == ("unix", f"{sock_dir}/fastpath.sock")
+    try:
+        with TestStack(config, nginx_workers=1) as stack:
+            _, token_b, _ = _follow_and_post(stack)
+            hit = _poll_until(stack, "getUnreadCount", token_b, "HIT")
+            assert hit.status_code == 200 and hit.headers["X-Cache"] == "HIT"
+            assert hit.json() == {"count": 1}
+        assert not os.path.exists(f"{sock_dir}/fastpath.sock")
+    finally:
+        os.rmdir(sock_dir) if not os.listdir(sock_dir) else None

@@ -51,3 +51,18 @@ def test_parse_ipv6():
 def test_sqlite_absolute_and_relative_paths():
     assert StackConfig.from_env({"PLURK_DATABASE_URL": "sqlite:////tmp/x.db"}).sqlite_path == "/tmp/x.db"
     assert StackConfig.from_env({"PLURK_DATABASE_URL": "sqlite:///rel/x.db"}).sqlite_path.endswith("/rel/x.db")
+
+
+def test_fastpath_on_a_unix_socket_round_trips():
+    config = StackConfig.from_env({"PLURK_FASTPATH": "unix:/run/plurk/fastpath.sock"})
+    assert config.fastpath == ("unix", "/run/plurk/fastpath.sock")
+    assert config.to_env()["PLURK_FASTPATH"] == "unix:/run/plurk/fastpath.sock"
+    assert StackConfig.from_env(config.to_env()) == config
+    relative = StackConfig.from_env({"PLURK_FASTPATH": "unix:var/fp.sock"})
+    assert relative.fastpath[1].endswith("/var/fp.sock") and relative.fastpath[1].startswith("/")
+
+
+@pytest.mark.parametrize("value", ["unix:", "unix:/" + "x" * 200])
+def test_bad_unix_socket_path_names_the_variable(value):
+    with pytest.raises(ConfigError, match="PLURK_FASTPATH"):
+        StackConfig.from_env({"PLURK_FASTPATH": value})
