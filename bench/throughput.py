@@ -72,9 +72,13 @@ http {{
     }}
 }}
 """
+# what nginx/plurk.conf.template's /Poll/ location sends fastpath (minus the fallback to Django)
+FASTPATH_PROXY = ("proxy_http_version 1.1; proxy_pass_request_headers off; proxy_pass_request_body off; "
+                  "proxy_set_header Content-Length \"\"; proxy_set_header Connection \"\"; "
+                  "proxy_set_header Authorization $http_authorization; proxy_set_header Cookie $http_cookie;")
 BODIES = {
-    "nginx+fastpath": "proxy_pass http://fp; proxy_http_version 1.1; proxy_set_header Connection \"\";",
-    "nginx+fastpath unix": "proxy_pass http://fpu; proxy_http_version 1.1; proxy_set_header Connection \"\";",
+    "nginx+fastpath": "proxy_pass http://fp; " + FASTPATH_PROXY,
+    "nginx+fastpath unix": "proxy_pass http://fpu; " + FASTPATH_PROXY,
     "nginx memcached_pass": "set $memcached_key \"p1:getUnreadCount:$arg_u:0\"; memcached_pass mc; "
                             "default_type application/json; add_header X-Cache HIT;",
     "nginx return 200": "default_type application/json; add_header X-Cache HIT; return 200 '{\"count\":3}';",
