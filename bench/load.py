@@ -2,12 +2,20 @@
 
     .venv/bin/python bench/load.py [--users 300] [--spawn-rate 50] [--run-time 60]
                                    [--processes N] [--host URL] [--quick]
+                                   [--prefollow] [--celebrities K] [--zipf S]
+                                   [--poll-wait S] [--write-weight W] [--celeb-wait S]
+                                   [--database config|postgresql] [--result-name NAME]
+    .venv/bin/python bench/load.py --preset 10k        # `make load-10k`: 10,000 users, see PRESET_10K
 
 Starts the stack (plurksite.stack) unless --host is given or PLURK_HTTP already answers, creates
-a few celebrity accounts, runs locust headless, then merges every process's records and reports:
-delivery latency (post committed -> first seen by a follower, p50/p95/max), messages lost (a
-follower who followed before the post and polled after it never saw it: must be 0), request
-failures, and the cache hit ratio the pollers saw.  Exit status 1 when anything was lost or failed.
+the accounts in bulk (logged in, answers already cached; with --prefollow the social graph too),
+runs locust headless (--processes N: locust's distributed mode, N workers), then merges every
+process's records and reports: delivery latency (post committed -> first seen by a follower,
+p50/p95/max), messages lost (a follower who followed before the post and polled after it never saw
+it: must be 0), request failures (with their kinds), the cache hit ratio the pollers saw, and the
+CPU and memory of each part of the stack (nginx, fastpath, memcached, gunicorn, the cache repairer,
+PostgreSQL when it started one) and of locust, sampled every second.  Exit status 1 when anything
+was lost or failed.
 """
 import argparse
 import glob
