@@ -18,6 +18,10 @@ GOALS = {"fastpath / memcached_pass": 2.0, "fastpath / return 200": 0.8,
          "nginx+fastpath / memcached_pass": 1.0, "nginx+fastpath unix / memcached_pass": 1.0}
 
 
+def _ms(value):
+    return "n/a" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _goal_mark(name, value):
     goal = GOALS.get(name)
     if goal is None:
@@ -37,7 +41,8 @@ def main():
         out.append("| config | " + " | ".join(f"c={c} req/s (p50 / p99 ms)" for c in levels) + " |")
         out.append("|---|" + "---|" * len(levels))
         for name, pts in doc["configs"].items():
-            cells = [f"{pts[c]['rps']:,.0f} ({pts[c]['p50_ms']} / {pts[c]['p99_ms']})" if c in pts else "" for c in levels]
+            cells = [f"{pts[c]['rps']:,.0f} ({_ms(pts[c]['p50_ms'])} / {_ms(pts[c]['p99_ms'])})" if c in pts else ""
+                     for c in levels]
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
         for c, ratios in doc["ratios"].items():
