@@ -3,9 +3,10 @@ import functools
 import json
 import logging
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
-from django.http import Http404, HttpResponse
+from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import OperationalError
+from django.http import Http404, HttpResponse, UnreadablePostError
+from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
@@ -136,6 +137,9 @@ def api_view(methods, auth=True):
                 return error_response(403, "permission denied")
             except RequestDataTooBig:
                 return error_response(413, "request body too large")
+            except (MultiPartParserError, UnreadablePostError, BadRequest) as exc:
+                # e.g. a multipart body without a boundary, read by the CSRF check's request.POST
+                return error_response(400, f"malformed request body: {exc}"[:200])
             except SuspiciousOperation as exc:
                 logger.warning("suspicious request: %s", exc)
                 return error_response(400, "bad request")

@@ -5,6 +5,7 @@ Headers follow docs/contract.md, section 6.
 """
 import logging
 
+from django.db import OperationalError
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -47,6 +48,10 @@ def poll(request, resource):
         except Exception:
             logger.exception("filling the cache for %s failed", resource)
         return poll_response(body, "MISS")
+    except OperationalError as exc:
+        # the database is busy or away: like the API, ask the poller to come back shortly
+        logger.error("poll %s: database unavailable: %s", resource, exc)
+        return error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
     except Exception:
         logger.exception("poll %s failed", resource)
         return error_response(500, "internal error")

@@ -32,6 +32,7 @@ VARIABLES = {
     "PLURK_FASTPATH_WORKERS": ("0", "fastpath worker processes (0: one per CPU)"),
     "PLURK_MEMCACHED_TIMEOUT_MS": ("50", "how long fastpath and Django wait for memcached"),
     "PLURK_MEMCACHED_MEMORY_MB": ("64", "memory of each memcached the runner starts"),
+    "PLURK_MAX_BODY_KB": ("64", "largest request body, KiB: nginx, Django and fastpath all use it (413 beyond)"),
 }
 
 
@@ -91,6 +92,7 @@ class StackConfig:
     fastpath_workers: int
     memcached_timeout_ms: int
     memcached_memory_mb: int
+    max_body_kb: int = 64
 
     @classmethod
     def from_env(cls, environ=None):
@@ -133,6 +135,7 @@ class StackConfig:
             fastpath_workers=integer("PLURK_FASTPATH_WORKERS", 0, 64),
             memcached_timeout_ms=integer("PLURK_MEMCACHED_TIMEOUT_MS", 1, 10000),
             memcached_memory_mb=integer("PLURK_MEMCACHED_MEMORY_MB", 8, 65536),
+            max_body_kb=integer("PLURK_MAX_BODY_KB", 1, 16384),
         )
         config.check_ports()
         return config
@@ -145,8 +148,13 @@ class StackConfig:
             if addr in seen:
                 raise ConfigError(f"{name} and {seen[addr]} both use {format_hostport(*addr)}")
             seen[addr] = name
-        if not is_loopback(self.fastpath_admin[0]):
-            raise ConfigError("PLURK_FASTPATH_ADMIN must be a loopback address (stats are not public)")
+        # only nginx listens publicly: Django and fastpath trust what nginx forwards (X-Forwarded-*,
+        # bodies already limited) and fastpath's stats are nobody else's business
+        for name, (host, _) in (("PLURK_DJANGO", self.django), ("PLURK_FASTPATH", self.fastpath),
+                                ("PLURK_FASTPATH_ADMIN", self.fastpath_admin)):
+            if host != "unix" and not is_loopback(host):
+                raise ConfigError(f"{name}={format_hostport(host, _)!r}: must be a loopback address such "
+                                  f"as 127.0.0.1 (internal service; only PLURK_HTTP is public)")
 
     def to_env(self):
         """The PLURK_* variables that reproduce this configuration (handed to every child)."""
@@ -164,7 +172,12 @@ class StackConfig:
             "PLURK_FASTPATH_WORKERS": str(self.fastpath_workers),
             "PLURK_MEMCACHED_TIMEOUT_MS": str(self.memcached_timeout_ms),
             "PLURK_MEMCACHED_MEMORY_MB": str(self.memcached_memory_mb),
+            "PLURK_MAX_BODY_KB": str(self.max_body_kb),
         }
+
+    @property
+    def max_body_bytes(self):
+        return self.max_body_kb * 1024
 
     @property
     def base_url(self):

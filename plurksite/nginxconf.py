@@ -4,6 +4,7 @@ import os
 import re
 
 from .config import ROOT, format_hostport
+from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S
 
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
@@ -32,6 +33,10 @@ def context(config, worker_processes="auto"):
         "http": format_hostport(*config.http),
         "fastpath": format_hostport(*config.fastpath),
         "django": format_hostport(*config.django),
+        "max_body": f"{config.max_body_kb}k",
+        # below the upstreams' own idle timeouts (see services.py)
+        "fastpath_keepalive_timeout": f"{max(1, FASTPATH_IDLE_TIMEOUT_S - 2)}s",
+        "django_keepalive_timeout": f"{max(1, GUNICORN_KEEPALIVE_S - 15)}s",
     }
 
 

@@ -34,6 +34,21 @@ def free_port(host="127.0.0.1"):
         return sock.getsockname()[1]
 
 
+def free_ports(count, host="127.0.0.1"):
+    """``count`` distinct free TCP ports (all bound at once, so none is handed out twice)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def port_in_use(host, port):
     if host == "unix":                      # a stale socket file is fine: fastpath replaces it
         return accepts(host, port)
@@ -82,6 +97,13 @@ def memcached_command(host, port, memory_mb=64, max_connections=4096):
             "-u", "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")]
 
 
+# Idle keep-alive lifetimes.  nginx must drop an idle upstream connection before the upstream
+# does, or it may reuse one that was just closed (a 502 on loopback); the nginx template gets its
+# values from these (plurksite/nginxconf.py), so the pairs cannot drift apart.
+GUNICORN_KEEPALIVE_S = 75
+FASTPATH_IDLE_TIMEOUT_S = 10
+
+
 def gunicorn_command(config, settings="plurksite.settings"):
     venv_bin = os.path.dirname(sys.executable)
     gunicorn = os.path.join(venv_bin, "gunicorn")
@@ -92,9 +114,7 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--workers", str(config.gunicorn_workers),
             "--worker-class", "gthread", "--threads", "4",
             "--timeout", "30", "--graceful-timeout", "10",
-            # longer than nginx keeps idle upstream connections (60 s), so nginx never reuses a
-            # connection gunicorn has just closed (a 502 on loopback)
-            "--keep-alive", "75",
+            "--keep-alive", str(GUNICORN_KEEPALIVE_S),
             "--access-logfile", "-", "--error-logfile", "-",
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 
@@ -106,7 +126,9 @@ def fastpath_command(config):
             "--memcached", ",".join(config.memcached_specs),
             "--secret-file", config.secret_file,
             "--workers", str(config.fastpath_workers),
-            "--timeout-ms", str(config.memcached_timeout_ms)]
+            "--timeout-ms", str(config.memcached_timeout_ms),
+            "--idle-timeout", str(FASTPATH_IDLE_TIMEOUT_S),
+            "--max-body", str(config.max_body_bytes)]
 
 
 def nginx_command(conf_path, prefix):

@@ -66,7 +66,6 @@ def _database(url):
             "NAME": STACK.sqlite_path,
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE",
                         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
-            "TEST": {"NAME": os.environ.get("PLURK_TEST_SQLITE_NAME") or None},
         }
     return {
         "ENGINE": "django.db.backends.postgresql",
@@ -101,7 +100,10 @@ PLURKCORE = {
     "MEMCACHED_SERVERS": STACK.memcached_specs,
     "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
     "SECRET_FILE": STACK.secret_file,
+    "MAX_BODY_SIZE": STACK.max_body_bytes,
 }
+# Django's own cap on form bodies, the same limit (nginx enforces it first)
+DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
 
 LOGGING = {
     "version": 1,

@@ -17,3 +17,8 @@ urlpatterns = [
     path("", include("plurkcore.urls")),
     path("", include("plurkweb.urls")),
 ]
+
+handler400 = "plurksite.errors.bad_request"
+handler403 = "plurksite.errors.permission_denied"
+handler404 = "plurksite.errors.page_not_found"
+handler500 = "plurksite.errors.server_error"

@@ -93,7 +93,6 @@ def test_fallback_when_fastpath_is_down_keeps_method_and_body(nginx_with_recorde
 
 def test_fallback_on_fastpath_miss_keeps_body(nginx_with_recorder, memcached, tmp_path):
     """Real fastpath, empty memcached: fastpath says 404, nginx resends the POST to 'Django'."""
-    pytest.importorskip("fastpath._server", reason="fastpath extension not built (make compile)")
     from plurkcore import tokens
     from plurkcore.secret import ensure_secret
     import dataclasses
@@ -116,3 +115,44 @@ def test_fallback_on_fastpath_miss_keeps_body(nginx_with_recorder, memcached, tm
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def nginx_alone(tmp_path):
+    """The rendered config with nothing behind it: Django and fastpath are closed ports."""
+    config = stack_config(tmp_path)
+    conf = nginxconf.render(config, worker_processes=1)
+    proc = subprocess.Popen(services.nginx_command(conf, config.var_dir),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        services.wait_for_port(*config.http, process=proc, name="nginx")
+        yield config
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _json_error(resp, status):
+    assert resp.status_code == status, resp.text
+    assert resp.headers["Content-Type"] == "application/json"
+    assert "error" in resp.json()
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/api/me"), ("POST", "/api/plurks"),
+                                          ("GET", "/Poll/getUnreadCount"), ("POST", "/Poll/getMessages")])
+def test_django_down_is_a_json_502(nginx_alone, method, path):
+    """Also after a /Poll/ fallback (fastpath down too): recursive_error_pages."""
+    resp = requests.request(method, nginx_alone.base_url + path, data="{}", timeout=5)
+    _json_error(resp, 502)
+
+
+def test_nginx_own_limits_answer_json(nginx_with_recorder):
+    base = nginx_with_recorder.base_url
+    limit = nginx_with_recorder.max_body_bytes
+    for path in ("/api/plurks", "/Poll/getMessages"):
+        _json_error(requests.post(base + path, data=b"x" * (limit + 1), timeout=5), 413)
+        _json_error(requests.get(base + path + "?q=" + "a" * 9000, timeout=5), 414)
+        _json_error(requests.get(base + path, headers={"X-Big": "b" * 9000}, timeout=5), 400)
+    # within the limit the body reaches Django whole
+    resp = requests.post(base + "/api/plurks", data=b"y" * limit, timeout=5)
+    assert resp.status_code == 200 and len(resp.json()["body"]) == limit

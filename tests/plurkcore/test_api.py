@@ -302,3 +302,32 @@ def test_database_unavailable_is_503_json_not_500(client, monkeypatch):
     assert resp.status_code == 503
     assert resp["Retry-After"] == "1"
     assert resp.json() == {"error": "database busy, retry shortly"}
+
+
+@pytest.mark.parametrize("content_type", ["multipart/form-data", "multipart/form-data; boundary=",
+                                          "multipart/form-data; boundary=x\x00y"])
+def test_cookie_write_with_a_broken_multipart_body_is_a_400(client_factory, content_type):
+    """The CSRF check reads request.POST; a multipart body it cannot parse is the client's
+    error (400 JSON), not a 500."""
+    browser = client_factory(enforce_csrf_checks=True)
+    resp = browser.call("POST", "/api/signup", {"username": "mp", "password": "secret-pass-1"})
+    csrf = browser.cookies["csrftoken"].value
+    resp = browser.generic("POST", "/api/plurks", b"--x\r\ngarbage", content_type=content_type,
+                           HTTP_X_CSRFTOKEN=csrf)
+    assert resp.status_code == 400, resp.content
+    assert resp["Content-Type"] == "application/json" and "malformed" in resp.json()["error"]
+
+
+@pytest.mark.parametrize("path", ["/api/me", "/api/nothing/here", "/Poll/getUnreadCount"])
+def test_a_host_outside_allowed_hosts_gets_json(api, path, settings):
+    settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    settings.DEBUG = False
+    resp = api.get(path, HTTP_HOST="evil.example")
+    assert resp.status_code == 400
+    assert resp["Content-Type"] == "application/json" and resp.json() == {"error": "bad request"}
+
+
+def test_pages_keep_html_errors(api, settings):
+    settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    resp = api.get("/", HTTP_HOST="evil.example", HTTP_ACCEPT="text/html")
+    assert resp.status_code == 400 and b"<" in resp.content

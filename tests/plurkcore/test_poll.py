@@ -151,3 +151,20 @@ def test_a_broken_resource_does_not_stop_the_others(signup, cache1):
         assert resp.status_code == 500 and resp.json() == {"error": "internal error"}
     finally:
         answers.unregister("getBroken")
+
+
+def test_a_busy_database_answers_503_with_retry_after(signup, monkeypatch):
+    from django.db import OperationalError
+
+    a = signup("a")
+
+    def locked(user_ids):
+        raise OperationalError("database is locked")
+
+    import dataclasses
+
+    resource = answers.get_resource("getUnreadCount")
+    monkeypatch.setitem(answers._registry, resource.name, dataclasses.replace(resource, compute=locked))
+    resp = a.call("GET", "/Poll/getUnreadCount")
+    assert resp.status_code == 503 and resp["Retry-After"] == "1"
+    assert "error" in resp.json()

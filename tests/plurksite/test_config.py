@@ -38,6 +38,9 @@ def test_bad_hostport_names_the_variable(value):
     ({"PLURK_MEMCACHED_TIMEOUT_MS": "0"}, "1 to 10000"),
     ({"PLURK_DJANGO": "127.0.0.1:8080"}, "both use 127.0.0.1:8080"),
     ({"PLURK_FASTPATH_ADMIN": "0.0.0.0:9"}, "loopback"),
+    ({"PLURK_DJANGO": "0.0.0.0:8000"}, "PLURK_DJANGO=.*loopback"),
+    ({"PLURK_FASTPATH": "192.0.2.1:8001"}, "PLURK_FASTPATH=.*loopback"),
+    ({"PLURK_MAX_BODY_KB": "0"}, "PLURK_MAX_BODY_KB"),
 ])
 def test_invalid_values_are_refused_with_a_reason(env, words):
     with pytest.raises(ConfigError, match=words):
@@ -66,3 +69,15 @@ def test_fastpath_on_a_unix_socket_round_trips():
 def test_bad_unix_socket_path_names_the_variable(value):
     with pytest.raises(ConfigError, match="PLURK_FASTPATH"):
         StackConfig.from_env({"PLURK_FASTPATH": value})
+
+
+def test_one_body_limit_for_nginx_django_and_fastpath(tmp_path):
+    from plurksite import nginxconf, services
+
+    config = StackConfig.from_env({"PLURK_MAX_BODY_KB": "16", "PLURK_VAR_DIR": str(tmp_path)})
+    assert config.max_body_bytes == 16384
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--max-body") + 1] == "16384"
+    text = open(nginxconf.render(config)).read()
+    assert "client_max_body_size 16k;" in text and "client_body_buffer_size 16k;" in text
+    assert "{{" not in text

@@ -7,13 +7,13 @@ import uuid
 import requests
 
 from plurksite.config import ROOT, StackConfig, format_hostport
-from plurksite.services import free_port
+from plurksite.services import free_ports
 from plurksite.stack import Stack
 
 
 def stack_config(var_dir, memcached_count=1, **overrides):
     """A StackConfig on free ports with everything (database, secret, logs) under ``var_dir``."""
-    ports = [free_port() for _ in range(4 + memcached_count)]
+    ports = free_ports(4 + memcached_count)
     env = {
         "PLURK_HTTP": f"127.0.0.1:{ports[0]}",
         "PLURK_DJANGO": f"127.0.0.1:{ports[1]}",
