@@ -102,9 +102,12 @@ def login(request):
 def logout(request):
     user = request.plurk_user
     with transaction.atomic():
-        UserState.objects.filter(user=user).update(epoch=F("epoch") + 1)
-        publish.changed("epoch", users={user.pk},
-                        dead_keys=publish.user_keys(user.pk, request.plurk_epoch))
+        # lock the row: the keys to retire are those of the epoch this update replaces (a
+        # concurrent logout may already have moved it past the one in this request's token);
+        # saving the state publishes them (publish._state_saved)
+        state, _ = UserState.objects.select_for_update().get_or_create(user=user)
+        state.epoch += 1
+        state.save(update_fields=["epoch"])
     response = no_content()
     response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", samesite="Lax")
     return response

@@ -334,17 +334,36 @@ def _user_saved(sender, instance, created, raw=False, **kwargs):
         epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
         if epoch is not None:
             changed("user", dead_keys=user_keys(instance.pk, epoch))
+    elif getattr(instance, "_plurk_renamed", False):
+        # the name is part of the answers of everyone who sees this user's plurks and responses
+        changed("user", **_user_audience(instance.pk))
     else:
         changed("user", users={instance.pk})
+
+
+def _user_saving(sender, instance, raw=False, **kwargs):
+    if raw or instance._state.adding or instance.pk is None:
+        return
+    field = sender.USERNAME_FIELD
+    old = sender._default_manager.filter(pk=instance.pk).values_list(field, flat=True).first()
+    instance._plurk_renamed = old is not None and old != getattr(instance, field)
+
+
+def _user_audience(uid):
+    """users= and followers_of= for a change to ``uid`` itself: its followers, and the authors
+    (and their followers) of the plurks it responded to."""
+    followers = set(Follow.objects.filter(followee_id=uid).values_list("follower_id", flat=True))
+    authors = set(Plurk.entries.filter(responses__author_id=uid).values_list("author_id", flat=True))
+    authors.discard(uid)
+    return {"users": followers | authors | {uid}, "followers_of": authors}
 
 
 def _user_deleting(sender, instance, **kwargs):
     state = UserState.objects.filter(user_id=instance.pk).first()
     dead = user_keys(instance.pk, state.epoch) if state else set()
-    followers = set(Follow.objects.filter(followee_id=instance.pk).values_list("follower_id", flat=True))
-    authors = set(Plurk.entries.filter(responses__author_id=instance.pk).values_list("author_id", flat=True))
-    authors.discard(instance.pk)
-    changed("user", users=followers | authors, followers_of=authors, dead_keys=dead)
+    audience = _user_audience(instance.pk)
+    audience["users"].discard(instance.pk)
+    changed("user", dead_keys=dead, **audience)
 
 
 def _audience(entry):
@@ -391,6 +410,7 @@ def _state_saved(sender, instance, created, raw=False, **kwargs):
 def install():
     """Connect the receivers (called once from AppConfig.ready())."""
     User = get_user_model()
+    pre_save.connect(_user_saving, sender=User, dispatch_uid="plurkcore.user_saving")
     post_save.connect(_user_saved, sender=User, dispatch_uid="plurkcore.user_saved")
     pre_delete.connect(_user_deleting, sender=User, dispatch_uid="plurkcore.user_deleting")
     for model in (Plurk, Response):

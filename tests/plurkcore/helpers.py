@@ -18,9 +18,10 @@ def key_of(resource, uid):
     return keys.answer_key(resource, uid, UserState.objects.get(user_id=uid).epoch)
 
 
-def cached(resource, uid, servers):
-    """The value of ``uid``'s key, read from the server that fastpath would ask (None: miss)."""
-    key = key_of(resource, uid)
+def cached(resource, uid, servers, epoch=None):
+    """The value of ``uid``'s key (at its current epoch, or ``epoch``), read from the server that
+    fastpath would ask (None: miss)."""
+    key = key_of(resource, uid) if epoch is None else keys.answer_key(resource, uid, epoch)
     node = get_cache().node_for(key)
     spec = next(s.spec for s in servers if s.spec == node or f"{s.host}:{s.port}" == node)
     client = server_client(spec)

@@ -77,3 +77,10 @@ def test_seeddemo_is_idempotent(cache1):
     assert Follow.objects.count() == 12
     assert Plurk.objects.count() == 4 and Plurk.entries.count() == 8
     assert run("checkcache")[0] == 0
+
+
+def test_checkcache_exits_2_when_a_server_could_not_be_checked(signup):
+    signup("a")                       # memcached is a closed port here (conftest)
+    code, out = run("checkcache")
+    assert code == 2
+    assert "0 difference(s)" in out

@@ -189,3 +189,54 @@ def test_admin_response_needs_a_plurk_parent(signup, cache1, client):
         assert client.get(f"/admin/plurkcore/{model}/").status_code == 200, model
     assert client.get("/admin/plurkcore/plurk/").context["cl"].result_count == 1
     assert client.get("/admin/plurkcore/response/").context["cl"].result_count == 2
+
+
+def test_rename_rewrites_the_answers_that_show_the_name(signup, cache1):
+    a, b, c = signup("a"), signup("b"), signup("c")
+    b.call("POST", "/api/follow", {"username": "a"})
+    c.call("POST", "/api/follow", {"username": "b"})
+    b.call("POST", "/api/plurks", {"content": "b's plurk"})
+    a.call("POST", "/api/plurks/%d/responses" % Plurk.objects.get(content="b's plurk").pk, {"content": "hi"})
+    a.call("POST", "/api/plurks", {"content": "a's plurk"})
+    users = [a.user["id"], b.user["id"], c.user["id"]]
+    assert_consistent(users, [cache1], require=True)
+    user = get_user_model().objects.get(pk=a.user["id"])
+    user.username = "a_renamed"
+    user.save()
+    # b follows a (a's plurk); c follows b, on whose plurk a responded
+    assert b"a_renamed" in cached("getMessages", b.user["id"], [cache1])
+    assert_consistent(users, [cache1], require=True)
+
+
+def test_logout_retires_the_epoch_it_replaced(signup, cache1, monkeypatch):
+    """Two logouts race with tokens of the same epoch; between the second one's token check and
+    its update, the first one commits and a login writes epoch 1's answers.  The second logout
+    must delete the keys of the epoch its own update replaced (1), not those of its token's (0),
+    or fastpath would go on serving epoch 1's entries to revoked tokens until the TTL."""
+    from plurkcore import http
+
+    a = signup("a")
+    uid = a.user["id"]
+    login = {"username": "a", "password": "secret-pass-1"}
+    racing = a.call("POST", "/api/login", login).json()["token"]          # epoch 0, like a.token
+    real = http.authenticate_token
+    interleaved = []
+
+    def authenticate_then_let_the_other_logout_win(token):
+        result = real(token)
+        if token == racing and not interleaved:
+            interleaved.append(True)
+            assert a.call("POST", "/api/logout").status_code == 204         # epoch 0 -> 1
+            assert a.call("POST", "/api/login", login).status_code == 200   # writes epoch 1 keys
+        return result
+
+    monkeypatch.setattr(http, "authenticate_token", authenticate_then_let_the_other_logout_win)
+    for resource in RESOURCES:
+        assert cached(resource, uid, [cache1], epoch=0) == b""
+    assert a.call("POST", "/api/logout", token=racing).status_code == 204   # epoch 1 -> 2
+    assert interleaved
+    assert UserState.objects.get(user_id=uid).epoch == 2
+    for resource in RESOURCES:
+        assert cached(resource, uid, [cache1], epoch=0) is None
+        assert cached(resource, uid, [cache1], epoch=1) is None
+        assert cached(resource, uid, [cache1], epoch=2) == b""

@@ -8,7 +8,8 @@ from plurkcore.models import UserState
 class Command(BaseCommand):
     help = ("Compare every active user's cached poll answers with the database and print the "
             "differences (a missing entry is not one: it is a miss).  Exit status 1 when a "
-            "difference existed.  --fix repairs them.")
+            "difference existed, 2 when a server did not answer (its entries went unchecked).  "
+            "--fix repairs the differences.")
 
     def add_arguments(self, parser):
         parser.add_argument("--fix", action="store_true", help="rewrite the differing keys")
@@ -51,6 +52,8 @@ class Command(BaseCommand):
         self.stdout.write(summary)
         if differences:
             raise SystemExit(1)
+        if self.unreachable:
+            raise SystemExit(2)      # nothing wrong found, but the check is incomplete
 
     def _compare(self, resource, epochs):
         """(number of cached entries, {uid: (key, cached, expected)} for those that differ)."""
