@@ -5,11 +5,13 @@ share one id sequence: a read cursor (:attr:`UserState.read_upto`) compares ids 
 :class:`Response` is a proxy over the same table.
 """
 from django.conf import settings
-from django.db import models
+from django.db import connections, models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 MAX_CONTENT_LENGTH = 360
+#: pg_advisory_xact_lock key that orders new entries' ids with their commits (Plurk.save)
+ENTRY_ORDER_LOCK = 0x706C75726B          # "plurk"
 
 
 class Follow(models.Model):
@@ -69,6 +71,23 @@ class Plurk(models.Model):
             models.Index(fields=["author", "id"], name="plurkcore_entry_author"),
             models.Index(fields=["parent", "id"], name="plurkcore_entry_parent"),
         ]
+
+    def save(self, *args, **kwargs):
+        """A new entry takes its id and commits in one order: the read cursor depends on it.
+
+        A follower marks read "everything up to id N"; if an entry with a smaller id could
+        commit after N was seen, it would count as read before anyone saw it.  PostgreSQL hands
+        out sequence values before commit, so new entries take a transaction-level advisory lock
+        first (held until the transaction commits).  SQLite serialises writers already.
+        ``bulk_create`` bypasses this: use it only where nobody polls yet."""
+        if self.pk is not None or not self._state.adding:
+            return super().save(*args, **kwargs)
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using):
+            if connections[using].vendor == "postgresql":
+                with connections[using].cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ENTRY_ORDER_LOCK])
+            return super().save(*args, **kwargs)
 
     def __str__(self):
         kind = "response" if self.parent_id else "plurk"

@@ -185,3 +185,48 @@ def test_repair_leaves_an_unreachable_server_suspect(pair, cache1, settings):
     cache1.start()                                   # back empty: flushing it is harmless
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec])
     assert publish.repair()["flushed"] == [cache1.spec]
+
+
+def test_entries_commit_in_id_order(signup):
+    """The read cursor is an id: an entry with a smaller id must never commit after a larger one
+    (it would count as read before anyone saw it).  A first plurk's transaction stays open; a
+    second plurk, from another connection, must wait for it and get the larger id."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from plurkcore.models import Plurk
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers; its in-memory test database cannot even wait")
+    a = signup("a")
+    author_id = a.user["id"]
+    first_inserted, release = threading.Event(), threading.Event()
+    ids = {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                ids["first"] = Plurk.objects.create(author_id=author_id, content="first").pk
+                first_inserted.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    def second():
+        try:
+            ids["second"] = Plurk.objects.create(author_id=author_id, content="second").pk
+        finally:
+            connections.close_all()
+
+    t1 = threading.Thread(target=first)
+    t1.start()
+    assert first_inserted.wait(10)
+    t2 = threading.Thread(target=second)
+    t2.start()
+    t2.join(0.5)
+    assert t2.is_alive(), "a second entry committed while an earlier one was still open"
+    release.set()
+    t1.join(10)
+    t2.join(10)
+    assert ids["first"] < ids["second"]
