@@ -1,5 +1,6 @@
 """The JSON API (docs/api.md).  Every view is wrapped by :func:`plurkcore.http.api_view`."""
 from django.contrib.auth import authenticate, get_user_model
+from django.contrib.auth.signals import user_logged_in
 from django.contrib.auth.password_validation import validate_password
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
@@ -50,6 +51,9 @@ def _credentials(data):
 
 
 def _logged_in(request, user, status):
+    # Django's convention for a login: receivers run (contrib.auth's sets last_login, whose save
+    # makes publish write this user's answers, so the first poll after a login is a hit)
+    user_logged_in.send(sender=user.__class__, request=request, user=user)
     state, _ = UserState.objects.get_or_create(user=user)
     token = issue_token(user.pk, state.epoch)
     response = json_response({"token": token, "user": _user_json(user)}, status=status)

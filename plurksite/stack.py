@@ -194,7 +194,7 @@ class Stack:
                             self.env, self._log("gunicorn"), ready=cfg.django))
         if self.with_repair:
             svcs.append(Service("repaircache",
-                                [sys.executable, os.path.join(ROOT, "manage.py"), "repaircache", "--loop"],
+                                [sys.executable, os.path.join(ROOT, "manage.py"), "repaircache", "--loop", "--warm"],
                                 self.env, self._log("repaircache")))
         svcs.append(Service("fastpath", services.fastpath_command(cfg), self.env,
                             self._log("fastpath"), ready=cfg.fastpath))

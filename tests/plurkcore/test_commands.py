@@ -84,3 +84,37 @@ def test_checkcache_exits_2_when_a_server_could_not_be_checked(signup):
     code, out = run("checkcache")
     assert code == 2
     assert "0 difference(s)" in out
+
+
+def test_login_writes_the_users_answers_and_warmcache_refills(signup, cache1, client_factory):
+    a = signup("a")
+    uid = a.user["id"]
+    server_client(cache1.spec).flush_all()
+    assert cached("getUnreadCount", uid, [cache1]) is None
+    resp = client_factory().call("POST", "/api/login", {"username": "a", "password": "secret-pass-1"})
+    assert resp.status_code == 200
+    assert cached("getUnreadCount", uid, [cache1]) == b""          # first poll after login: a hit
+    signup("b")
+    server_client(cache1.spec).flush_all()
+    code, out = run("warmcache")
+    assert code == 0 and "warmed 2 user(s)" in out                  # signup counts as a login
+    assert cached("getMessages", uid, [cache1]) == truth("getMessages", uid)
+
+
+def test_warmcache_skips_users_who_have_not_logged_in_unless_all(signup, cache1):
+    from django.contrib.auth import get_user_model
+
+    a = signup("a")
+    get_user_model().objects.filter(pk=a.user["id"]).update(last_login=None)
+    server_client(cache1.spec).flush_all()
+    assert run("warmcache")[1].startswith("warmed 0 user(s)")
+    assert cached("getUnreadCount", a.user["id"], [cache1]) is None
+    assert run("warmcache", "--all")[1].startswith("warmed 1 user(s)")
+    assert cached("getUnreadCount", a.user["id"], [cache1]) == b""
+
+
+def test_warmcache_fails_loudly_when_memcached_is_down(signup):
+    signup("a")                      # memcached is a closed port here (conftest)
+    from django.core.management.base import CommandError
+    with pytest.raises(CommandError, match="could not be written"):
+        call_command("warmcache", stdout=io.StringIO())

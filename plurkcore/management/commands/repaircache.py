@@ -13,13 +13,26 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true", help="repeat until SIGTERM/SIGINT")
+        parser.add_argument("--warm", action="store_true",
+                            help="first write the answers of recently active users (manage.py warmcache)")
         parser.add_argument("--interval", type=float, default=None,
                             help="seconds between passes (default PLURKCORE['REPAIR_INTERVAL'])")
 
-    def handle(self, *args, loop=False, interval=None, **options):
+    def handle(self, *args, loop=False, interval=None, warm=False, **options):
         interval = interval if interval is not None else conf.get_config()["REPAIR_INTERVAL"]
         if interval <= 0:
             interval = 0.5
+        if warm:
+            # a memcached the stack has just started is empty: fill it before the polls come
+            from .warmcache import warm as warm_answers
+            try:
+                self._report(publish.repair())   # flush returning servers first, then fill
+                count, failed = warm_answers()
+            except Exception as exc:
+                self.stderr.write(f"repaircache: warming failed: {exc}")
+            else:
+                self.stdout.write(f"warmed the answers of {count} recently active user(s)"
+                                  + (f", {len(failed)} not written" if failed else ""))
         if not loop:
             self._report(publish.repair())
             return
