@@ -1,4 +1,6 @@
 """Every page renders (without the database) with its landmarks; static files are served."""
+import re
+
 import pytest
 
 
@@ -30,3 +32,16 @@ def test_static_files(client, path, kind):
 
 def test_pages_refuse_post(client):
     assert client.post("/").status_code == 405
+
+
+def test_accessible_markup(client):
+    body = client.get("/").content.decode()
+    # the badge's number stays in the link's name ("Timeline 3 unread"): no aria-label replacing it
+    badge = re.search(r'<span id="badge"[^>]*>(.*?)</a>', body).group(0)
+    assert "aria-label" not in badge and '<span class="visually-hidden"> unread</span>' in badge
+    # nothing announces every keystroke or the 20 plurks of a page load
+    assert not re.search(r'<span id="post-counter"[^>]*aria-live', body)
+    assert not re.search(r'<ol id="timeline"[^>]*aria-live', body)
+    assert re.search(r'<p id="live-status"[^>]*role="status"', body)
+    # the browser's maxlength counts UTF-16 units; the server counts characters (app.js checks)
+    assert "maxlength" not in re.search(r"<textarea[^>]*>", body).group(0)

@@ -2,7 +2,18 @@
 "use strict";
 
 const POLL_MS = 2000, MAX_BACKOFF_MS = 30000, READ_AFTER_MS = 3000;
+const MAX_CHARS = 360, NEAR_LIMIT = 20;
 const $ = (id) => document.getElementById(id);
+
+// The server strips the content and counts characters (code points, Python's len), not UTF-16 units.
+const chars = (text) => [...text.trim()].length;
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+function checkLength(input) {
+  const over = chars(input.value) - MAX_CHARS;
+  input.setCustomValidity(over > 0 ? `${plural(over, "character")} over the limit of ${MAX_CHARS}` : "");
+  return MAX_CHARS - chars(input.value);
+}
 
 function csrfToken() {
   const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
@@ -42,6 +53,12 @@ function when(iso) {
   return isNaN(d) ? "" : d.toLocaleString();
 }
 
+// The timeline stays newest first whatever order plurks arrive in (page loads, polls, own posts).
+function insertPlurk(node) {
+  const list = $("timeline"), id = Number(node.dataset.id);
+  list.insertBefore(node, [...list.children].find((li) => Number(li.dataset.id) < id) || null);
+}
+
 function plurkNode(p, isNew) {
   const li = el("li", { class: "plurk" + (isNew ? " new" : ""), "data-id": p.id, id: `plurk-${p.id}` },
     el("p", { class: "meta" }, el("a", { href: `/u/${encodeURIComponent(p.author)}` }, p.author), " · ",
@@ -66,7 +83,8 @@ async function toggleResponses(id, toggle, box) {
     box.textContent = "";
     const list = el("ul", {});
     for (const r of data.responses) list.append(responseNode(r));
-    const input = el("input", { "aria-label": "Your response", maxlength: "360", required: "" });
+    const input = el("input", { "aria-label": "Your response", required: "" });
+    input.addEventListener("input", () => checkLength(input));
     const form = el("form", { class: "respond" }, input, el("button", { type: "submit" }, "Respond"));
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
@@ -85,8 +103,17 @@ function responseNode(r) {
 }
 
 // ---- live updates --------------------------------------------------------------------------
+//
+// Every tick polls /Poll/getUnreadCount and sets the badge.  Only the timeline page goes further:
+// it fetches /Poll/getMessages whenever the count differs from the count it has fully rendered
+// (live.known), renders every item (fetching the plurk of a response that is not on the page),
+// and once they have been visible for READ_AFTER_MS marks read up to the newest rendered id.
+// Ticks never overlap, so a markRead cannot race a fetch.  Other pages only show the badge.
+// getMessages returns the newest 50: when more are unread the older ones cannot be shown, so
+// nothing is marked read until the person asks for it ("Mark all as read").
 
-const live = { delay: POLL_MS, lastCount: -1, maxSeen: 0, timer: null, readTimer: null };
+const live = { delay: POLL_MS, timer: null, started: false, running: false, soon: false,
+               known: 0, shownUpto: 0, readUpto: 0, readDue: 0, complete: true, markAll: false };
 
 function countCache(resp) {
   const state = resp.headers.get("X-Cache");
@@ -94,123 +121,178 @@ function countCache(resp) {
   if (attr) document.body.dataset[attr] = String(Number(document.body.dataset[attr]) + 1);
 }
 
-async function pollOnce() {
-  const resp = await fetch("/Poll/getUnreadCount", { credentials: "same-origin" });
+async function poll(resource) {
+  const resp = await fetch(`/Poll/${resource}`, { credentials: "same-origin" });
   countCache(resp);
-  if (resp.status === 401) { location.href = "/login"; return; }
-  if (resp.status !== 200 && resp.status !== 204) throw new Error(`HTTP ${resp.status}`);
-  const count = resp.status === 204 ? 0 : (await resp.json()).count;
-  setBadge(count);
-  if (count > 0 && count !== live.lastCount) await fetchMessages();
-  live.lastCount = count;
+  if (resp.status === 401) { location.href = "/login"; throw new Error("logged out"); }
+  if (resp.status === 204) return { count: 0, items: [] };
+  if (resp.status !== 200) throw new Error(`HTTP ${resp.status}`);
+  return resp.json();
 }
 
 function setBadge(count) {
-  const badge = $("badge");
-  badge.textContent = String(count);
-  badge.hidden = count === 0;
+  $("badge-count").textContent = String(count);
+  $("badge").hidden = count === 0;
   document.title = (count ? `(${count}) ` : "") + document.title.replace(/^\(\d+\) /, "");
 }
 
+async function tick() {
+  const { count } = await poll("getUnreadCount");
+  setBadge(count);
+  if (!$("timeline")) return;                       // nothing is shown here, so nothing is read
+  if (count === 0) { live.known = 0; return; }
+  if (count !== live.known) await fetchMessages();
+  const seen = document.visibilityState === "visible" && Date.now() >= live.readDue;
+  if (live.shownUpto > live.readUpto && (live.markAll || (live.complete && seen))) await markRead();
+}
+
 async function fetchMessages() {
-  const resp = await fetch("/Poll/getMessages", { credentials: "same-origin" });
-  countCache(resp);
-  if (resp.status === 204) return;
-  if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-  const data = await resp.json();
-  const timeline = $("timeline");
-  for (const item of data.items.slice().reverse()) {          // oldest first, so newest ends on top
-    live.maxSeen = Math.max(live.maxSeen, item.id);
-    if (item.kind === "plurk" && timeline && !$(`plurk-${item.id}`)) {
-      timeline.prepend(plurkNode({ ...item, response_count: 0 }, true));
-    } else if (item.kind === "response") {
-      const host = $(`plurk-${item.plurk_id}`);
-      if (host && !host.querySelector(`.response[data-id="${item.id}"]`)) {
-        host.append(el("p", { class: "response new" }, "↳ ", el("strong", {}, item.author), " ", item.content));
-      }
+  const data = await poll("getMessages");
+  let plurks = 0, responses = 0, newest = 0;
+  for (const item of data.items) {
+    newest = Math.max(newest, item.id);
+    if (item.kind === "plurk") {
+      if (!$(`plurk-${item.id}`)) { insertPlurk(plurkNode({ ...item, response_count: 0 }, true)); plurks++; }
+      continue;
+    }
+    let host = $(`plurk-${item.plurk_id}`);
+    if (!host) {                                    // a response to a plurk not on the page: show it
+      host = plurkNode(await api("GET", `/api/plurks/${item.plurk_id}`), false);
+      insertPlurk(host);
+    }
+    if (!host.querySelector(`.response[data-id="${item.id}"]`)) {
+      host.append(el("p", { class: "response new", "data-id": item.id }, "↳ ", el("strong", {}, item.author),
+                     " ", item.content));
+      responses++;
     }
   }
-  scheduleMarkRead();
+  // everything unread up to `newest` is on the page now, unless getMessages left older items out
+  live.known = data.count;
+  live.complete = data.count <= data.items.length;
+  if (newest > live.shownUpto) { live.shownUpto = newest; live.readDue = Date.now() + READ_AFTER_MS; }
+  $("unread-more").hidden = live.complete;
+  $("unread-more-text").textContent = `Not shown: ${plural(data.count - data.items.length, "older unread item")}.`;
+  const news = [plurks && plural(plurks, "new plurk"), responses && plural(responses, "new response")];
+  if (plurks || responses) $("live-status").textContent = news.filter(Boolean).join(", ");
 }
 
-function scheduleMarkRead() {
-  clearTimeout(live.readTimer);
-  live.readTimer = setTimeout(async () => {
-    if (document.visibilityState !== "visible" || !live.maxSeen) return;
-    try {
-      const data = await api("POST", "/api/markRead", { upto: live.maxSeen });
-      setBadge(data.count);
-      live.lastCount = data.count;
-    } catch (e) { /* the next poll shows the badge again; nothing is lost */ }
-  }, READ_AFTER_MS);
+async function markRead() {
+  const upto = live.shownUpto;
+  const data = await api("POST", "/api/markRead", { upto });
+  live.readUpto = Math.max(live.readUpto, upto);
+  live.known = 0;            // what is still unread is newer than anything shown: the next tick fetches it
+  live.complete = true;
+  live.markAll = false;
+  $("unread-more").hidden = true;
+  setBadge(data.count);
 }
 
-function schedulePoll() {
+function schedulePoll(delay) {
   clearTimeout(live.timer);
-  live.timer = setTimeout(async () => {
-    try {
-      await pollOnce();
-      $("offline").hidden = true;
-      live.delay = document.visibilityState === "visible" ? POLL_MS : Math.min(live.delay * 2, MAX_BACKOFF_MS);
-    } catch (e) {
-      $("offline").hidden = false;
-      live.delay = Math.min(Math.max(live.delay, POLL_MS) * 2, MAX_BACKOFF_MS);
-    }
-    schedulePoll();
-  }, live.delay);
+  if (live.running) live.soon = true;               // the running tick schedules the next one
+  else live.timer = setTimeout(runTick, delay);
+}
+
+async function runTick() {
+  live.running = true;
+  try {
+    await tick();
+    $("offline").hidden = true;
+    live.delay = document.visibilityState === "visible" ? POLL_MS : Math.min(live.delay * 2, MAX_BACKOFF_MS);
+  } catch (e) {
+    $("offline").hidden = false;
+    live.delay = Math.min(Math.max(live.delay, POLL_MS) * 2, MAX_BACKOFF_MS);
+  }
+  live.running = false;
+  const soon = live.soon;
+  live.soon = false;
+  schedulePoll(soon ? 0 : live.delay);
+}
+
+function pollNow() {
+  if (live.started) { live.delay = POLL_MS; schedulePoll(0); }
 }
 
 document.addEventListener("visibilitychange", () => {
-  if (document.visibilityState === "visible") { live.delay = 0; schedulePoll(); live.delay = POLL_MS; }
+  if (document.visibilityState !== "visible") return;
+  live.readDue = Math.max(live.readDue, Date.now() + READ_AFTER_MS);   // read only what was seen
+  pollNow();
 });
-window.addEventListener("online", () => { live.delay = 0; schedulePoll(); live.delay = POLL_MS; });
+window.addEventListener("online", pollNow);
+
+// Load a page's data, retrying with back-off (and the offline notice) until it works; then poll.
+async function start(load) {
+  for (let delay = POLL_MS; ; delay = Math.min(delay * 2, MAX_BACKOFF_MS)) {
+    try {
+      await load();
+      break;
+    } catch (e) {
+      if (e.status === 401) { location.href = "/login"; return; }
+      $("offline").hidden = false;
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  }
+  $("offline").hidden = true;
+  live.started = true;
+  schedulePoll(0);
+}
 
 // ---- pages ---------------------------------------------------------------------------------
 
 async function whoami() {
-  try {
-    const me = await api("GET", "/api/me");
-    $("whoami").textContent = `@${me.username}`;
-    $("logout").hidden = false;
-    return me;
-  } catch (e) {
-    if (e.status === 401) { location.href = "/login"; return null; }
-    $("offline").hidden = false;
-    return null;
-  }
+  const me = await api("GET", "/api/me");           // a 401 sends start() to the login page
+  $("whoami").textContent = `@${me.username}`;
+  $("logout").hidden = false;
+  return me;
 }
 
-async function timelinePage() {
-  const me = await whoami();
-  if (!me) return;
+function timelinePage() {
   const form = $("post-form"), content = $("post-content"), counter = $("post-counter");
-  const updateCounter = () => { counter.textContent = `${360 - content.value.length} characters left`; };
+  const updateCounter = () => {
+    const left = checkLength(content);
+    counter.textContent = left >= 0 ? `${plural(left, "character")} left`
+                                    : `${plural(-left, "character")} over the limit`;
+    // the counter is read with the box (aria-describedby); announce only on reaching or passing the limit
+    const level = left < 0 ? "over" : left <= NEAR_LIMIT ? "near" : "";
+    if (level !== (counter.dataset.level || "")) {
+      counter.dataset.level = level;
+      $("post-alert").textContent = level ? counter.textContent : "";
+    }
+  };
   content.addEventListener("input", updateCounter);
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     try {
       const p = await api("POST", "/api/plurks", { content: content.value });
-      $("timeline").prepend(plurkNode(p, false));
+      if (!$(`plurk-${p.id}`)) insertPlurk(plurkNode(p, false));
       content.value = ""; updateCounter(); $("post-error").hidden = true;
     } catch (e) { $("post-error").textContent = e.message; $("post-error").hidden = false; }
   });
   let before = null;
   const loadPage = async () => {
     const data = await api("GET", "/api/timeline?limit=20" + (before ? `&before=${before}` : ""));
-    for (const p of data.items) if (!$(`plurk-${p.id}`)) $("timeline").append(plurkNode(p, false));
+    for (const p of data.items) if (!$(`plurk-${p.id}`)) insertPlurk(plurkNode(p, false));
     before = data.next;
     $("more").hidden = !before;
   };
-  $("more").addEventListener("click", loadPage);
-  await loadPage();
-  schedulePoll();
+  const offline = () => { $("offline").hidden = false; };
+  $("more").addEventListener("click", () => loadPage().catch(offline));
+  $("mark-all").addEventListener("click", () => { live.markAll = true; pollNow(); });
+  start(async () => { await whoami(); await loadPage(); });
 }
 
-async function userPage() {
-  await whoami();
+function userPage() {
   const name = $("profile").dataset.username;
-  try {
-    const u = await api("GET", `/api/users/${encodeURIComponent(name)}`);
+  const load = async () => {
+    await whoami();
+    let u;
+    try {
+      u = await api("GET", `/api/users/${encodeURIComponent(name)}`);
+    } catch (e) {
+      if (e.status !== 404) throw e;
+      $("profile-stats").textContent = "No such user.";
+      return;
+    }
     $("profile-stats").textContent = `${u.followers} followers · following ${u.following}`;
     const btn = $("follow");
     const label = () => { btn.textContent = u.is_following ? "Unfollow" : "Follow"; };
@@ -224,8 +306,8 @@ async function userPage() {
       } catch (e) { $("profile-stats").textContent = e.message; }
     });
     for (const p of u.plurks) $("profile-plurks").append(plurkNode(p, false));
-  } catch (e) { $("profile-stats").textContent = e.status === 404 ? "No such user." : e.message; }
-  schedulePoll();
+  };
+  start(load);
 }
 
 function authPage() {
