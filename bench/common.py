@@ -45,8 +45,26 @@ def machine_info():
         "nginx": _version(["nginx", "-v"]) or _version(["/usr/sbin/nginx", "-v"]),
         "memcached": _version(["memcached", "-V"]) or _version(["/usr/bin/memcached", "-V"]),
         "wrk": _version(["wrk", "-v"]),
+        "libevent": _version(["pkg-config", "--modversion", "libevent"]),
+        "llhttp": _dpkg_version("node-llhttp"),
+        "postgresql": _version(["pg_config", "--version"]),
+        "django": _module_version("django"),
+        "locust": _module_version("locust"),
+        "pymemcache": _module_version("pymemcache"),
         "commit": commit,
     }
+
+
+def _module_version(name):
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:
+        return None
+
+
+def _dpkg_version(package):
+    return _version(["dpkg-query", "-W", "-f=${Version}", package], r"(\d+\.\d+(?:\.\d+)?)")
 
 
 def write_result(name, data):

@@ -22,10 +22,27 @@ def _ms(value):
     return "n/a" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _goal_mark(name, value):
+# ratio label -> the two configurations it compares (bench/throughput.py RATIOS)
+RATIO_CONFIGS = {"fastpath / memcached_pass": ("fastpath", "nginx memcached_pass"),
+                 "fastpath / return 200": ("fastpath", "nginx return 200"),
+                 "nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass"),
+                 "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass"),
+                 "fastpath / django": ("fastpath", "django")}
+
+
+def _errors(point):
+    return (point or {}).get("socket_errors", 0) + (point or {}).get("non_2xx", 0)
+
+
+def _goal_mark(name, value, doc=None, conns=None):
     goal = GOALS.get(name)
     if goal is None:
         return ""
+    if doc is not None:
+        # a configuration that answered errors did not do the work: its ratio proves nothing
+        bad = [c for c in RATIO_CONFIGS.get(name, ()) if _errors(doc["configs"].get(c, {}).get(conns))]
+        if bad:
+            return f" (goal {goal:g}: not met, errors in {', '.join(bad)})"
     return f" (goal {goal:g}: {'met' if value >= goal else 'not met'})"
 
 
@@ -36,17 +53,19 @@ def main():
         m = doc["machine"]
         out.append(f"Throughput ({m['date']}, {m['cpus']} CPUs {m['host_cpu']}, nginx {m['nginx']}, "
                    f"memcached {m['memcached']}, commit {m['commit']}; wrk -t1, keep-alive, "
-                   f"{doc['users']} per-user keys, {doc['duration_s']} s per point):\n")
+                   f"{doc['users']} per-user keys, {doc['duration_s']} s per point, median of "
+                   f"{doc.get('rounds_per_point', 1)} interleaved round(s); ratios paired within a round):\n")
         levels = [str(c) for c in doc["concurrency"]]
         out.append("| config | " + " | ".join(f"c={c} req/s (p50 / p99 ms)" for c in levels) + " |")
         out.append("|---|" + "---|" * len(levels))
         for name, pts in doc["configs"].items():
-            cells = [f"{pts[c]['rps']:,.0f} ({_ms(pts[c]['p50_ms'])} / {_ms(pts[c]['p99_ms'])})" if c in pts else ""
+            cells = [f"{pts[c]['rps']:,.0f} ({_ms(pts[c]['p50_ms'])} / {_ms(pts[c]['p99_ms'])})"
+                     + (f" **{_errors(pts[c]):,} errors**" if _errors(pts[c]) else "") if c in pts else ""
                      for c in levels]
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
         for c, ratios in doc["ratios"].items():
-            out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**{_goal_mark(k, v)}"
+            out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**{_goal_mark(k, v, doc, c)}"
                                                 for k, v in ratios.items() if v))
         if doc.get("idle_connections"):
             ic = doc["idle_connections"]

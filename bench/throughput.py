@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/throughput.py [--quick] [--concurrency 50,200,1000] [--duration 10]
 
-Configurations (each server gets one worker process; wrk gets one thread):
+Configurations (each server gets one worker process, Django two; wrk gets one thread), measured in
+--rounds interleaved rounds per concurrency (median round reported, ratios paired within a round):
   fastpath            fastpath directly
   nginx+fastpath      nginx proxying /Poll/ to fastpath over upstream keep-alive (the real stack path)
   nginx+fastpath unix   the same over a unix-domain socket (fastpath --listen unix:...)
   nginx memcached_pass  nginx's own memcached module, upstream keep-alive, same memcached, same keys
                       (no token check: it trusts ?u=<uid>, so it does less work than fastpath)
   nginx return 200    a constant answer: the ceiling for any HTTP responder here
-  django              the Django poll view under gunicorn (computes from SQLite; 200 users)
+  django              the Django poll view under gunicorn as the stack runs it (2 workers x 4
+                      threads; computes from SQLite and fills the cache; 200 users)
 10,000 per-user keys/tokens, keep-alive.  Results: bench/results/throughput.json.
 Also measured: fastpath memory for 10,000 idle keep-alive connections.
 """
@@ -19,6 +21,7 @@ import re
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,6 +88,26 @@ BODIES = {
 }
 
 
+# ratio label -> (numerator config, denominator config); each is the median of per-round ratios
+RATIOS = {
+    "fastpath / memcached_pass": ("fastpath", "nginx memcached_pass"),
+    "fastpath / return 200": ("fastpath", "nginx return 200"),
+    "nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass"),
+    "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass"),
+    "fastpath / django": ("fastpath", "django"),
+}
+
+
+def _median_point(points):
+    """The round with the median req/s (its latencies with it); errors summed over all rounds."""
+    ranked = sorted(points, key=lambda p: p["rps"])
+    point = dict(ranked[(len(ranked) - 1) // 2])
+    point["rounds_rps"] = [p["rps"] for p in points]
+    point["socket_errors"] = sum(p["socket_errors"] for p in points)
+    point["non_2xx"] = sum(p["non_2xx"] for p in points)
+    return point
+
+
 def _spawn(argv, log, **kw):
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kw)
 
@@ -149,7 +172,7 @@ def idle_connections(port, worker_pid, count):
         for _ in range(count):
             s = socket.create_connection(("127.0.0.1", port))
             socks.append(s)
-        # one request on each, so every connection has been through evhttp's parser
+        # one request on each, so every connection has been through the HTTP parser
         for s in socks:
             s.sendall(b"GET /Poll/nope HTTP/1.1\r\nHost: x\r\n\r\n")
         for s in socks:
@@ -168,10 +191,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="3 s per point, concurrency 50 and 200")
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--concurrency", default="50,200,1000")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds per concurrency (median reported; default 3)")
     ap.add_argument("--no-django", action="store_true")
     args = ap.parse_args()
     duration = 3 if args.quick else args.duration
     levels = [50, 200] if args.quick else [int(c) for c in args.concurrency.split(",")]
+    rounds = 1 if args.quick else args.rounds
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
 
@@ -192,7 +218,8 @@ def main():
 
     procs = []
     ports = {}
-    results = {"configs": {}, "users": USERS, "duration_s": duration, "concurrency": levels}
+    results = {"configs": {}, "users": USERS, "duration_s": duration, "concurrency": levels,
+               "rounds": {}, "rounds_per_point": rounds}
     try:
         mc_port = free_port()
         procs.append(_spawn(memcached_command("127.0.0.1", mc_port, 64, 4096), log))
@@ -228,14 +255,26 @@ def main():
         if not args.no_django:
             ports["django"] = _start_django(tmp, mc_port, secret_file, tokens_file, procs, log)
 
+        # Interleaved rounds: every configuration once per round, the order rotated each round,
+        # so drift on a shared machine hits all of them alike; ratios are taken within a round
+        # (paired) and the median round is reported.
+        names = list(ports)
         for conns in levels:
-            for name, (port, mode) in ports.items():
-                tfile = tokens_file if name != "django" else os.path.join(tmp, "django-tokens.txt")
-                progress(f"{name:22s} c={conns:<5d} {duration}s ...")
-                r = _wrk(port, conns, duration, script, tfile, mode)
-                results["configs"].setdefault(name, {})[str(conns)] = r
-                progress(f"{name:22s} c={conns:<5d} {r['rps']:>10.0f} req/s  p50 {r['p50_ms']} ms  "
-                         f"p99 {r['p99_ms']} ms  errors {r['socket_errors']}  non-2xx {r['non_2xx']}")
+            samples = {name: [] for name in names}
+            for rnd in range(rounds):
+                order = names[rnd % len(names):] + names[:rnd % len(names)]
+                for name in order:
+                    port, mode = ports[name]
+                    tfile = tokens_file if name != "django" else os.path.join(tmp, "django-tokens.txt")
+                    progress(f"{name:22s} c={conns:<5d} round {rnd + 1}/{rounds} {duration}s ...")
+                    r = _wrk(port, conns, duration, script, tfile, mode)
+                    samples[name].append(r)
+                    progress(f"{name:22s} c={conns:<5d} {r['rps']:>10.0f} req/s  p50 {r['p50_ms']} ms  "
+                             f"p99 {r['p99_ms']} ms  errors {r['socket_errors']}  non-2xx {r['non_2xx']}")
+            for name in names:
+                results["configs"].setdefault(name, {})[str(conns)] = _median_point(samples[name])
+            results["rounds"][str(conns)] = [{name: samples[name][i]["rps"] for name in names}
+                                             for i in range(rounds)]
         workers = _worker_pids(fp.pid)
         if workers:
             progress("10,000 idle keep-alive connections to fastpath ...")
@@ -246,18 +285,11 @@ def main():
             _stop(proc)
     ratios = {}
     for conns in map(str, levels):
-        def rps(n):
-            return results["configs"].get(n, {}).get(conns, {}).get("rps")
-        fpr, mcp, ret, nfp, dj = (rps("fastpath"), rps("nginx memcached_pass"), rps("nginx return 200"),
-                                  rps("nginx+fastpath"), rps("django"))
-        nfu = rps("nginx+fastpath unix")
-        ratios[conns] = {
-            "fastpath / memcached_pass": fpr / mcp if fpr and mcp else None,
-            "fastpath / return 200": fpr / ret if fpr and ret else None,
-            "nginx+fastpath / memcached_pass": nfp / mcp if nfp and mcp else None,
-            "nginx+fastpath unix / memcached_pass": nfu / mcp if nfu and mcp else None,
-            "fastpath / django": fpr / dj if fpr and dj else None,
-        }
+        ratios[conns] = {}
+        for label, (num, den) in RATIOS.items():
+            paired = [r[num] / r[den] for r in results["rounds"].get(conns, [])
+                      if r.get(num) and r.get(den)]
+            ratios[conns][label] = statistics.median(paired) if paired else None
     results["ratios"] = ratios
     path = write_result("throughput", results)
     print(f"\nreq/s by concurrency (wrk -t1, keep-alive, {USERS} per-user keys, {duration}s per point)")
@@ -281,7 +313,7 @@ def _start_django(tmp, mc_port, secret_file, tokens_file, procs, log):
                PLURK_DJANGO=f"127.0.0.1:{port}", DJANGO_SETTINGS_MODULE="plurksite.settings")
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     proc = _spawn([os.path.join(os.path.dirname(sys.executable), "gunicorn"), "plurksite.wsgi:application",
-                   "--bind", f"127.0.0.1:{port}", "--workers", "1", "--worker-class", "gthread",
+                   "--bind", f"127.0.0.1:{port}", "--workers", "2", "--worker-class", "gthread",
                    "--threads", "4"], log, cwd=ROOT, env=env)
     procs.append(proc)
     wait_for_port("127.0.0.1", port, process=proc, name="gunicorn")
