@@ -76,7 +76,9 @@ def main():
         out.append("")
     doc = _load("fanout")
     if doc:
-        out.append("Fan-out, seconds from commit until every follower's entries are written:\n")
+        m = doc["machine"]
+        out.append(f"Fan-out ({m['date']}, commit {m['commit']}), seconds from commit until every "
+                   f"follower's entries are written:\n")
         out.append("| database | memcached servers | followers | cold | warm |")
         out.append("|---|---|---|---|---|")
         rows = {}
@@ -90,7 +92,9 @@ def main():
         if doc:
             lat = doc["delivery_latency_s"]
             f = (lambda v: "n/a" if v is None else f"{v:.2f} s")
-            out.append(f"Locust `{name}`: {doc['users']} users, {doc['run_time_s']} s, {doc['requests']} requests, "
+            m = doc.get("machine", {})
+            out.append(f"Locust `{name}` ({m.get('date', '?')}, commit {m.get('commit', '?')}): "
+                       f"{doc['users']} users, {doc['run_time_s']} s, {doc['requests']} requests, "
                        f"{doc['failures']} failures, {doc['plurks_posted']} plurks, {doc['deliveries_checked']} "
                        f"deliveries checked, **{doc['lost']} lost**, poll hit ratio "
                        f"**{'n/a' if doc['hit_ratio'] is None else format(doc['hit_ratio'], '.4f')}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
