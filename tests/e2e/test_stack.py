@@ -117,7 +117,25 @@ def test_logout_revokes_poll_token(stack):
     assert "error" in resp.json()
 
 
-def test_polls_survive_fastpath_death_and_hits_resume(private_stack):
+def test_access_log_shows_who_answered(stack):
+    """nginx's access log names the upstream that answered and the X-Cache status."""
+    import os
+
+    from plurksite.config import format_hostport
+    _, token_b, _ = _follow_and_post(stack)
+    _poll_until(stack, "getUnreadCount", token_b, "HIT")
+    path = os.path.join(stack.config.log_dir(), "nginx-access.log")
+    want = f"upstream={format_hostport(*stack.config.fastpath)} ustatus=200"
+    deadline = time.monotonic() + 5          # the log is buffered, flushed every second
+    while True:
+        lines = [ln for ln in open(path) if '"GET /Poll/getUnreadCount HTTP/1.1" 200' in ln]
+        if any(want in ln and "cache=HIT" in ln for ln in lines) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert any(want in ln and "cache=HIT" in ln for ln in lines), lines[-3:]
+
+
+def test_polls_survive_fastpath_death_and_hits_resume(private_stack, caplog):
     stack = private_stack
     _, token_b, _ = _follow_and_post(stack)
     assert _poll_until(stack, "getUnreadCount", token_b, "HIT").headers["X-Cache"] == "HIT"
@@ -129,6 +147,9 @@ def test_polls_survive_fastpath_death_and_hits_resume(private_stack):
     resp = _poll_until(stack, "getUnreadCount", token_b, "HIT", timeout=15)
     assert resp.headers["X-Cache"] == "HIT" and resp.json() == {"count": 1}
     assert fastpath.restarts >= 1
+    logged = [r.getMessage() for r in caplog.records if r.name == "plurksite.stack"]
+    assert any(m.startswith("fastpath exited") and "restarting in" in m for m in logged), logged
+    assert any(m.startswith("fastpath restarted") for m in logged), logged
 
 
 def test_polls_survive_memcached_death_and_hits_resume(private_stack):
