@@ -48,11 +48,12 @@ def authenticate_token(token, now=None):
     try:
         uid, epoch, _ = tokens.verify(signing_key(), token, int(time.time() if now is None else now))
     except tokens.TokenError as exc:
-        raise AuthError(f"invalid token: {exc}") from None
+        # the same words as fastpath's (docs/contract.md): the two 401 bodies are byte-identical
+        raise AuthError(str(exc)) from None
     state = (UserState.objects.select_related("user").filter(user_id=uid).first())
     if state is None or not state.user.is_active:
-        raise AuthError("invalid token: unknown user")
+        raise AuthError("unknown user")
     if state.epoch != epoch:
-        raise AuthError("invalid token: revoked")
+        raise AuthError("token revoked")
     return state.user, epoch
 

@@ -41,3 +41,13 @@ def private_stack(tmp_path):
     config = stack_config(tmp_path / "var")
     with TestStack(config, nginx_workers=1) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def stack3(tmp_path_factory):
+    """A whole stack over three memcached servers (keys spread by rendezvous hashing)."""
+    from tests.support.stack import TestStack, stack_config
+
+    config = stack_config(tmp_path_factory.mktemp("stack3"), memcached_count=3)
+    with TestStack(config, nginx_workers=1) as running:
+        yield running

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import requests
 from pymemcache.client.hash import HashClient
 
 pytestmark = pytest.mark.slow
@@ -88,9 +89,11 @@ def test_post_poll_falls_back_with_body_intact(stack):
     assert again.content == resp.content
 
 
-def test_fastpath_and_django_give_the_same_answers(stack):
+@pytest.mark.parametrize("servers", [1, 3])
+def test_fastpath_and_django_give_the_same_answers(request, servers):
     """The contract, observed: for the same requests fastpath (from cache) and Django (from the
-    database) answer the same status and the same bytes."""
+    database) answer the same status and the same bytes, on one and on three memcached servers."""
+    stack = request.getfixturevalue("stack" if servers == 1 else "stack3")
     token_a, token_b, _ = _follow_and_post(stack, "same bytes \u2603 <b>&amp;</b>")
     stack.api("POST", "/api/plurks/%d/responses" % _follow_and_post(stack)[2]["id"], token_a,
               json={"content": "r"})
@@ -101,11 +104,30 @@ def test_fastpath_and_django_give_the_same_answers(stack):
         slow = stack.poll(resource, token, base=stack.django_url)
         assert fast.headers["X-Cache"] == "HIT" and slow.headers["X-Cache"] == "MISS"
         assert (fast.status_code, fast.content) == (slow.status_code, slow.content), resource
-    for bad in ("", "v1.1.0.1.00", token_b[:-1] + ("0" if token_b[-1] != "0" else "1")):
+    _, uid, epoch, _, sig = token_b.split(".")
+    from plurkcore import tokens
+    from plurkcore.secret import ensure_secret
+    expired = tokens.sign(ensure_secret(stack.config.secret_file), int(uid), int(epoch), int(time.time()) - 1)
+    forged = token_b[:-1] + ("0" if token_b[-1] != "0" else "1")
+    for bad in ("v1.1.0.1.00", forged, expired, "v1.x", "Bearer", "v1.1.0.99999999999.zz"):
         fast = stack.poll("getUnreadCount", bad, base=stack.fastpath_url)
         slow = stack.poll("getUnreadCount", bad, base=stack.django_url)
-        assert fast.status_code == slow.status_code == 401
-        assert "error" in fast.json() and "error" in slow.json()
+        assert fast.status_code == slow.status_code == 401, bad
+        assert fast.content == slow.content, (bad, fast.content, slow.content)
+        assert fast.headers["Cache-Control"] == slow.headers["Cache-Control"] == "no-store"
+    # no credentials at all, and a token in the cookie instead of the header
+    fast = requests.get(stack.fastpath_url + "/Poll/getUnreadCount", timeout=10)
+    slow = requests.get(stack.django_url + "/Poll/getUnreadCount", timeout=10)
+    assert (fast.status_code, fast.content) == (slow.status_code, slow.content) == \
+        (401, b'{"error":"authentication required"}')
+    fast = requests.get(stack.fastpath_url + "/Poll/getUnreadCount", cookies={"plurk_token": token_b}, timeout=10)
+    slow = requests.get(stack.django_url + "/Poll/getUnreadCount", cookies={"plurk_token": token_b}, timeout=10)
+    assert (fast.status_code, fast.content) == (slow.status_code, slow.content)
+    # an unknown resource: both 404 (fastpath's tells nginx to ask Django, whose answer is final)
+    fast = stack.poll("getNothing", token_b, base=stack.fastpath_url)
+    slow = stack.poll("getNothing", token_b, base=stack.django_url)
+    assert fast.status_code == slow.status_code == 404
+    assert stack.poll("getNothing", token_b).json()["error"].startswith("unknown poll resource")
 
 
 def test_logout_revokes_poll_token(stack):
