@@ -2,20 +2,23 @@
 
     .venv/bin/python bench/load.py [--users 300] [--spawn-rate 50] [--run-time 60]
                                    [--processes N] [--host URL] [--quick]
-                                   [--prefollow] [--celebrities K] [--zipf S]
+                                   [--prefollow] [--celebrities K] [--zipf S] [--login-users L]
                                    [--poll-wait S] [--write-weight W] [--celeb-wait S]
                                    [--database config|postgresql] [--result-name NAME]
     .venv/bin/python bench/load.py --preset 10k        # `make load-10k`: 10,000 users, see PRESET_10K
 
 Starts the stack (plurksite.stack) unless --host is given or PLURK_HTTP already answers, creates
-the accounts in bulk (logged in, answers already cached; with --prefollow the social graph too),
-runs locust headless (--processes N: locust's distributed mode, N workers), then merges every
-process's records and reports: delivery latency (post committed -> first seen by a follower,
-p50/p95/max), messages lost (a follower who followed before the post and polled after it never saw
-it: must be 0), request failures (with their kinds), the cache hit ratio the pollers saw, and the
-CPU and memory of each part of the stack (nginx, fastpath, memcached, gunicorn, the cache repairer,
-PostgreSQL when it started one) and of locust, sampled every second.  Exit status 1 when anything
-was lost or failed.
+the accounts in bulk (logged in, answers already cached; with --prefollow the social graph too)
+and L accounts with a password through /api/signup (their users log in with /api/login), runs
+locust headless (--processes N: locust's distributed mode, N workers; every account is run by one
+user of one process), then merges every process's records and reports: delivery latency (post
+committed -> first seen by a follower, p50/p95/max), messages lost (a follower who followed before
+the post and polled after it never saw it: must be 0), request failures (with their kinds),
+exceptions raised in locust tasks, the cache hit ratio the pollers saw, and the CPU and memory of
+each part of the stack (nginx, fastpath, memcached, gunicorn, the cache repairer, PostgreSQL when
+it started one) and of locust, sampled every second.  Exit status 1, with the reasons, when
+anything was lost or failed, a task raised, locust exited non-zero, a locust process that ran
+users left no records file, or two processes ran the same account.
 """
 import argparse
 import glob
@@ -31,13 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import requests  # noqa: E402
 
 from bench.common import ROOT, progress, write_result  # noqa: E402
-
-
-def _percentile(values, p):
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+from locustfiles import _delivery  # noqa: E402  (the delivery rule, shared with the locustfile)
 
 
 def make_accounts(count, prefix, path, env, celebrities=0, prefollow=False, zipf=1.2):
@@ -52,51 +49,42 @@ def make_accounts(count, prefix, path, env, celebrities=0, prefollow=False, zipf
         return json.load(fh)
 
 
-def judge(records_dir):
-    """Merge every process's records and apply the delivery rule."""
-    posts, follows, seen, polls = [], [], {}, {}
-    cache = {"HIT": 0, "MISS": 0}
-    truncated = 0
-    for path in glob.glob(os.path.join(records_dir, "*.json")):
+LOGIN_PASSWORD = "load-login-pass-1"
+
+
+def make_login_accounts(host, count, prefix):
+    """Accounts with a known password, signed up through the public API (Django hashes each
+    password: ~0.5 s of CPU, so keep them few); the locust users that take them log in."""
+    accounts = []
+    for i in range(count):
+        account = {"username": f"{prefix}pw{i}", "password": LOGIN_PASSWORD}
+        resp = requests.post(host + "/api/signup", json=account, timeout=60)
+        if resp.status_code != 201:
+            raise SystemExit(f"error: signing up {account['username']} at {host}: {resp.status_code} {resp.text[:200]}")
+        accounts.append(account)
+    return accounts
+
+
+def read_records(records_dir):
+    """Every locust process's records file (``<pid>.json``)."""
+    records = []
+    for path in sorted(glob.glob(os.path.join(records_dir, "*.json"))):
         with open(path) as fh:
-            rec = json.load(fh)
-        posts += rec["posts"]
-        follows += rec["follows"]
-        for user, item_id, t in rec["seen"]:
-            key = (user, item_id)
-            seen[key] = min(t, seen.get(key, t))
-        for user, t in rec["polls"].items():
-            polls[user] = max(t, polls.get(user, 0))
-        for k in cache:
-            cache[k] += rec["cache"][k]
-        truncated += rec["truncated"]
-    followers = {}
-    for follower, followee, t in follows:
-        followers.setdefault(followee, []).append((follower, t))
-    latencies, lost, checked = [], [], 0
-    for author, plurk_id, started, committed in posts:
-        for follower, followed_at in followers.get(author, []):
-            if followed_at >= started:
-                continue                     # followed after the post began: not owed it
-            first = seen.get((follower, plurk_id))
-            if first is not None:
-                latencies.append(max(0.0, first - committed))
-                checked += 1
-            elif polls.get(follower, 0) > committed:
-                lost.append([author, plurk_id, follower])
-                checked += 1
-    total = cache["HIT"] + cache["MISS"]
-    return {
-        "plurks_posted": len(posts),
-        "deliveries_checked": checked,
-        "lost": len(lost),
-        "lost_examples": lost[:10],
-        "delivery_latency_s": {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95),
-                               "max": max(latencies) if latencies else None},
-        "poll_responses": total,
-        "hit_ratio": cache["HIT"] / total if total else None,
-        "truncated_polls": truncated,
-    }
+            records.append(json.load(fh))
+    return records
+
+
+def judge(records_dir, expected_processes=None):
+    """Merge every process's records and apply the delivery rule (locustfiles/_delivery.py).
+
+    With ``expected_processes`` (the locust processes that must have run users), a missing or extra
+    records file is a problem: the verdict would otherwise silently judge part of the run."""
+    records = read_records(records_dir)
+    verdict = _delivery.judge(records)
+    with_users = sum(1 for r in records if r.get("users"))
+    verdict.update({"record_files": len(records), "record_files_with_users": with_users,
+                    "record_files_expected": expected_processes})
+    return verdict
 
 
 def _csv_rows(path):
@@ -107,16 +95,23 @@ def _csv_rows(path):
         return list(csv.DictReader(fh))
 
 
+# the in-locust delivery figures (locustfiles/plurkers.py): in locust's statistics, not HTTP requests
+DELIVERY_TYPE = "delivery"
+
+
 def _stats_failures(csv_prefix):
-    agg = next((r for r in _csv_rows(csv_prefix + "_stats.csv") if r["Name"] == "Aggregated"), None)
-    if agg is None:
+    """HTTP requests and failures so far (every endpoint but the ``delivery`` figures)."""
+    rows = [r for r in _csv_rows(csv_prefix + "_stats.csv")
+            if r["Name"] != "Aggregated" and r["Type"] != DELIVERY_TYPE]
+    if not rows:
         return None, None
-    return int(agg["Request Count"]), int(agg["Failure Count"])
+    return sum(int(r["Request Count"]) for r in rows), sum(int(r["Failure Count"]) for r in rows)
 
 
 def _locust_details(csv_prefix):
     """Per endpoint: requests, failures, median/p95/max response time; every distinct failure
-    (endpoint, error, count); and locust's per-second history (users, requests/s, failures/s)."""
+    (endpoint, error, count); every distinct exception raised in a task (count, message, where);
+    and locust's per-second history (users, requests/s, failures/s; HTTP only)."""
     endpoints = {}
     for r in _csv_rows(csv_prefix + "_stats.csv"):
         if r["Name"] == "Aggregated":
@@ -127,27 +122,65 @@ def _locust_details(csv_prefix):
             "max_ms": float(r["Max Response Time"] or 0), "rps": round(float(r["Requests/s"] or 0), 1)}
     failures = [{"endpoint": f"{r['Method']} {r['Name']}", "error": r["Error"], "count": int(r["Occurrences"])}
                 for r in _csv_rows(csv_prefix + "_failures.csv")]
-    history = []
-    for r in _csv_rows(csv_prefix + "_stats_history.csv"):
+    exceptions = [{"count": int(r["Count"]), "message": r["Message"], "traceback": r["Traceback"][-600:]}
+                  for r in _csv_rows(csv_prefix + "_exceptions.csv")]
+    history, delivery_rps = [], {}
+    rows = _csv_rows(csv_prefix + "_stats_history.csv")
+    for r in rows:
+        if r["Type"] == DELIVERY_TYPE:
+            delivery_rps[r["Timestamp"]] = delivery_rps.get(r["Timestamp"], 0.0) + float(r["Requests/s"])
+    for r in rows:
         if r["Name"] != "Aggregated":
             continue
-        history.append([int(r["Timestamp"]), int(r["User Count"]), round(float(r["Requests/s"]), 1),
+        history.append([int(r["Timestamp"]), int(r["User Count"]),
+                        round(max(0.0, float(r["Requests/s"]) - delivery_rps.get(r["Timestamp"], 0.0)), 1),
                         round(float(r["Failures/s"]), 1)])
-    return endpoints, sorted(failures, key=lambda f: -f["count"]), history
+    return (endpoints, sorted(failures, key=lambda f: -f["count"]),
+            sorted(exceptions, key=lambda e: -e["count"]), history)
+
+
+def problems_of(verdict):
+    """Why the run fails, one phrase each (empty: it passes).  Lost messages, failed requests,
+    exceptions inside locust tasks, a non-zero locust exit, a locust process whose records are
+    missing, an account run by two processes, or no requests at all."""
+    problems = []
+    if verdict["lost"]:
+        problems.append(f"{verdict['lost']} messages lost")
+    if verdict["failures"]:
+        problems.append(f"{verdict['failures']} requests failed")
+    if verdict["exceptions"]:
+        problems.append(f"{verdict['exceptions']} exceptions in locust tasks")
+    if verdict["locust_exit"] != 0:
+        problems.append(f"locust exited with status {verdict['locust_exit']}")
+    if not verdict["requests"]:
+        problems.append("no requests")
+    expected = verdict["record_files_expected"]
+    if expected is not None and verdict["record_files_with_users"] != expected:
+        problems.append(f"{verdict['record_files_with_users']} records files of processes that ran users, "
+                        f"expected {expected} (one per locust process): the verdict would miss a process")
+    if verdict["shared_accounts"]:
+        problems.append(f"{verdict['shared_accounts']} accounts run by more than one locust process "
+                        f"(e.g. {', '.join(verdict['shared_examples'][:3])})")
+    return problems
 
 
 def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, prefollow=False,
-        sampler=None, locust_env=None, zipf=1.2):
+        sampler=None, locust_env=None, zipf=1.2, login_users=0):
     work = tempfile.mkdtemp(prefix="plurk-load-")
     records = os.path.join(work, "records")
     setup = os.path.join(work, "setup.json")
     run_id = f"r{os.getpid()}x{int(time.time()) % 10**6}_"
     env = dict(os.environ, **stack_env, DJANGO_SETTINGS_MODULE="plurksite.settings")
-    progress(f"creating {users + celebrities} accounts ...")
-    accounts = make_accounts(users + celebrities, run_id, os.path.join(work, "accounts.json"), env,
-                             celebrities, prefollow, zipf)
+    # locust's -u counts every user, the celebrities' too: `users - login_users` pre-made ordinary
+    # accounts leave a few spare (an ordinary user left without one would sign up)
+    login_users = max(0, min(login_users, users))
+    plain = users - login_users
+    progress(f"creating {celebrities + plain} accounts and {login_users} with a password ...")
+    accounts = make_accounts(celebrities + plain, run_id, os.path.join(work, "accounts.json"), env,
+                             celebrities, prefollow, zipf) if celebrities + plain else []
+    logins = make_login_accounts(host, login_users, run_id)
     with open(setup, "w") as fh:
-        json.dump({"celebrities": accounts[:celebrities], "users": accounts[celebrities:]}, fh)
+        json.dump({"celebrities": accounts[:celebrities], "logins": logins, "users": accounts[celebrities:]}, fh)
     env = dict(os.environ, **(locust_env or {}), PLURK_LOAD_RECORDS=records, PLURK_LOAD_SETUP=setup)
     argv = [os.path.join(os.path.dirname(sys.executable), "locust"), "-f",
             os.path.join(ROOT, "locustfiles", "plurkers.py"), "--headless", "--host", host,
@@ -186,22 +219,27 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
     t.join(timeout=5)
     elapsed = time.monotonic() - started
     requests_, failures = _stats_failures(os.path.join(work, "locust"))
-    endpoints, failure_kinds, history = _locust_details(os.path.join(work, "locust"))
-    verdict = judge(records)
+    endpoints, failure_kinds, exception_kinds, history = _locust_details(os.path.join(work, "locust"))
+    # every locust process that ran users wrote a records file: the only one, or each worker (the
+    # dispatcher gives every worker users when there are at least as many users as workers)
+    verdict = judge(records, expected_processes=min(processes, users))
     verdict.update({"users": users, "run_time_s": run_time, "processes": processes, "spawn_rate": spawn_rate,
-                    "locust_wall_s": round(elapsed, 1), "record_files": len(glob.glob(os.path.join(records, "*.json"))),
-                    "requests": requests_, "failures": failures, "locust_exit": proc.returncode,
+                    "login_users": login_users, "locust_wall_s": round(elapsed, 1),
+                    "requests": requests_, "failures": failures,
+                    "exceptions": sum(e["count"] for e in exception_kinds), "locust_exit": proc.returncode,
                     "knobs": {k: v for k, v in env.items() if k.startswith("PLURK_LOAD_") and k not in
                               ("PLURK_LOAD_RECORDS", "PLURK_LOAD_SETUP")},
-                    "endpoints": endpoints, "failure_kinds": failure_kinds[:20], "locust_history": history})
+                    "endpoints": endpoints, "failure_kinds": failure_kinds[:20],
+                    "exception_kinds": exception_kinds[:10], "locust_history": history})
+    verdict["problems"] = problems_of(verdict)
     if sampler is not None:
         ramp = first_sample + int(users / spawn_rate) + 5
         verdict["stack_resources"] = sampler.summarize(first_sample)
         verdict["stack_resources_after_rampup"] = sampler.summarize(ramp)
         verdict["resource_series"] = {name: [[s[name]["cpu_pct"], s[name]["rss_mb"]] for s in sampler.samples[first_sample:]]
                                       for name in COMPONENTS}
-    if proc.returncode not in (0, 1) or requests_ is None or failures:
-        verdict["locust_output_tail"] = "".join(out_lines[-30:])
+    if verdict["problems"]:
+        verdict["locust_output_tail"] = "".join(out_lines[-40:])
     return verdict
 
 
@@ -404,6 +442,9 @@ def main(argv=None):
     ap.add_argument("--run-time", type=int, default=60)
     ap.add_argument("--processes", type=int, default=1, help="locust worker processes (>1: distributed mode)")
     ap.add_argument("--celebrities", type=int, default=5)
+    ap.add_argument("--login-users", type=int, default=3,
+                    help="users that log in with a password (/api/login; ~0.5 s of server CPU each, "
+                         "keep it small); the others start logged in")
     ap.add_argument("--host", default=None, help="base URL (default: PLURK_HTTP; started if not running)")
     ap.add_argument("--quick", action="store_true", help="30 users for 30 s (the CI-sized run)")
     ap.add_argument("--result-name", default="load")
@@ -470,7 +511,7 @@ def main(argv=None):
     sampler = StackSampler(ports).start()
     try:
         verdict = run(host, args.users, args.spawn_rate, args.run_time, args.processes, args.celebrities,
-                      config.to_env(), args.prefollow, sampler, locust_env, args.zipf)
+                      config.to_env(), args.prefollow, sampler, locust_env, args.zipf, args.login_users)
     finally:
         sampler.stop()
         if stack is not None:
@@ -485,10 +526,15 @@ def main(argv=None):
     print(f"plurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
           f"LOST {verdict['lost']}")
     print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, max {fmt(lat['max'])}")
-    print(f"requests {verdict['requests']}, failures {verdict['failures']}, "
+    print(f"requests {verdict['requests']}, failures {verdict['failures']}, exceptions {verdict['exceptions']}, "
           f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
+    print(f"accounts {verdict['distinct_accounts']} distinct ({verdict['password_logins']} logged in with a password), "
+          f"{verdict['shared_accounts']} run by two processes; records files {verdict['record_files_with_users']} "
+          f"(expected {verdict['record_files_expected']}); locust exit status {verdict['locust_exit']}")
     for kind in verdict["failure_kinds"][:5]:
         print(f"  failure x{kind['count']}: {kind['endpoint']}: {kind['error'][:120]}")
+    for kind in verdict["exception_kinds"][:5]:
+        print(f"  exception x{kind['count']}: {kind['message'][:120]}")
     for title, key in (("during the run", "stack_resources"), ("after ramp-up", "stack_resources_after_rampup")):
         if verdict.get(key):
             print(f"CPU (100% = one core) and memory {title}:")
@@ -496,8 +542,12 @@ def main(argv=None):
             print(f"  {name:11s} CPU mean {r['cpu_pct_mean']:6.1f}% max {r['cpu_pct_max']:6.1f}%   "
                   f"RSS max {r['rss_mb_max']:7.1f} MB  ({r['processes']} processes)")
     print(f"results: {path}")
-    ok = verdict["lost"] == 0 and verdict["failures"] == 0 and verdict["requests"]
-    return 0 if ok else 1
+    if verdict["problems"]:
+        print("FAILED: " + "; ".join(verdict["problems"]))
+        if verdict.get("locust_output_tail"):
+            print("locust's last lines:\n" + verdict["locust_output_tail"].rstrip())
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -72,7 +72,10 @@ def main():
             out.append(f"- {ic['connections']:,} idle keep-alive connections: fastpath worker RSS "
                        f"{ic['rss_before_kb']:,} KB -> {ic['rss_with_connections_kb']:,} KB, "
                        f"**{ic['bytes_per_connection']:,} bytes per connection** (goal < 2,048: "
-                       f"{'met' if ic['bytes_per_connection'] < 2048 else 'not met'})")
+                       f"{'met' if ic['bytes_per_connection'] < 2048 else 'not met'})"
+                       + (f"; the worker's private memory (not shared with its parent) "
+                          f"{ic['private_before_kb']:,} KB idle, {ic['private_with_connections_kb']:,} KB "
+                          f"with the connections" if "private_before_kb" in ic else ""))
         out.append("")
     doc = _load("fanout")
     if doc:

@@ -157,6 +157,17 @@ def _rss_kb(pid):
         return int(next(ln.split()[1] for ln in fh if ln.startswith("VmRSS")))
 
 
+def _private_kb(pid):
+    """Memory only this process uses (Private_Clean + Private_Dirty): a forked worker shares the
+    interpreter's pages with its parent, so RSS overstates what one more worker costs."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        for ln in fh:
+            if ln.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(ln.split()[1])
+    return total
+
+
 def _worker_pids(pid):
     try:
         return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
@@ -167,6 +178,7 @@ def _worker_pids(pid):
 def idle_connections(port, worker_pid, count):
     """RSS growth of the fastpath worker while it holds ``count`` idle keep-alive connections."""
     before = _rss_kb(worker_pid)
+    private_before = _private_kb(worker_pid)
     socks = []
     try:
         for _ in range(count):
@@ -179,10 +191,12 @@ def idle_connections(port, worker_pid, count):
             s.recv(4096)
         time.sleep(1)
         during = _rss_kb(worker_pid)
+        private_during = _private_kb(worker_pid)
     finally:
         for s in socks:
             s.close()
     return {"connections": count, "rss_before_kb": before, "rss_with_connections_kb": during,
+            "private_before_kb": private_before, "private_with_connections_kb": private_during,
             "bytes_per_connection": round((during - before) * 1024 / count)}
 
 

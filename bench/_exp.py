@@ -1,0 +1,300 @@
+"""Poll throughput: fastpath against its peers, all in one run so the ratios hold on a noisy machine.
+
+    .venv/bin/python bench/throughput.py [--quick] [--concurrency 50,200,1000] [--duration 10]
+
+Configurations (each server gets one worker process; wrk gets one thread):
+  fastpath            fastpath directly
+  nginx+fastpath      nginx proxying /Poll/ to fastpath over upstream keep-alive (the real stack path)
+  nginx+fastpath unix   the same over a unix-domain socket (fastpath --listen unix:...)
+  nginx memcached_pass  nginx's own memcached module, upstream keep-alive, same memcached, same keys
+                      (no token check: it trusts ?u=<uid>, so it does less work than fastpath)
+  nginx return 200    a constant answer: the ceiling for any HTTP responder here
+  django              the Django poll view under gunicorn (computes from SQLite; 200 users)
+10,000 per-user keys/tokens, keep-alive.  Results: bench/results/throughput.json.
+Also measured: fastpath memory for 10,000 idle keep-alive connections.
+"""
+import argparse
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import ROOT, progress, write_result  # noqa: E402
+from plurkcore import tokens  # noqa: E402
+from plurksite.services import (find_binary, free_port, memcached_command,  # noqa: E402
+                                wait_for_port)
+
+USERS = 10_000
+SECRET = b"bench-secret-0123456789abcdef0123456789abcdef0123456789"
+
+LUA = r"""
+local lines = {}
+local mode = "token"
+init = function(args)
+  mode = args[2] or "token"
+  for line in io.lines(args[1]) do lines[#lines + 1] = line end
+end
+request = function()
+  local line = lines[math.random(#lines)]
+  local uid, tok = line:match("(%d+) (%S+)")
+  if mode == "uid" then
+    return wrk.format("GET", "/Poll/getUnreadCount?u=" .. uid, {})
+  end
+  return wrk.format("GET", "/Poll/getUnreadCount", {["Authorization"] = "Bearer " .. tok})
+end
+"""
+
+NGINX = """
+{user}
+worker_processes 1;
+pid {var}/nginx-{name}.pid;
+error_log {var}/nginx-{name}-error.log warn;
+worker_rlimit_nofile 65536;
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    client_body_temp_path {var}/tmp; proxy_temp_path {var}/tmp; fastcgi_temp_path {var}/tmp;
+    uwsgi_temp_path {var}/tmp; scgi_temp_path {var}/tmp;
+    keepalive_requests 1000000;
+    upstream fp {{ server 127.0.0.1:{fastpath}; keepalive 256; keepalive_timeout 8s; }}
+    upstream fpu {{ server unix:{fastpath_unix}; keepalive 256; keepalive_timeout 8s; }}
+    upstream mc {{ server 127.0.0.1:{memcached}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location /Poll/ {{ {body} }}
+    }}
+}}
+"""
+# what nginx/plurk.conf.template's /Poll/ location sends fastpath (minus the fallback to Django)
+FASTPATH_PROXY = ("proxy_http_version 1.1; proxy_pass_request_headers off; proxy_pass_request_body off; "
+                  "proxy_set_header Content-Length \"\"; proxy_set_header Connection \"\"; "
+                  "proxy_set_header Authorization $http_authorization; proxy_set_header Cookie $http_cookie;")
+BODIES = {
+    "nginx+fastpath": "proxy_pass http://fp; " + FASTPATH_PROXY,
+    "nginx+fastpath unix": "proxy_pass http://fpu; " + FASTPATH_PROXY,
+    "nginx memcached_pass": "set $memcached_key \"p1:getUnreadCount:$arg_u:0\"; memcached_pass mc; "
+                            "default_type application/json; add_header X-Cache HIT;",
+    "nfp nobuf": "proxy_pass http://fp; proxy_buffering off; " + FASTPATH_PROXY,
+    "nfpu nobuf": "proxy_pass http://fpu; proxy_buffering off; " + FASTPATH_PROXY,
+}
+
+
+def _spawn(argv, log, **kw):
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+
+
+def _stop(proc):
+    if proc and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _fill(port, users):
+    """Set every user's getUnreadCount answer with pipelined noreply sets, then check one."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        buf = bytearray()
+        for uid in range(1, users + 1):
+            value = b'{"count":%d}' % (uid % 7) if uid % 3 else b""
+            buf += b"set p1:getUnreadCount:%d:0 0 0 %d noreply\r\n%s\r\n" % (uid, len(value), value)
+        sock.sendall(bytes(buf) + b"get p1:getUnreadCount:1:0\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            data += sock.recv(65536)
+
+
+def _wrk(port, connections, duration, script, tokens_file, mode):
+    argv = [find_binary("wrk", "wrk"), "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
+            "-s", script, f"http://127.0.0.1:{port}", "--", tokens_file, mode]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+    def pct(p):
+        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if not m:
+            return None
+        return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+
+    errors = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": rps, "p50_ms": pct(50), "p99_ms": pct(99), "socket_errors": errors,
+            "non_2xx": int(non2xx.group(1)) if non2xx else 0}
+
+
+def _rss_kb(pid):
+    with open(f"/proc/{pid}/status") as fh:
+        return int(next(ln.split()[1] for ln in fh if ln.startswith("VmRSS")))
+
+
+def _worker_pids(pid):
+    try:
+        return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def idle_connections(port, worker_pid, count):
+    """RSS growth of the fastpath worker while it holds ``count`` idle keep-alive connections."""
+    before = _rss_kb(worker_pid)
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port))
+            socks.append(s)
+        # one request on each, so every connection has been through evhttp's parser
+        for s in socks:
+            s.sendall(b"GET /Poll/nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        for s in socks:
+            s.recv(4096)
+        time.sleep(1)
+        during = _rss_kb(worker_pid)
+    finally:
+        for s in socks:
+            s.close()
+    return {"connections": count, "rss_before_kb": before, "rss_with_connections_kb": during,
+            "bytes_per_connection": round((during - before) * 1024 / count)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 s per point, concurrency 50 and 200")
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--concurrency", default="50,200,1000")
+    ap.add_argument("--no-django", action="store_true")
+    args = ap.parse_args()
+    duration = 3 if args.quick else args.duration
+    levels = [50, 200] if args.quick else [int(c) for c in args.concurrency.split(",")]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+
+    tmp = tempfile.mkdtemp(prefix="plurk-bench-")
+    os.makedirs(os.path.join(tmp, "tmp"))
+    log = open(os.path.join(tmp, "servers.log"), "ab")
+    script = os.path.join(tmp, "poll.lua")
+    with open(script, "w") as fh:
+        fh.write(LUA)
+    secret_file = os.path.join(tmp, "secret.key")
+    with open(secret_file, "wb") as fh:
+        fh.write(SECRET + b"\n")
+    expires = int(time.time()) + 86400
+    tokens_file = os.path.join(tmp, "tokens.txt")
+    with open(tokens_file, "w") as fh:
+        for uid in range(1, USERS + 1):
+            fh.write(f"{uid} {tokens.sign(SECRET, uid, 0, expires)}\n")
+
+    procs = []
+    ports = {}
+    results = {"configs": {}, "users": USERS, "duration_s": duration, "concurrency": levels}
+    try:
+        mc_port = free_port()
+        procs.append(_spawn(memcached_command("127.0.0.1", mc_port, 64, 4096), log))
+        wait_for_port("127.0.0.1", mc_port)
+        _fill(mc_port, USERS)
+        fp_port = free_port()
+        fp = _spawn([sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{fp_port}",
+                     "--memcached", f"127.0.0.1:{mc_port}", "--secret-file", secret_file,
+                     "--workers", "1", "--idle-timeout", "120"], log, cwd=ROOT)
+        procs.append(fp)
+        wait_for_port("127.0.0.1", fp_port, process=fp, name="fastpath")
+        ports["fastpath"] = (fp_port, "token")
+        fp_unix = os.path.join(tmp, "fastpath.sock")
+        fpu = _spawn([sys.executable, "-m", "fastpath", "--listen", f"unix:{fp_unix}",
+                      "--memcached", f"127.0.0.1:{mc_port}", "--secret-file", secret_file,
+                      "--workers", "1", "--idle-timeout", "120"], log, cwd=ROOT)
+        procs.append(fpu)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(fp_unix) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name, body in BODIES.items():
+            port = free_port()
+            conf = os.path.join(tmp, f"{name.replace(' ', '_').replace('+', '_')}.conf")
+            with open(conf, "w") as fh:
+                # as root, workers must stay root to reach the private unix socket
+                fh.write(NGINX.format(var=tmp, name=port, fastpath=fp_port, memcached=mc_port,
+                                      port=port, body=body, fastpath_unix=fp_unix,
+                                      user="user root;" if os.geteuid() == 0 else ""))
+            proc = _spawn([find_binary("nginx", "nginx"), "-p", tmp, "-c", conf, "-g", "daemon off;"], log)
+            procs.append(proc)
+            wait_for_port("127.0.0.1", port, process=proc, name=name)
+            ports[name] = (port, "uid" if "memcached_pass" in name else "token")
+        if not args.no_django:
+            ports["django"] = _start_django(tmp, mc_port, secret_file, tokens_file, procs, log)
+
+        for conns in levels:
+            for name, (port, mode) in ports.items():
+                tfile = tokens_file if name != "django" else os.path.join(tmp, "django-tokens.txt")
+                progress(f"{name:22s} c={conns:<5d} {duration}s ...")
+                r = _wrk(port, conns, duration, script, tfile, mode)
+                results["configs"].setdefault(name, {})[str(conns)] = r
+                progress(f"{name:22s} c={conns:<5d} {r['rps']:>10.0f} req/s  p50 {r['p50_ms']} ms  "
+                         f"p99 {r['p99_ms']} ms  errors {r['socket_errors']}  non-2xx {r['non_2xx']}")
+        workers = _worker_pids(fp.pid)
+        if workers:
+            progress("10,000 idle keep-alive connections to fastpath ...")
+            results["idle_connections"] = idle_connections(fp_port, workers[0], 10_000)
+            progress(f"  {results['idle_connections']}")
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+    ratios = {}
+    for conns in map(str, levels):
+        def rps(n):
+            return results["configs"].get(n, {}).get(conns, {}).get("rps")
+        fpr, mcp, ret, nfp, dj = (rps("fastpath"), rps("nginx memcached_pass"), rps("nginx return 200"),
+                                  rps("nginx+fastpath"), rps("django"))
+        nfu = rps("nginx+fastpath unix")
+        ratios[conns] = {
+            "fastpath / memcached_pass": fpr / mcp if fpr and mcp else None,
+            "fastpath / return 200": fpr / ret if fpr and ret else None,
+            "nginx+fastpath / memcached_pass": nfp / mcp if nfp and mcp else None,
+            "nginx+fastpath unix / memcached_pass": nfu / mcp if nfu and mcp else None,
+            "fastpath / django": fpr / dj if fpr and dj else None,
+        }
+    results["ratios"] = ratios
+    path = write_result("_exp", results)
+    print(f"\nreq/s by concurrency (wrk -t1, keep-alive, {USERS} per-user keys, {duration}s per point)")
+    names = list(results["configs"])
+    print(f"{'config':24s}" + "".join(f"{'c=' + str(c):>12s}" for c in levels))
+    for name in names:
+        print(f"{name:24s}" + "".join(f"{results['configs'][name].get(str(c), {}).get('rps', 0):12.0f}" for c in levels))
+    for conns, r in ratios.items():
+        print(f"c={conns}: " + ", ".join(f"{k} = {v:.2f}" for k, v in r.items() if v))
+    print(f"results: {path}")
+
+
+def _start_django(tmp, mc_port, secret_file, tokens_file, procs, log):
+    """gunicorn + Django on a fresh SQLite with 200 users (tokens issued by the real login)."""
+    import json
+    import urllib.request
+
+    port = free_port()
+    env = dict(os.environ, PLURK_VAR_DIR=tmp, PLURK_DATABASE_URL=f"sqlite:///{tmp}/bench.sqlite3",
+               PLURK_SECRET_FILE=secret_file, PLURK_MEMCACHED=f"127.0.0.1:{mc_port}",
+               PLURK_DJANGO=f"127.0.0.1:{port}", DJANGO_SETTINGS_MODULE="plurksite.settings")
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    proc = _spawn([os.path.join(os.path.dirname(sys.executable), "gunicorn"), "plurksite.wsgi:application",
+                   "--bind", f"127.0.0.1:{port}", "--workers", "1", "--worker-class", "gthread",
+                   "--threads", "4"], log, cwd=ROOT, env=env)
+    procs.append(proc)
+    wait_for_port("127.0.0.1", port, process=proc, name="gunicorn")
+    with open(os.path.join(tmp, "django-tokens.txt"), "w") as fh:
+        for i in range(200):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/api/signup", method="POST",
+                                         data=json.dumps({"username": f"bench{i}", "password": "bench-pass-1"}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            doc = json.load(urllib.request.urlopen(req, timeout=10))
+            fh.write(f"{doc['user']['id']} {doc['token']}\n")
+    return (port, "token")
+
+
+if __name__ == "__main__":
+    main()
