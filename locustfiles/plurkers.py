@@ -1,21 +1,46 @@
-"""Plurk users for locust: sign up, follow a skewed social graph, poll every couple of seconds,
-post and respond now and then, mark read what they have seen.
+"""Plurk users for locust: sign up or log in, follow a skewed social graph, poll every couple of
+seconds, post and respond now and then, mark read what they have seen.
 
-    locust -f locustfiles/plurkers.py --host http://127.0.0.1:8080
+    locust -f locustfiles/plurkers.py                     # web UI; host: PLURK_HTTP (127.0.0.1:8080)
+    locust -f locustfiles/plurkers.py --headless -u 30 -r 10 -t 60s
     locust -f locustfiles/plurkers.py --host http://127.0.0.1:8080 --headless -u 300 -r 50 -t 60s
-    locust -f locustfiles/plurkers.py --host ... --headless -u 10000 -r 100 -t 300s --processes 2
+    .venv/bin/python bench/load.py [--processes 2] ...    # pre-made accounts, merged verdict
 
-Users are FastHttpUser (geventhttpclient): several times cheaper per request than HttpUser
-(requests), which matters when locust shares 2 cores with the stack it measures.
+The default host is nginx's public address from ``PLURK_HTTP`` (read by plurksite/config.py, which
+is Django-free); ``--host`` overrides it.  Users are FastHttpUser (geventhttpclient): several times
+cheaper per request than HttpUser (requests), which matters when locust shares 2 cores with the
+stack it measures.
 
-Delivery bookkeeping: every process that runs users writes what it posted, followed, polled and
-saw to ``$PLURK_LOAD_RECORDS/<pid>.json`` -- a consistent snapshot every few seconds while the test
+Accounts.  Without ``$PLURK_LOAD_SETUP`` every user signs up (``/api/signup``, a password hashed
+by Django: ~0.5 s of CPU each) and follows a few users signed up before it.  bench/load.py writes
+that JSON file: ``celebrities`` (pre-made logged-in accounts, exactly one Celebrity user each),
+``logins`` (accounts with a known password: the first ordinary users log in with ``/api/login``)
+and ``users`` (pre-made logged-in accounts, with their bulk-made follows if any); an ordinary user
+left without one signs up.  No two users get the same account, in one process or across
+``--processes N`` / master-worker processes: every account is handed out once per test by a
+counter in the process that runs the test (the only one, or the master, which the workers ask with
+a custom message), never by an offset computed at import time (locust imports this file *before*
+``--processes`` forks, so such an offset is the same in every worker).
+
+Delivery, in locust itself: every first sight of a plurk by a follower is a ``delivery`` request
+in locust's statistics (response time = from the plurk's ``created`` on the server to its first
+sight, for plurks created after the follower started; same clock when locust runs on the stack's
+machine).  When the test stops, each process that ran users prints one ``delivery (...)`` line:
+plurks, deliveries checked, messages lost, latency from commit to first sight, poll hit ratio
+(``X-Cache``), by the rule of locustfiles/_delivery.py applied to its own records; a loss sets
+the process's exit code to 1, which in a single-process run is locust's exit status (failed
+requests and exceptions in tasks already make it 1).  With several processes a worker judges only
+what its own users posted and saw, and the master's status does not include it: the authority is
+bench/load.py, which merges every process's records.
+
+Records: every process that runs users writes what it posted, followed, polled and saw to
+``$PLURK_LOAD_RECORDS/<pid>.json`` -- a consistent snapshot every few seconds while the test
 runs, and again when it stops and when the process quits (in ``--processes`` mode the master may
 SIGINT a worker that is slow to stop; the last snapshot is then at most a few seconds old, and a
-snapshot never holds a poll without what that poll saw).  ``bench/load.py`` merges the files and
-judges (every plurk must reach every follower that followed before it and polled after it).
-Celebrities (a few accounts many users follow) come from ``$PLURK_LOAD_SETUP`` (a JSON file
-written by bench/load.py); without it, users follow each other only.
+snapshot never holds a poll without what that poll saw).
+
+A poll answer that is not what the API promises (a 200 that is not JSON, a body without its
+fields) is a request *failure*, never an exception that would leave the poll unrecorded.
 
 Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
   PLURK_LOAD_POLL_WAIT    mean seconds between an ordinary user's actions (default 2, jitter
@@ -23,10 +48,12 @@ Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
   PLURK_LOAD_WRITE_WEIGHT task weight of posting and of responding against 30 for polling (default 1)
   PLURK_LOAD_CELEB_WAIT   mean seconds between a celebrity's actions (default 3)
 """
-import itertools
+import datetime
 import json
+import logging
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -35,7 +62,22 @@ import gevent
 import gevent.event
 from locust import between, events, task
 from locust.contrib.fasthttp import FastHttpUser
-from locust.runners import MasterRunner
+from locust.runners import MasterRunner, WorkerRunner
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+for _path in (_HERE, _ROOT):        # _delivery next to this file; plurksite.config (no Django)
+    if _path not in sys.path:
+        sys.path.append(_path)
+
+import _delivery  # noqa: E402
+from plurksite.config import ConfigError  # noqa: E402
+from plurksite.config import load as _load_config  # noqa: E402
+
+try:
+    DEFAULT_HOST = _load_config().base_url          # PLURK_HTTP, parsed as every entry point does
+except ConfigError as exc:
+    sys.exit(f"error: {exc}")
 
 RECORDS_DIR = os.environ.get("PLURK_LOAD_RECORDS")
 RECORDS_EVERY_S = 5
@@ -45,28 +87,153 @@ WRITE_WEIGHT = int(os.environ.get("PLURK_LOAD_WRITE_WEIGHT", "1"))
 CELEB_WAIT = float(os.environ.get("PLURK_LOAD_CELEB_WAIT", "3"))
 SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
 PASSWORD = "load-pass-1"
+CLAIM_TIMEOUT_S = 60
 
-_lock = threading.Lock()
-_known_users = []                 # usernames signed up in this process
+log = logging.getLogger(__name__)
+_stats_log = logging.getLogger("locust.stats_logger")    # printed like locust's own summary
+
+# The pre-made accounts (data only: which user runs which account is decided per test, see _take).
 _celebrities = []                 # [{"username", "token"}]
-_accounts = []                    # pre-made logged-in accounts (bench/load.py); else users sign up
-_celebrity_turn = itertools.count()
-_account_turn = itertools.count()
-_records = {"posts": [], "follows": [], "polls": {}, "seen": [], "cache": {"HIT": 0, "MISS": 0},
-            "truncated": 0}
-
+_logins = []                      # [{"username", "password"}]: these users log in
+_accounts = []                    # [{"username", "token", "follows"}]; else users sign up
 if SETUP_FILE and os.path.exists(SETUP_FILE):
     with open(SETUP_FILE) as fh:
         _setup = json.load(fh)
-    _celebrities = _setup["celebrities"]
+    _celebrities = _setup.get("celebrities", [])
+    _logins = _setup.get("logins", [])
     _accounts = _setup.get("users", [])
-    # several locust processes share the list: start each at its own offset
-    _account_turn = itertools.count(random.randrange(len(_accounts)) if _accounts else 0)
+
+_lock = threading.Lock()
+_runner = None                    # this process's locust runner (set on init, after any fork)
+_claims = {}                      # kind -> next index to hand out (local runner, or the master)
+_pending = {}                     # worker: ticket -> AsyncResult of a claim sent to the master
+_known_users = []                 # usernames whose users run in this process (follow targets)
 
 
-def _json(resp):
-    """The body as JSON, without FastResponse.text's charset detection (our bodies are UTF-8)."""
-    return json.loads(resp.content)
+def _new_records():
+    return {"pid": os.getpid(), "runner": None, "worker_index": None, "users": 0, "accounts": [],
+            "logins": 0, "posts": [], "follows": [], "polls": {}, "seen": [],
+            "cache": {"HIT": 0, "MISS": 0}, "truncated": 0}
+
+
+_records = _new_records()
+
+
+# --- handing out accounts: each pre-made account to at most one user of the whole test ---------
+
+def _next_index(kind, size):
+    n = _claims.get(kind, 0)
+    if n >= size:
+        return None
+    _claims[kind] = n + 1
+    return n
+
+
+def _take(kind, items):
+    """Index of an account of ``kind`` (celebrity, login, account) no other user of this test has
+    taken, in any process; None when they are all taken.  Workers ask the master."""
+    if not items:
+        return None
+    if not isinstance(_runner, WorkerRunner):
+        return _next_index(kind, len(items))
+    ticket = uuid.uuid4().hex
+    result = _pending[ticket] = gevent.event.AsyncResult()
+    try:
+        _runner.send_message("plurkers_claim", {"kind": kind, "size": len(items), "ticket": ticket})
+        return result.get(timeout=CLAIM_TIMEOUT_S)
+    except gevent.Timeout:
+        # an Exception (gevent.Timeout is not one): locust counts it, and the run fails
+        raise RuntimeError(f"the master did not hand out a {kind} account within {CLAIM_TIMEOUT_S} s") from None
+    finally:
+        _pending.pop(ticket, None)
+
+
+def _on_claim(environment, msg, **kwargs):
+    """Master: hand the next index of that kind to the worker that asked."""
+    index = _next_index(msg.data["kind"], msg.data["size"])
+    environment.runner.send_message("plurkers_claimed", {"ticket": msg.data["ticket"], "index": index},
+                                    client_id=msg.node_id)
+
+
+def _on_claimed(environment, msg, **kwargs):
+    """Worker: the master's answer to one of this process's claims."""
+    result = _pending.get(msg.data["ticket"])
+    if result is not None:
+        result.set(msg.data["index"])
+
+
+# --- responses --------------------------------------------------------------------------------
+
+def _body(resp, statuses, check):
+    """Inside ``catch_response``: the JSON body when the status is one of ``statuses`` and
+    ``check(body)`` finds nothing wrong; else the request is marked failed and None returned."""
+    if resp.status_code not in statuses:
+        error = getattr(resp, "error", None)
+        resp.failure(f"status {resp.status_code}" + (f" ({error})" if error else ""))
+        return None
+    try:
+        body = json.loads(resp.content)       # not FastResponse.text: no charset detection (UTF-8)
+    except (TypeError, ValueError) as exc:
+        resp.failure(f"status {resp.status_code} but not JSON ({exc}): {(resp.content or b'')[:40]!r}")
+        return None
+    problem = check(body) if isinstance(body, dict) else "not an object"
+    if problem:
+        resp.failure(f"status {resp.status_code}, unexpected body: {problem}")
+        return None
+    resp.success()
+    return body
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_token(body):
+    return None if isinstance(body.get("token"), str) else "no token"
+
+
+def _check_id(body):
+    return None if _is_int(body.get("id")) else "no id"
+
+
+def _check_any(body):
+    return None
+
+
+def _check_count(body):
+    return None if _is_int(body.get("count")) else "no count"
+
+
+def _check_items(body):
+    items = body.get("items")
+    if not isinstance(items, list):
+        return "no items"
+    for item in items:
+        if not isinstance(item, dict) or not _is_int(item.get("id")) or not isinstance(item.get("kind"), str):
+            return "an item without id or kind"
+        if item["kind"] == "plurk" and not (isinstance(item.get("created"), str) and isinstance(item.get("author"), str)):
+            return "a plurk without created or author"
+    return None
+
+
+def _check_messages(body):
+    return _check_count(body) or _check_items(body)
+
+
+def _check_timeline(body):
+    items = body.get("items")
+    if not isinstance(items, list) or not all(isinstance(i, dict) and _is_int(i.get("id")) for i in items):
+        return "items without ids"
+    return None
+
+
+def _created(item):
+    """The plurk's ``created`` (``2026-01-02T03:04:05.678Z``, UTC) as a Unix time, or None."""
+    try:
+        return datetime.datetime.strptime(item["created"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _zipf_index(n, s=1.2):
@@ -76,16 +243,26 @@ def _zipf_index(n, s=1.2):
 
 class _Plurker(FastHttpUser):
     abstract = True
+    host = DEFAULT_HOST
     wait_time = between(POLL_WAIT * 0.75, POLL_WAIT * 1.25)   # "every couple of seconds", with jitter
 
     username = None
     token = None
     seen = None
+    ready_at = None               # when this user had its account and follows: plurks created
+                                  # after it are timed as deliveries
 
     def _auth(self):
         return {"Authorization": f"Bearer {self.token}"}
 
-    def _get_poll(self, resource):
+    def _ran(self, login=False):
+        """This user runs ``self.username`` (recorded: the judge checks no other process does)."""
+        with _lock:
+            _records["users"] += 1
+            _records["accounts"].append(self.username)
+            _records["logins"] += int(login)
+
+    def _get_poll(self, resource, check):
         """One poll request: its JSON body, {} for 204, or None on failure (recorded by locust)."""
         path = f"/Poll/{resource}"
         with self.client.get(path, headers=self._auth(), name=path, catch_response=True) as resp:
@@ -93,38 +270,50 @@ class _Plurker(FastHttpUser):
             if resp.status_code == 204:
                 resp.success()
                 return {}
-            if resp.status_code != 200:
-                resp.failure(f"status {resp.status_code}")
-                return None
-            resp.success()
-            return _json(resp)
+            return _body(resp, (200,), check)
 
     def poll(self):
         started = time.time()
-        counted = self._get_poll("getUnreadCount")
+        counted = self._get_poll("getUnreadCount", _check_count)
         if counted is None:
             return
-        body = self._get_poll("getMessages") if counted else {}
+        body = self._get_poll("getMessages", _check_messages) if counted else {}
         if body is None:
             return
         if not body:
             self._polled(started)
             return
         now = time.time()
-        items = body.get("items", [])
+        items = body["items"]
+        fresh = []
         with _lock:
             for item in items:
                 if item["kind"] == "plurk" and item["id"] not in self.seen:
                     self.seen.add(item["id"])
                     _records["seen"].append([self.username, item["id"], now])
+                    fresh.append(item)
         self._polled(started)
-        if items and body.get("count") == len(items):
+        for item in fresh:
+            self._delivered(item, now)
+        if items and body["count"] == len(items):
             # everything unread was shown: mark it read (reading takes a moment)
             self.client.post("/api/markRead", json={"upto": max(i["id"] for i in items)},
                              headers=self._auth(), name="/api/markRead")
         elif items:
             with _lock:
                 _records["truncated"] += 1
+
+    def _delivered(self, item, now):
+        """A custom locust request of type ``delivery``: a plurk of someone else, created after this
+        user was ready, seen for the first time (response time: created -> now)."""
+        created = _created(item)
+        if created is None or item.get("author") == self.username or self.ready_at is None \
+                or created < self.ready_at:
+            return
+        self.environment.events.request.fire(
+            request_type="delivery", name="plurk first seen by a follower",
+            response_time=max(0.0, now - created) * 1000, response_length=0, response=None,
+            context={}, exception=None)
 
     def _polled(self, started):
         with _lock:
@@ -139,12 +328,13 @@ class _Plurker(FastHttpUser):
 
     def post(self, text):
         started = time.time()
-        resp = self.client.post("/api/plurks", json={"content": text}, headers=self._auth(), name="/api/plurks")
-        if resp.status_code == 201:
+        with self.client.post("/api/plurks", json={"content": text}, headers=self._auth(),
+                              name="/api/plurks", catch_response=True) as resp:
+            body = _body(resp, (201,), _check_id)
+        if body is not None:
             with _lock:
-                _records["posts"].append([self.username, _json(resp)["id"], started, time.time()])
-            return _json(resp)
-        return None
+                _records["posts"].append([self.username, body["id"], started, time.time()])
+        return body
 
 
 class Plurker(_Plurker):
@@ -154,23 +344,54 @@ class Plurker(_Plurker):
 
     def on_start(self):
         self.seen = set()
-        if _accounts:
-            account = _accounts[next(_account_turn) % len(_accounts)]
-            self.username, self.token = account["username"], account["token"]
-            if account.get("follows"):            # graph made in bulk before the run
-                with _lock:
-                    for name in account["follows"]:
-                        _records["follows"].append([self.username, name, 0.0])
-                        _known_users.append(self.username)
+        index = _take("login", _logins)
+        if index is not None:
+            if not self._login(_logins[index]):
                 return
         else:
-            self.username = f"u{uuid.uuid4().hex[:12]}"
-            resp = self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},
-                                    name="/api/signup")
-            if resp.status_code != 201:
-                self.stop()
+            index = _take("account", _accounts)
+            if index is not None:
+                account = _accounts[index]
+                self.username, self.token = account["username"], account["token"]
+                self._ran()
+                if account.get("follows"):            # graph made in bulk before the run
+                    with _lock:
+                        for name in account["follows"]:
+                            _records["follows"].append([self.username, name, 0.0])
+                        _known_users.append(self.username)
+                    self.ready_at = time.time()
+                    return
+            elif not self._signup():
                 return
-            self.token = _json(resp)["token"]
+        self._follow_some()
+        self.ready_at = time.time()
+
+    def _login(self, account):
+        """Log in with a password (``/api/login``): a user coming back, not a fresh sign-up."""
+        self.username = account["username"]
+        with self.client.post("/api/login", json={"username": account["username"], "password": account["password"]},
+                              name="/api/login", catch_response=True) as resp:
+            body = _body(resp, (200,), _check_token)
+        if body is None:
+            self.stop()
+            return False
+        self.token = body["token"]
+        self._ran(login=True)
+        return True
+
+    def _signup(self):
+        self.username = f"u{uuid.uuid4().hex[:12]}"
+        with self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},
+                              name="/api/signup", catch_response=True) as resp:
+            body = _body(resp, (201,), _check_token)
+        if body is None:
+            self.stop()
+            return False
+        self.token = body["token"]
+        self._ran()
+        return True
+
+    def _follow_some(self):
         targets = set()
         if _celebrities:
             for _ in range(random.randint(1, 3)):
@@ -180,9 +401,10 @@ class Plurker(_Plurker):
             _known_users.append(self.username)
         targets.update(others)
         for name in targets:
-            resp = self.client.post("/api/follow", json={"username": name}, headers=self._auth(),
-                                    name="/api/follow")
-            if resp.status_code in (200, 201):
+            with self.client.post("/api/follow", json={"username": name}, headers=self._auth(),
+                                  name="/api/follow", catch_response=True) as resp:
+                followed = _body(resp, (200, 201), _check_any) is not None
+            if followed:
                 with _lock:
                     _records["follows"].append([self.username, name, time.time()])
 
@@ -196,28 +418,35 @@ class Plurker(_Plurker):
 
     @task(WRITE_WEIGHT)
     def respond_task(self):
-        resp = self.client.get("/api/timeline?limit=5", headers=self._auth(), name="/api/timeline")
-        items = _json(resp)["items"] if resp.status_code == 200 else None
-        if items:
-            plurk = random.choice(items)
+        with self.client.get("/api/timeline?limit=5", headers=self._auth(), name="/api/timeline",
+                             catch_response=True) as resp:
+            body = _body(resp, (200,), _check_timeline)
+        if body and body["items"]:
+            plurk = random.choice(body["items"])
             self.client.post(f"/api/plurks/{plurk['id']}/responses", json={"content": "nice"},
                              headers=self._auth(), name="/api/plurks/[id]/responses")
 
 
 class Celebrity(_Plurker):
-    """One of the few accounts that many follow: posts more often, polls too."""
+    """One of the few accounts that many follow: posts more often, polls too.  Only with
+    pre-made celebrity accounts ($PLURK_LOAD_SETUP); without them the class is not run."""
 
+    abstract = not _celebrities
     weight = 1
     fixed_count = len(_celebrities)          # exactly one locust user per celebrity account
     wait_time = between(CELEB_WAIT * 0.7, CELEB_WAIT * 1.3)
 
     def on_start(self):
         self.seen = set()
-        if not _celebrities:
+        index = _take("celebrity", _celebrities)
+        if index is None:
+            log.error("more Celebrity users than celebrity accounts: this one stops")
             self.stop()
             return
-        celeb = _celebrities[next(_celebrity_turn) % len(_celebrities)]
+        celeb = _celebrities[index]
         self.username, self.token = celeb["username"], celeb["token"]
+        self._ran()
+        self.ready_at = time.time()
         # first post only once every user runs (a user spawned later could not see it before it
         # starts, which would measure the ramp-up, not delivery), then at a random moment of the
         # first wait, not all celebrities at once
@@ -233,11 +462,18 @@ class Celebrity(_Plurker):
         self.poll()
 
 
-def _write_records():
-    """One consistent snapshot of this process's records (taken under the lock), replaced atomically."""
-    os.makedirs(RECORDS_DIR, exist_ok=True)
+# --- records, events and the in-locust delivery summary -----------------------------------------
+
+def _snapshot():
+    """One consistent copy of this process's records, as JSON text (taken under the lock)."""
     with _lock:
-        data = json.dumps(_records)
+        return json.dumps(_records)
+
+
+def _write_records():
+    """Replace ``$PLURK_LOAD_RECORDS/<pid>.json`` atomically with a consistent snapshot."""
+    os.makedirs(RECORDS_DIR, exist_ok=True)
+    data = _snapshot()
     path = os.path.join(RECORDS_DIR, f"{os.getpid()}.json")
     with open(path + ".tmp", "w") as fh:
         fh.write(data)
@@ -245,12 +481,23 @@ def _write_records():
 
 
 def _runs_users(environment):
-    return RECORDS_DIR and not isinstance(getattr(environment, "runner", None), MasterRunner)
+    return not isinstance(getattr(environment, "runner", None), MasterRunner)
 
 
 _snapshots = None
 _all_spawned = gevent.event.Event()
 SPAWN_WAIT_MAX_S = 600
+
+
+@events.init.add_listener
+def _init(environment=None, runner=None, **kwargs):
+    """Runs in every process after locust's fork: this process's runner and its messages."""
+    global _runner
+    _runner = runner if runner is not None else environment.runner
+    if isinstance(_runner, MasterRunner):
+        _runner.register_message("plurkers_claim", _on_claim)
+    elif isinstance(_runner, WorkerRunner):
+        _runner.register_message("plurkers_claimed", _on_claimed)
 
 
 @events.spawning_complete.add_listener
@@ -259,10 +506,20 @@ def _spawned(**kwargs):
 
 
 @events.test_start.add_listener
-def _start_snapshots(environment=None, **kwargs):
-    """Every process that runs users (the only one, or each worker) snapshots its records."""
-    global _snapshots
-    if not _runs_users(environment) or _snapshots is not None:
+def _test_start(environment=None, **kwargs):
+    """A new test: every account can be handed out again (on the master or the only process);
+    each process that runs users starts fresh records and, with $PLURK_LOAD_RECORDS, snapshots them."""
+    global _records, _snapshots
+    _claims.clear()
+    _all_spawned.clear()
+    if not _runs_users(environment):
+        return
+    with _lock:
+        _records = _new_records()
+        _records["runner"] = "worker" if isinstance(environment.runner, WorkerRunner) else "local"
+        _records["worker_index"] = getattr(environment.runner, "worker_index", None)
+        del _known_users[:]
+    if RECORDS_DIR is None or _snapshots is not None:
         return
 
     def loop():
@@ -273,9 +530,31 @@ def _start_snapshots(environment=None, **kwargs):
 
 
 @events.test_stopping.add_listener
-@events.test_stop.add_listener
 @events.quitting.add_listener
-def _final_records(environment=None, **kwargs):
+def _records_now(environment=None, **kwargs):
     """Also written when the test stops and when the process quits."""
-    if _runs_users(environment):
+    if RECORDS_DIR and _runs_users(environment):
         _write_records()
+
+
+@events.test_stop.add_listener
+def _test_stop(environment=None, **kwargs):
+    """The final records, and the delivery verdict of this process's own users."""
+    if not _runs_users(environment):
+        _stats_log.info("delivery: each worker prints the figures of its own users; the verdict over "
+                        "every process (deliveries between processes too) is bench/load.py's")
+        return
+    if RECORDS_DIR:
+        _write_records()
+    records = json.loads(_snapshot())
+    if not records["users"]:
+        return
+    verdict = _delivery.judge([records])
+    if isinstance(environment.runner, WorkerRunner):
+        who = f"worker {environment.runner.worker_index}, its own {records['users']} users only"
+    else:
+        who = f"{records['users']} users, {records['logins']} logged in with a password"
+    _stats_log.info(f"delivery ({who}): {_delivery.summary(verdict)}")
+    if verdict["lost"]:
+        # failed requests and exceptions set locust's exit code already; a loss must too
+        environment.process_exit_code = 1

@@ -1,4 +1,6 @@
-"""The CI-sized locust run: tens of users for ~30 s through nginx; nothing lost, nothing failed."""
+"""The CI-sized locust run: tens of users for ~30 s through nginx; nothing lost, nothing failed, no
+exception in a task, a few users logged in with a password; and locust's distributed mode, where
+every account must be run by exactly one user of one process."""
 import json
 import os
 import subprocess
@@ -24,23 +26,39 @@ def test_quick_simulation_delivers_everything(stack, tmp_path):
     assert result["lost"] == 0
     assert result["deliveries_checked"] > 0
     assert result["hit_ratio"] > 0.95, result
+    assert result["exceptions"] == 0 and result["locust_exit"] == 0 and result["problems"] == []
+    # the default 3 users logged in with a password (the others start logged in)
+    assert result["password_logins"] == 3, result
+    login = result["endpoints"]["POST /api/login"]
+    assert login["requests"] == 3 and login["failures"] == 0, login
+    # locust's own delivery figures: a custom request type
+    assert result["endpoints"]["delivery plurk first seen by a follower"]["requests"] > 0, result["endpoints"]
+    assert result["record_files_with_users"] == 1 == result["record_files_expected"]
+    assert result["distinct_accounts"] == result["accounts_run"] == 30, result
 
 
 @pytest.mark.load
 @pytest.mark.slow
 def test_distributed_mode_merges_every_worker(stack, tmp_path):
     """locust --processes 2 (the mode of the 10,000-user run): both workers' records reach the judge,
-    with a bulk-made graph and a warm cache."""
+    with a bulk-made graph and a warm cache, and the two workers run disjoint accounts: 40 users
+    (3 celebrities, 2 logging in with a password, 35 pre-made) ran 40 distinct accounts, none of
+    them in both processes (locust imports the locustfile before it forks, so an account chosen at
+    import time would be the same in both)."""
     env = dict(os.environ, PLURK_BENCH_RESULTS=str(tmp_path))
     env.update(stack.config.to_env())
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "load.py"), "--users", "40",
                            "--spawn-rate", "20", "--run-time", "20", "--processes", "2", "--prefollow",
-                           "--celebrities", "3", "--celeb-wait", "3", "--poll-wait", "2", "--write-weight", "0",
+                           "--celebrities", "3", "--login-users", "2", "--celeb-wait", "3", "--poll-wait", "2", "--write-weight", "0",
                            "--result-name", "multi", "--host", stack.base_url], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     result = json.load(open(tmp_path / "multi.json"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert result["record_files"] == 2, result
+    assert result["record_files"] == 2 and result["record_files_with_users"] == 2, result
     assert result["failures"] == 0 and result["lost"] == 0
+    assert result["exceptions"] == 0 and result["locust_exit"] == 0 and result["problems"] == []
+    assert result["shared_accounts"] == 0, result["shared_examples"]
+    assert result["accounts_run"] == result["distinct_accounts"] == 40, result
+    assert result["password_logins"] == 2, result
     assert result["plurks_posted"] > 0 and result["deliveries_checked"] > 0, result
     assert result["hit_ratio"] > 0.95, result

@@ -1,0 +1,102 @@
+"""The delivery rule, shared by the locustfile (one process's own view) and bench/load.py (the
+merged records of every locust process, the authority for a ``--processes`` run).
+
+A records dict is what one locust process wrote (locustfiles/plurkers.py)::
+
+    {"pid", "runner": "local"|"worker", "worker_index", "users",
+     "accounts": [username, ...],            # the account of every user this process ran
+     "logins": N,                            # how many of them logged in with a password
+     "posts": [[author, plurk_id, started, committed], ...],
+     "follows": [[follower, followee, followed_at], ...],   # 0.0: made in bulk before the run
+     "polls": {username: start of its last complete poll},
+     "seen": [[username, plurk_id, first_seen], ...],
+     "cache": {"HIT": n, "MISS": n}, "truncated": n}
+
+Importing this module must stay cheap and free of Django and locust (both sides import it).
+"""
+
+
+def percentile(values, p):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def judge(records):
+    """Apply the delivery rule to the records of one or several processes.
+
+    Every plurk must reach every follower that followed before the post began and completed a poll
+    after it was committed; one that never did is *lost*.  Accounts must be distinct across
+    processes: an account run by two processes (``shared_accounts``) would count its follows and
+    deliveries twice and make one process's poll vouch for another's, so it fails the run too.
+    """
+    posts, follows, seen, polls = [], [], {}, {}
+    cache = {"HIT": 0, "MISS": 0}
+    truncated = 0
+    owner, shared = {}, set()
+    users = logins = 0
+    for index, rec in enumerate(records):
+        for name in rec.get("accounts", []):
+            if owner.setdefault(name, index) != index:
+                shared.add(name)
+        users += rec.get("users", 0)
+        logins += rec.get("logins", 0)
+        posts += rec["posts"]
+        follows += rec["follows"]
+        for user, item_id, t in rec["seen"]:
+            key = (user, item_id)
+            seen[key] = min(t, seen.get(key, t))
+        for user, t in rec["polls"].items():
+            polls[user] = max(t, polls.get(user, 0))
+        for k in cache:
+            cache[k] += rec["cache"][k]
+        truncated += rec["truncated"]
+    followers = {}
+    for follower, followee, t in follows:
+        followers.setdefault(followee, []).append((follower, t))
+    latencies, lost, checked = [], [], 0
+    for author, plurk_id, started, committed in posts:
+        for follower, followed_at in followers.get(author, []):
+            if followed_at >= started:
+                continue                     # followed after the post began: not owed it
+            first = seen.get((follower, plurk_id))
+            if first is not None:
+                latencies.append(max(0.0, first - committed))
+                checked += 1
+            elif polls.get(follower, 0) > committed:
+                lost.append([author, plurk_id, follower])
+                checked += 1
+    total = cache["HIT"] + cache["MISS"]
+    return {
+        "plurks_posted": len(posts),
+        "deliveries_checked": checked,
+        "lost": len(lost),
+        "lost_examples": lost[:10],
+        "delivery_latency_s": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
+                               "max": max(latencies) if latencies else None},
+        "poll_responses": total,
+        "hit_ratio": cache["HIT"] / total if total else None,
+        "truncated_polls": truncated,
+        "accounts_run": users,
+        "distinct_accounts": len(owner),
+        "shared_accounts": len(shared),
+        "shared_examples": sorted(shared)[:10],
+        "password_logins": logins,
+    }
+
+
+def summary(verdict):
+    """One line for a person: what was posted, checked, lost, how fast, and the poll hit ratio."""
+    lat = verdict["delivery_latency_s"]
+    fmt = (lambda v: "n/a" if v is None else f"{v:.2f} s")
+    ratio = verdict["hit_ratio"]
+    line = (f"{verdict['plurks_posted']} plurks, {verdict['deliveries_checked']} deliveries checked, "
+            f"LOST {verdict['lost']}, delivery latency p50 {fmt(lat['p50'])} p95 {fmt(lat['p95'])} "
+            f"max {fmt(lat['max'])}, poll hit ratio {'n/a' if ratio is None else format(ratio, '.4f')} "
+            f"({verdict['poll_responses']} poll responses)")
+    if verdict["lost"]:
+        line += f"; lost (author, plurk, follower) e.g. {verdict['lost_examples'][:3]}"
+    if verdict["shared_accounts"]:
+        line += f"; {verdict['shared_accounts']} accounts run by more than one process, e.g. {verdict['shared_examples'][:3]}"
+    return line

@@ -1,0 +1,73 @@
+"""The delivery judge and bench/load.py's verdict, on hand-made records (no stack, no locust)."""
+import json
+
+from bench import load
+from locustfiles import _delivery
+
+
+def _records(accounts, posts=(), follows=(), polls=None, seen=(), hits=1):
+    return {"pid": 1, "runner": "worker", "worker_index": 0, "users": len(accounts),
+            "accounts": list(accounts), "logins": 0, "posts": list(posts), "follows": list(follows),
+            "polls": dict(polls or {}), "seen": list(seen), "cache": {"HIT": hits, "MISS": 0},
+            "truncated": 0}
+
+
+def test_disjoint_processes_pass():
+    a = _records(["alice", "bob"], posts=[["alice", 7, 10.0, 10.1]], follows=[["bob", "alice", 0.0]],
+                 polls={"alice": 11.0, "bob": 12.0}, seen=[["bob", 7, 10.5]])
+    b = _records(["carol"], polls={"carol": 12.0})
+    verdict = _delivery.judge([a, b])
+    assert verdict["shared_accounts"] == 0
+    assert verdict["distinct_accounts"] == verdict["accounts_run"] == 3
+    assert verdict["deliveries_checked"] == 1 and verdict["lost"] == 0
+    assert abs(verdict["delivery_latency_s"]["p50"] - 0.4) < 1e-9
+
+
+def test_an_account_run_by_two_processes_is_rejected():
+    """The bug the offsets computed at import time caused: every worker drove the same accounts."""
+    a = _records(["alice", "bob"], polls={"alice": 11.0, "bob": 12.0})
+    b = _records(["bob", "carol"], polls={"bob": 13.0, "carol": 12.0})
+    verdict = _delivery.judge([a, b])
+    assert verdict["shared_accounts"] == 1 and verdict["shared_examples"] == ["bob"]
+    assert verdict["distinct_accounts"] == 3 and verdict["accounts_run"] == 4
+    assert "more than one process" in _delivery.summary(verdict)
+
+
+def test_a_follower_that_polled_after_the_post_and_never_saw_it_is_lost():
+    rec = _records(["alice", "bob"], posts=[["alice", 7, 10.0, 10.1]], follows=[["bob", "alice", 0.0]],
+                   polls={"bob": 12.0})
+    verdict = _delivery.judge([rec])
+    assert verdict["lost"] == 1 and verdict["lost_examples"] == [["alice", 7, "bob"]]
+    assert "LOST 1" in _delivery.summary(verdict)
+
+
+def _verdict(**overrides):
+    verdict = {"lost": 0, "failures": 0, "exceptions": 0, "locust_exit": 0, "requests": 100,
+               "record_files_with_users": 2, "record_files_expected": 2, "shared_accounts": 0,
+               "shared_examples": []}
+    verdict.update(overrides)
+    return verdict
+
+
+def test_bench_verdict_fails_on_every_kind_of_problem():
+    assert load.problems_of(_verdict()) == []
+    for bad, words in ((dict(lost=1), "lost"), (dict(failures=2), "failed"),
+                       (dict(exceptions=1), "exceptions in locust tasks"),
+                       (dict(locust_exit=1), "locust exited with status 1"),
+                       (dict(requests=0), "no requests"),
+                       (dict(record_files_with_users=1), "records files"),
+                       (dict(shared_accounts=1, shared_examples=["bob"]), "more than one locust process")):
+        problems = load.problems_of(_verdict(**bad))
+        assert len(problems) == 1 and words in problems[0], (bad, problems)
+
+
+def test_bench_judge_counts_the_records_files(tmp_path):
+    for pid, accounts in ((11, ["a", "b"]), (12, ["c"]), (13, [])):
+        (tmp_path / f"{pid}.json").write_text(json.dumps(_records(accounts)))
+    verdict = load.judge(str(tmp_path), expected_processes=2)
+    assert verdict["record_files"] == 3 and verdict["record_files_with_users"] == 2
+    assert load.problems_of(dict(verdict, failures=0, exceptions=0, locust_exit=0, requests=1)) == []
+    (tmp_path / "12.json").unlink()
+    verdict = load.judge(str(tmp_path), expected_processes=2)
+    problems = load.problems_of(dict(verdict, failures=0, exceptions=0, locust_exit=0, requests=1))
+    assert problems and "expected 2" in problems[0]

@@ -1,0 +1,152 @@
+"""locustfiles/plurkers.py run as a plain locust user would (no bench/load.py): the host comes from
+PLURK_HTTP, bad answers are request failures (not exceptions), and locust itself reports delivery
+and exits non-zero on a loss.  Against a fake API (a few seconds each) and once against the stack."""
+import csv
+import http.server
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOCUST = os.path.join(os.path.dirname(sys.executable), "locust")
+LOCUSTFILE = os.path.join(ROOT, "locustfiles", "plurkers.py")
+
+
+class FakeApi(http.server.ThreadingHTTPServer):
+    """Just enough of the API for the simulation.  ``polls``: "nonjson" answers every poll with a
+    200 HTML page (a misrouted request), "silent" with 204 (nothing new, ever: every plurk is lost)."""
+
+    daemon_threads = True
+
+    def __init__(self, polls):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.polls = polls
+        self.requests = []
+        self.ids = itertools.count(1)
+
+    def __enter__(self):
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+
+    @property
+    def hostport(self):
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body=b"", content_type="application/json", cache=None):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        if body:
+            self.send_header("Content-Type", content_type)
+        if cache:
+            self.send_header("X-Cache", cache)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status, obj):
+        self._send(status, json.dumps(obj).encode())
+
+    def do_GET(self):
+        self.server.requests.append(("GET", self.path))
+        if self.path.startswith("/Poll/"):
+            if self.server.polls == "nonjson":
+                self._send(200, b"<html>not the API</html>", "text/html", cache="HIT")
+            else:
+                self._send(204, cache="HIT")
+        elif self.path.startswith("/api/timeline"):
+            self._json(200, {"items": []})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        self.server.requests.append(("POST", self.path))
+        if self.path in ("/api/signup", "/api/login"):
+            self._json(201 if self.path == "/api/signup" else 200,
+                       {"token": f"t-{body['username']}", "user": {"username": body["username"]}})
+        elif self.path == "/api/follow":
+            self._json(201, {"following": body["username"]})
+        elif self.path == "/api/plurks":
+            self._json(201, {"id": next(self.server.ids)})
+        elif self.path == "/api/markRead":
+            self._send(204)
+        else:
+            self._json(404, {"error": "not found"})
+
+
+def _plain_locust(tmp_path, plurk_http, *args, env=None, timeout=120):
+    """`locust -f locustfiles/plurkers.py --headless ...` with PLURK_HTTP and *no* --host."""
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("PLURK_LOAD_")}
+    run_env.update(env or {}, PLURK_HTTP=plurk_http)
+    proc = subprocess.run([LOCUST, "-f", LOCUSTFILE, "--headless", "--csv", str(tmp_path / "locust"),
+                           "--loglevel", "WARNING", *args],
+                          env=run_env, cwd=str(tmp_path), capture_output=True, text=True, timeout=timeout)
+    return proc, proc.stdout + proc.stderr
+
+
+def _csv(tmp_path, name):
+    path = tmp_path / f"locust_{name}.csv"
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.load
+def test_a_poll_answer_that_is_not_json_is_a_failure_and_the_run_fails(tmp_path):
+    with FakeApi("nonjson") as api:
+        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "2", "-r", "2", "-t", "4s",
+                                  env={"PLURK_LOAD_POLL_WAIT": "0.3"})
+        assert ("GET", "/Poll/getUnreadCount") in api.requests, out[-3000:]   # host: PLURK_HTTP
+    assert proc.returncode == 1, out[-3000:]
+    failures = _csv(tmp_path, "failures")
+    assert any(f["Name"] == "/Poll/getUnreadCount" and "not JSON" in f["Error"] for f in failures), failures
+    assert _csv(tmp_path, "exceptions") == [], out[-3000:]     # a failure, not an exception
+
+
+@pytest.mark.load
+def test_a_lost_plurk_makes_locust_itself_exit_non_zero(tmp_path):
+    """Every poll says "nothing new": the celebrity's plurks never reach its followers.  No request
+    fails, yet the run must fail: the in-locust verdict sets the exit status."""
+    setup = {"celebrities": [{"username": "celeb", "token": "t-celeb"}],
+             "users": [{"username": f"fan{i}", "token": f"t-fan{i}", "follows": ["celeb"]} for i in range(3)]}
+    (tmp_path / "setup.json").write_text(json.dumps(setup))
+    with FakeApi("silent") as api:
+        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "4", "-r", "4", "-t", "6s",
+                                  env={"PLURK_LOAD_SETUP": str(tmp_path / "setup.json"),
+                                       "PLURK_LOAD_POLL_WAIT": "0.3", "PLURK_LOAD_CELEB_WAIT": "0.3"})
+    assert ("POST", "/api/plurks") in api.requests, out[-3000:]
+    assert proc.returncode == 1, out[-3000:]
+    assert sum(int(r["Failure Count"]) for r in _csv(tmp_path, "stats") if r["Name"] == "Aggregated") == 0, out
+    line = next((ln for ln in out.splitlines() if ln.startswith("delivery (4 users")), None)
+    assert line is not None and "LOST 0" not in line and "LOST" in line, out[-3000:]
+
+
+@pytest.mark.load
+@pytest.mark.slow
+def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path):
+    """No setup file, no --host: users sign up at PLURK_HTTP, follow each other, post and poll;
+    locust prints its own delivery line (nothing lost) and exits 0."""
+    proc, out = _plain_locust(tmp_path, f"{stack.config.http[0]}:{stack.config.http[1]}",
+                              "-u", "6", "-r", "3", "-t", "15s",
+                              env={"PLURK_LOAD_POLL_WAIT": "1", "PLURK_LOAD_WRITE_WEIGHT": "6"})
+    assert proc.returncode == 0, out[-3000:]
+    stats = {(r["Type"], r["Name"]): r for r in _csv(tmp_path, "stats")}
+    assert int(stats[("POST", "/api/signup")]["Request Count"]) == 6, stats.keys()
+    assert int(stats[("GET", "/Poll/getUnreadCount")]["Request Count"]) > 20
+    assert int(stats[("", "Aggregated")]["Failure Count"]) == 0
+    line = next((ln for ln in out.splitlines() if ln.startswith("delivery (6 users")), None)
+    assert line is not None and "LOST 0" in line and "poll hit ratio" in line, out[-3000:]
