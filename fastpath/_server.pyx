@@ -107,13 +107,22 @@ def _testhelper_pick(list node_names, bytes key):
     return fp.fp_rendezvous_pick(nodes, len(keep), key, len(key))
 
 
+def _testhelper_name_greater(bytes a, bytes b):
+    """The rendezvous tie-break on its own: does node name a sort after b?"""
+    cdef fp.fp_node_t na, nb
+    na.name, na.name_len = a, len(a)
+    nb.name, nb.name_len = b, len(b)
+    return bool(fp.fp_node_name_greater(&na, &nb))
+
+
 def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages"):
     """(uid, epoch, expires, key) for a valid token, else the error string."""
     cdef fp.fp_token_t t
     cdef fp.fp_hmac_key_t hmac
     cdef char key[128]
     cdef bytes res = resource.encode("ascii")
-    fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret))
+    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
+        raise FastpathError("cannot prepare the HMAC key")
     r = fp.fp_token_check(&hmac, token, len(token), now, &t)
     if r != fp.FP_TOKEN_OK:
         return fp.fp_token_strerror(r).decode("ascii")

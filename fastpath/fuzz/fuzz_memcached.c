@@ -40,7 +40,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     static const char node[] = "127.0.0.1:9";
     char err[256];
 
-    signal(SIGPIPE, SIG_IGN);
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+        abort();
     memset(&cfg, 0, sizeof(cfg));
     cfg.listen_fd = cfg.admin_fd = -1;
     cfg.n_nodes = 1;
@@ -72,7 +73,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void _spin(int rounds)
 {
     for (int i = 0; i < rounds; i++)
-        event_base_loop(srv.base, EVLOOP_NONBLOCK);
+        if (event_base_loop(srv.base, EVLOOP_NONBLOCK) < 0)
+            abort();
 }
 
 static size_t _drain(int fd, char *buf, size_t len, size_t cap)
@@ -171,7 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         close(cl[i][1]);
     }
     for (int round = 0; round < 1000 && srv.n_conns > 0; round++)
-        event_base_loop(srv.base, EVLOOP_NONBLOCK);
+        _spin(1);
     if (srv.n_conns > 0) {
         fprintf(stderr, "fuzz_memcached: a connection outlived its client\n");
         abort();

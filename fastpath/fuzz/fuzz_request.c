@@ -28,7 +28,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     static const char node[] = "127.0.0.1:9";
     char err[256];
 
-    signal(SIGPIPE, SIG_IGN);
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+        abort();
     memset(&cfg, 0, sizeof(cfg));
     cfg.listen_fd = cfg.admin_fd = -1;
     cfg.n_nodes = 1;
@@ -76,10 +77,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 sent += (size_t)n;
         }
         if (sent == size && !shut) {
-            shutdown(sv[1], SHUT_WR);     /* the client is done: the server sees EOF */
+            if (shutdown(sv[1], SHUT_WR) < 0)     /* the client is done: the server sees EOF */
+                abort();
             shut = 1;
         }
-        event_base_loop(srv.base, EVLOOP_NONBLOCK);
+        if (event_base_loop(srv.base, EVLOOP_NONBLOCK) < 0)
+            abort();
         ssize_t n = recv(sv[1], out + out_len, FUZZ_OUT_CAP - out_len, 0);
         if (n > 0)
             out_len += (size_t)n;

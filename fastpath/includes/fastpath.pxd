@@ -7,6 +7,7 @@ cdef extern from "fp_hash.h" nogil:
         size_t name_len
     uint32_t fp_murmur3_32(const void *data, size_t len, uint32_t seed)
     int fp_rendezvous_pick(const fp_node_t *nodes, int n_nodes, const char *key, size_t key_len)
+    int fp_node_name_greater(const fp_node_t *a, const fp_node_t *b)
 
 cdef extern from "fp_token.h" nogil:
     ctypedef enum fp_token_result_t:
@@ -14,6 +15,7 @@ cdef extern from "fp_token.h" nogil:
         FP_TOKEN_MALFORMED
         FP_TOKEN_BAD_SIGNATURE
         FP_TOKEN_EXPIRED
+        FP_TOKEN_INTERNAL
     ctypedef struct fp_token_t:
         uint64_t uid, epoch, expires
         const char *uid_str
@@ -22,7 +24,7 @@ cdef extern from "fp_token.h" nogil:
         size_t epoch_len
     ctypedef struct fp_hmac_key_t:
         pass
-    void fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len)
+    int fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len)
     fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t tok_len,
                                      int64_t now, fp_token_t *out)
     const char *fp_token_strerror(fp_token_result_t r)

@@ -8,6 +8,9 @@
  *
  * Request data is only ever handled as (offset, length) into the read buffer; nothing here
  * relies on NUL termination.
+ *
+ * close()'s result is not used: Linux releases the descriptor even when close reports an error,
+ * and nothing unsent could be saved by then.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -101,17 +104,24 @@ static int _conn_watch(fp_conn_t *c, short what)
     return event_add(c->ev, c->srv->idle_tv);
 }
 
+/* Nagle off, so that an answer leaves at once.  A unix socket has no Nagle to turn off. */
+static int _set_nodelay(evutil_socket_t fd)
+{
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 || errno == EOPNOTSUPP)
+        return 0;
+    return -1;
+}
+
 static void _conn_new(fp_server_t *srv, evutil_socket_t fd, int admin)
 {
     const fp_config_t *cfg = srv->cfg;
     /* the cap is for poll connections: an operator can still read /metrics at the cap */
-    if (srv->stopping || (!admin && srv->n_polls >= cfg->max_connections)) {
+    if (srv->stopping || (!admin && srv->n_polls >= cfg->max_connections) || _set_nodelay(fd) != 0) {
         close(fd);                   /* nginx falls back to Django at once, instead of queueing */
         srv->st->conn_rejected++;
         return;
     }
-    int one = 1;
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     fp_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) {
         close(fd);
@@ -163,10 +173,8 @@ void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct s
 void fp_conn_accept_error(struct evconnlistener *l, void *arg)
 {
     fp_server_t *srv = arg;
-    struct timeval pause = {0, 100000};
     srv->st->conn_rejected++;
-    (void)evconnlistener_disable(l);
-    (void)event_add(srv->pause_accept, &pause);
+    fp_server_pause_accepting(srv, l);
 }
 
 /* Draining: idle keep-alive connections go now; busy ones close after their answer. */
@@ -422,39 +430,64 @@ void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size
 
 /* ---- deciding what a request gets ---------------------------------------------------- */
 
-/* credentials = "Bearer" 1SP token  (scheme case-insensitive) */
-static int _bearer_token(const char *value, size_t len, const char **tok, size_t *tok_len)
+/* Credentials are read exactly as Django reads them (docs/contract.md, section 2); where the two
+ * could disagree -- a repeated header, a repeated or quoted plurk_token cookie -- fastpath does
+ * not guess: it answers MISS and nginx lets Django decide. */
+enum { CRED_NONE = -1, CRED_FOUND = 0, CRED_AMBIGUOUS = -2 };
+
+static int _is_ows(char ch)
 {
-    if (len < 7 || strncasecmp(value, "bearer ", 7) != 0)
-        return -1;
-    *tok = value + 7;
-    *tok_len = len - 7;
-    return 0;
+    return ch == ' ' || ch == '\t';
 }
 
-/* cookie-string = cookie-pair *( ";" SP cookie-pair ); we look for plurk_token=<value> */
+/* credentials = "Bearer" 1SP token  (scheme case-insensitive; trailing OWS is not part of the
+ * value, so "Bearer " alone is no Bearer credential, as for Django) */
+static int _bearer_token(const char *value, size_t len, const char **tok, size_t *tok_len)
+{
+    while (len > 0 && _is_ows(value[len - 1]))
+        len--;
+    if (len < 7 || strncasecmp(value, "bearer ", 7) != 0)
+        return CRED_NONE;
+    *tok = value + 7;
+    *tok_len = len - 7;
+    return CRED_FOUND;
+}
+
+/* cookie-string = cookie-pair *( ";" cookie-pair ); each pair is name "=" value with optional
+ * whitespace around both, the last pair of a name wins (Django's parse_cookie).  We want
+ * plurk_token; a quoted value (Django would unquote it) or a second plurk_token is ambiguous. */
 static int _cookie_token(const char *value, size_t len, const char **tok, size_t *tok_len)
 {
-    static const char name[] = "plurk_token=";
+    static const char name[] = "plurk_token";
     const size_t name_len = sizeof(name) - 1;
+    int found = CRED_NONE;
     size_t i = 0;
 
     while (i < len) {
-        while (i < len && (value[i] == ' ' || value[i] == '\t'))
-            i++;
         const char *pair = value + i;
         const char *semi = memchr(pair, ';', len - i);
         size_t pair_len = semi ? (size_t)(semi - pair) : len - i;
-        if (pair_len >= name_len && memcmp(pair, name, name_len) == 0) {
-            *tok = pair + name_len;
-            *tok_len = pair_len - name_len;
-            while (*tok_len > 0 && ((*tok)[*tok_len - 1] == ' ' || (*tok)[*tok_len - 1] == '\t'))
-                (*tok_len)--;
-            return 0;
-        }
+        const char *eq = memchr(pair, '=', pair_len);
         i += pair_len + 1;
+        if (eq == NULL)
+            continue;
+        const char *key = pair, *val = eq + 1;
+        size_t key_len = (size_t)(eq - pair), val_len = pair_len - key_len - 1;
+        while (key_len > 0 && _is_ows(*key)) { key++; key_len--; }
+        while (key_len > 0 && _is_ows(key[key_len - 1])) key_len--;
+        if (key_len != name_len || memcmp(key, name, name_len) != 0)
+            continue;
+        if (found == CRED_FOUND)
+            return CRED_AMBIGUOUS;
+        while (val_len > 0 && _is_ows(*val)) { val++; val_len--; }
+        while (val_len > 0 && _is_ows(val[val_len - 1])) val_len--;
+        if (val_len > 0 && val[0] == '"')
+            return CRED_AMBIGUOUS;
+        *tok = val;
+        *tok_len = val_len;
+        found = CRED_FOUND;
     }
-    return -1;
+    return found;
 }
 
 /* path = "/Poll/" resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources */
@@ -508,18 +541,31 @@ static void _examine(fp_conn_t *c)
         _decide(c, 404, "unknown poll resource", "MISS");
         return;
     }
-    int found = -1;
-    if (c->have_auth)
+    int found = CRED_NONE;
+    if (c->have_auth > 1 || c->have_cookie > 1)
+        found = CRED_AMBIGUOUS;      /* a repeated header: Django sees them joined */
+    if (found == CRED_NONE && c->have_auth)
         found = _bearer_token(data + c->auth_off, c->auth_len, &tok, &tok_len);
-    if (found < 0 && c->have_cookie)
+    if (found == CRED_NONE && c->have_cookie)
         found = _cookie_token(data + c->cookie_off, c->cookie_len, &tok, &tok_len);
-    if (found < 0) {
+    if (found == CRED_AMBIGUOUS) {
+        _decide(c, 404, "ambiguous credentials", "MISS");
+        return;
+    }
+    if (found != CRED_FOUND) {
         _decide(c, 401, "authentication required", NULL);
         return;
     }
-    struct timeval now;
-    event_base_gettimeofday_cached(c->srv->base, &now);
-    fp_token_result_t tr = fp_token_check(&c->srv->hmac, tok, tok_len, (int64_t)now.tv_sec, &token);
+    int64_t now;
+    if (fp_wall_s(c->srv, &now) != 0) {
+        _decide(c, 503, "clock unavailable", "MISS");    /* expiry cannot be checked: fall back */
+        return;
+    }
+    fp_token_result_t tr = fp_token_check(&c->srv->hmac, tok, tok_len, now, &token);
+    if (tr == FP_TOKEN_INTERNAL) {
+        _decide(c, 503, fp_token_strerror(tr), "MISS");  /* libcrypto failed, not the client */
+        return;
+    }
     if (tr != FP_TOKEN_OK) {
         _decide(c, 401, fp_token_strerror(tr), NULL);
         return;
@@ -619,14 +665,21 @@ static int _on_header_value_complete(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
     const char *field = c->in->data + c->field_off;
-    if (c->field_len == 13 && strncasecmp(field, "authorization", 13) == 0 && !c->have_auth) {
-        c->have_auth = 1;
-        c->auth_off = c->value_off;
-        c->auth_len = c->value_len;
-    } else if (c->field_len == 6 && strncasecmp(field, "cookie", 6) == 0 && !c->have_cookie) {
-        c->have_cookie = 1;
-        c->cookie_off = c->value_off;
-        c->cookie_len = c->value_len;
+    /* a second Authorization or Cookie header only marks the request ambiguous (have_* = 2) */
+    if (c->field_len == 13 && strncasecmp(field, "authorization", 13) == 0) {
+        if (c->have_auth++ == 0) {
+            c->auth_off = c->value_off;
+            c->auth_len = c->value_len;
+        } else {
+            c->have_auth = 2;
+        }
+    } else if (c->field_len == 6 && strncasecmp(field, "cookie", 6) == 0) {
+        if (c->have_cookie++ == 0) {
+            c->cookie_off = c->value_off;
+            c->cookie_len = c->value_len;
+        } else {
+            c->have_cookie = 2;
+        }
     }
     c->field_len = c->value_len = 0;
     return 0;

@@ -33,7 +33,7 @@ uint32_t fp_murmur3_32(const void *data, size_t len, uint32_t seed)
 }
 
 /* memcmp-based "a > b" for byte strings of explicit lengths (Python's str comparison on ASCII). */
-static int _name_greater(const fp_node_t *a, const fp_node_t *b)
+int fp_node_name_greater(const fp_node_t *a, const fp_node_t *b)
 {
     size_t n = a->name_len < b->name_len ? a->name_len : b->name_len;
     int c = memcmp(a->name, b->name, n);
@@ -56,7 +56,7 @@ int fp_rendezvous_pick(const fp_node_t *nodes, int n_nodes, const char *key, siz
         buf[nodes[i].name_len] = '-';
         memcpy(buf + nodes[i].name_len + 1, key, key_len);
         int64_t score = fp_murmur3_32(buf, need, 0);
-        if (score > best_score || (score == best_score && _name_greater(&nodes[i], &nodes[best]))) {
+        if (score > best_score || (score == best_score && fp_node_name_greater(&nodes[i], &nodes[best]))) {
             best_score = score;
             best = i;
         }

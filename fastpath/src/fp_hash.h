@@ -16,4 +16,7 @@ typedef struct {
  * greater node name), or -1 when nodes is empty or a name is too long. */
 int fp_rendezvous_pick(const fp_node_t *nodes, int n_nodes, const char *key, size_t key_len);
 
+/* The tie-break: a's name sorts after b's (pymemcache keeps max(str(node), str(winner))). */
+int fp_node_name_greater(const fp_node_t *a, const fp_node_t *b);
+
 #endif

@@ -125,7 +125,9 @@ typedef struct fp_server {
     llhttp_settings_t http_settings;
     const struct timeval *idle_tv;   /* a libevent common timeout */
     struct event *pause_accept;      /* re-enables accepting after EMFILE */
+    int accept_retries;              /* failed attempts to re-enable accepting, in a row */
     int stopping;
+    const char *fatal;               /* why this worker gave up (fp_server_run returns -1) */
     struct event *sig_term, *sig_int;
     int64_t date_s;                  /* second the Date header below was made for */
     char date[40];
@@ -137,6 +139,15 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
 void fp_server_fini(fp_server_t *srv);
 int64_t fp_now_us(void);
 int64_t fp_now_s(fp_server_t *srv);
+/* The loop's cached wall-clock second (token expiry); -1 if libevent cannot tell it. */
+int fp_wall_s(fp_server_t *srv, int64_t *now);
+/* One line "fastpath[pid]: ..." on stderr; beyond 10 lines in 10 s the rest are only counted. */
+void fp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* accept() failed on l: stop accepting on it for a moment (then fp_server.c resumes it). */
+void fp_server_pause_accepting(fp_server_t *srv, struct evconnlistener *l);
+/* This worker cannot go on: drain as on SIGTERM, then fp_server_run returns -1 with why, the
+ * worker exits 1 and the parent starts a new one. */
+void fp_server_fail(fp_server_t *srv, const char *why);
 int fp_status_slot(int code);
 void fp_maybe_finish_drain(fp_server_t *srv);
 const char *fp_date_header(fp_server_t *srv, size_t *len);

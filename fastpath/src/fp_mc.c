@@ -5,7 +5,10 @@
  * END).  Every reply is matched against the key we asked for, so a reply can never be given to
  * another user's request.  A server that errs, times out or says something unexpected is
  * dropped: its waiting requests get 503 (nginx falls back to Django) and it is retried after a
- * backoff that doubles from 50 ms to 1 s.
+ * backoff that doubles from 50 ms to 1 s.  So is one whose deadline timer libevent cannot set:
+ * a get without a deadline could wait forever.
+ *
+ * close()'s result is not used: Linux releases the descriptor even when close reports an error.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -94,17 +97,34 @@ static void _pop_head(fp_mc_t *mc)
 
 /* ---- connection state -------------------------------------------------------------- */
 
-static void _arm_timer(fp_mc_t *mc)
+/* Set the timer to fire at deadline_us (now_us: the time now).  -1: libevent could not (out
+ * of memory for its timer heap). */
+static int _timer_at(fp_mc_t *mc, int64_t deadline_us, int64_t now_us)
 {
-    if (mc->head == NULL) {
-        evtimer_del(mc->timer);
-        return;
-    }
-    int64_t left = mc->head->deadline_us - fp_now_us();
+    int64_t left = deadline_us - now_us;
     if (left < 0)
         left = 0;
     struct timeval tv = {(time_t)(left / 1000000), (suseconds_t)(left % 1000000)};
-    evtimer_add(mc->timer, &tv);
+    return evtimer_add(mc->timer, &tv);
+}
+
+/* Nothing waits: stop the timer.  libevent fails to remove a timer only if it was never set
+ * up; one left behind would find nothing waiting, and _mc_timer_cb would try again. */
+static void _timer_off(fp_mc_t *mc)
+{
+    if (evtimer_del(mc->timer) != 0)
+        fp_log("memcached: cannot stop a deadline timer");
+}
+
+/* Keep the timer on the oldest waiting get's deadline (off when none waits).  -1: it could not
+ * be set, and the gets waiting would have no deadline: the caller resets the connection. */
+static int _arm_timer(fp_mc_t *mc)
+{
+    if (mc->head == NULL) {
+        _timer_off(mc);
+        return 0;
+    }
+    return _timer_at(mc, mc->head->deadline_us, fp_now_us());
 }
 
 static void _drop_socket(fp_mc_t *mc)
@@ -142,7 +162,7 @@ static void _reset(fp_mc_t *mc, int is_timeout)
         _answer(mc, mc->head, FP_MC_UNAVAILABLE, NULL, 0);
         _pop_head(mc);
     }
-    evtimer_del(mc->timer);
+    _timer_off(mc);
     fp_maybe_finish_drain(srv);
 }
 
@@ -153,8 +173,9 @@ static int _connect(fp_mc_t *mc)
     if (fd < 0)
         return -1;
     int one = 1;
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(fd, (struct sockaddr *)&mc->addr, (socklen_t)mc->addr_len) < 0 && errno != EINPROGRESS) {
+    /* with Nagle, a get written while the last one is unanswered would wait for its ACK */
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
+        (connect(fd, (struct sockaddr *)&mc->addr, (socklen_t)mc->addr_len) < 0 && errno != EINPROGRESS)) {
         close(fd);
         return -1;
     }
@@ -424,7 +445,11 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
         _reset(mc, 0);               /* bytes nobody asked for */
         return;
     }
-    _arm_timer(mc);
+    if (_arm_timer(mc) != 0) {
+        fp_log("memcached: cannot set a deadline timer; answering the waiting requests 503");
+        _reset(mc, 0);
+        return;
+    }
     fp_maybe_finish_drain(srv);
 }
 
@@ -433,8 +458,10 @@ static void _mc_timer_cb(evutil_socket_t fd, short what, void *arg)
     fp_mc_t *mc = arg;
     if (mc->head != NULL && mc->head->deadline_us <= fp_now_us())
         _reset(mc, 1);
-    else
-        _arm_timer(mc);
+    else if (_arm_timer(mc) != 0) {
+        fp_log("memcached: cannot set a deadline timer; answering the waiting requests 503");
+        _reset(mc, 0);
+    }
 }
 
 /* ---- public -------------------------------------------------------------------------- */
@@ -463,6 +490,14 @@ fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, siz
     p->conn = conn;
     p->start_us = now;
     p->deadline_us = now + (int64_t)srv->cfg->timeout_ms * 1000;
+    /* the first get in the queue sets the deadline timer (later ones are behind it); without a
+     * timer it could wait forever, so it is answered 503 at once instead (nothing else waits) */
+    if (mc->head == NULL && _timer_at(mc, p->deadline_us, now) != 0) {
+        _pending_put(srv, p);
+        srv->st->mc_errors++;
+        fp_log("memcached: cannot set a deadline timer; answering 503");
+        return FP_MC_UNAVAILABLE;
+    }
     memcpy(p->key, key, key_len);
     p->key_len = key_len;
     if (mc->tail != NULL)
@@ -473,8 +508,6 @@ fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, siz
     mc->n_pending++;
     srv->st->inflight++;
     conn->pending = p;
-    if (mc->n_pending == 1)
-        _arm_timer(mc);
     event_active(mc->flush_ev, EV_WRITE, 0);     /* runs once, after this loop pass */
     return FP_MC_QUEUED;
 }

@@ -3,7 +3,9 @@
  * The request path lives in fp_conn.c (HTTP, llhttp) and fp_mc.c (memcached); everything runs on
  * one event base per worker process, without the GIL.
  */
+#include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,23 +14,82 @@
 
 #include "fp_internal.h"
 
+#define ACCEPT_PAUSE_US 100000       /* after a failed accept() */
+#define ACCEPT_RETRIES 20            /* re-enabling accepting fails this often (2 s): give up */
+#define LOG_WINDOW_S 10
+#define LOG_BURST 10                 /* log lines per LOG_WINDOW_S; the rest are only counted */
+
 const double fp_lat_bounds[FP_LAT_BUCKETS] = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 1e300};
 
 /* ---- small helpers shared by the request path -------------------------------------- */
 
+void fp_log(const char *fmt, ...)
+{
+    static time_t window;
+    static unsigned int in_window, suppressed;
+    time_t now = time(NULL) / LOG_WINDOW_S;    /* time() fails only for a bad pointer */
+    va_list ap;
+
+    if (now != window) {
+        window = now;
+        in_window = 0;
+    }
+    if (++in_window > LOG_BURST) {
+        suppressed++;
+        return;
+    }
+    /* nowhere is left to report a failed write to stderr: these results are not used */
+    if (suppressed > 0) {
+        (void)fprintf(stderr, "fastpath[%ld]: (%u similar lines not shown)\n", (long)getpid(), suppressed);
+        suppressed = 0;
+    }
+    (void)fprintf(stderr, "fastpath[%ld]: ", (long)getpid());
+    va_start(ap, fmt);
+    (void)vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    (void)fputc('\n', stderr);
+}
+
+/* CLOCK_MONOTONIC and CLOCK_MONOTONIC_COARSE fail only when the kernel lacks the clock (EINVAL),
+ * which fp_server_init rules out before anything is served.  Should one fail later all the same,
+ * no deadline can be kept: the worker stops at once (the parent starts a new one, whose init
+ * then says what is wrong). */
+static void _clock_failed(const char *which)
+{
+    fp_log("clock_gettime(%s) failed: %s; worker stops", which, strerror(errno));
+    abort();
+}
+
 int64_t fp_now_us(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        _clock_failed("CLOCK_MONOTONIC");
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 int64_t fp_now_s(fp_server_t *srv)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+        _clock_failed("CLOCK_MONOTONIC_COARSE");
     return (int64_t)ts.tv_sec;
+}
+
+static int _clocks_work(void)
+{
+    struct timespec ts;
+    return clock_gettime(CLOCK_MONOTONIC, &ts) == 0 && clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0;
+}
+
+int fp_wall_s(fp_server_t *srv, int64_t *now)
+{
+    struct timeval tv;
+    if (event_base_gettimeofday_cached(srv->base, &tv) != 0)
+        return -1;
+    *now = (int64_t)tv.tv_sec;
+    return 0;
 }
 
 int fp_status_slot(int code)
@@ -57,8 +118,9 @@ const char *fp_date_header(fp_server_t *srv, size_t *len)
                                        "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
     struct timeval now;
     struct tm tm;
-    event_base_gettimeofday_cached(srv->base, &now);
-    if ((int64_t)now.tv_sec != srv->date_s && gmtime_r(&now.tv_sec, &tm) != NULL) {
+    /* if the time cannot be read, the last Date made is sent again */
+    if (event_base_gettimeofday_cached(srv->base, &now) == 0 && (int64_t)now.tv_sec != srv->date_s &&
+        gmtime_r(&now.tv_sec, &tm) != NULL) {
         int n = snprintf(srv->date, sizeof(srv->date), "%s, %02d %s %04d %02d:%02d:%02d GMT",
                          days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900,
                          tm.tm_hour, tm.tm_min, tm.tm_sec);
@@ -69,10 +131,18 @@ const char *fp_date_header(fp_server_t *srv, size_t *len)
     return srv->date;
 }
 
+/* Leave the loop once the current callbacks are done.  loopexit needs an allocation
+ * (event_base_once); loopbreak, its fallback, needs none and fails only without a base. */
+static void _leave_loop(fp_server_t *srv)
+{
+    if (event_base_loopexit(srv->base, NULL) != 0 && event_base_loopbreak(srv->base) != 0)
+        fp_log("cannot leave the event loop");
+}
+
 void fp_maybe_finish_drain(fp_server_t *srv)
 {
     if (srv->stopping && srv->n_conns <= 0)
-        event_base_loopexit(srv->base, NULL);
+        _leave_loop(srv);
 }
 
 /* ---- stats ------------------------------------------------------------------------------ */
@@ -157,31 +227,86 @@ size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)
 
 /* ---- lifecycle -------------------------------------------------------------------- */
 
-static void _on_stop_signal(evutil_socket_t sig, short what, void *arg)
+/* Stop accepting; in-flight requests finish (at most --drain-timeout), then the loop ends. */
+static void _begin_drain(fp_server_t *srv)
 {
-    fp_server_t *srv = arg;
     struct timeval grace = {srv->cfg->drain_timeout_s, 0};
-    if (srv->stopping)
-        return;
+
     srv->stopping = 1;
-    if (srv->listener != NULL)
-        (void)evconnlistener_disable(srv->listener);    /* in-flight requests still finish */
-    event_base_loopexit(srv->base, &grace);
+    if (srv->listener != NULL && evconnlistener_disable(srv->listener) != 0)
+        fp_log("cannot stop accepting; connections that still arrive are closed at once");
+    if (event_base_loopexit(srv->base, &grace) != 0) {
+        /* no deadline for the drain: stop now; fp_server_fini answers waiting requests 503 */
+        fp_log("cannot schedule the end of the drain; stopping without draining");
+        _leave_loop(srv);
+        return;
+    }
     fp_conn_close_idle(srv);
     fp_maybe_finish_drain(srv);
 }
 
+static void _on_stop_signal(evutil_socket_t sig, short what, void *arg)
+{
+    fp_server_t *srv = arg;
+    if (!srv->stopping)
+        _begin_drain(srv);
+}
+
+void fp_server_fail(fp_server_t *srv, const char *why)
+{
+    if (srv->fatal == NULL)
+        srv->fatal = why;
+    fp_log("%s: draining, then this worker exits (its parent starts a new one)", why);
+    if (!srv->stopping)
+        _begin_drain(srv);
+}
+
+static int _add_pause_timer(fp_server_t *srv)
+{
+    struct timeval pause = {0, ACCEPT_PAUSE_US};
+    return event_add(srv->pause_accept, &pause);
+}
+
+void fp_server_pause_accepting(fp_server_t *srv, struct evconnlistener *l)
+{
+    int err = EVUTIL_SOCKET_ERROR();
+    if (_add_pause_timer(srv) != 0) {
+        /* nothing would turn accepting back on: keep it on (the next failed accept tries again) */
+        fp_log("accept failed (%s) and no pause can be scheduled; accepting on", strerror(err));
+        return;
+    }
+    if (evconnlistener_disable(l) != 0)
+        fp_log("accept failed (%s) and accepting cannot be paused", strerror(err));
+    else
+        fp_log("accept failed (%s); accepting again in %d ms", strerror(err), ACCEPT_PAUSE_US / 1000);
+}
+
+static int _enable(struct evconnlistener *l)
+{
+    return l == NULL ? 0 : evconnlistener_enable(l);
+}
+
+/* A worker that never accepts again would sit idle while the kernel still queues connections
+ * for it (SO_REUSEPORT): re-enabling is retried every 100 ms, and after ACCEPT_RETRIES failures
+ * the worker drains and exits so that its parent starts a new one. */
 static void _on_accept_pause_over(evutil_socket_t fd, short what, void *arg)
 {
     fp_server_t *srv = arg;
     if (srv->stopping)
         return;
-    if (srv->listener != NULL)
-        (void)evconnlistener_enable(srv->listener);
-    if (srv->admin_listener != NULL)
-        (void)evconnlistener_enable(srv->admin_listener);
+    if (_enable(srv->listener) == 0 && _enable(srv->admin_listener) == 0) {
+        srv->accept_retries = 0;
+        return;
+    }
+    if (srv->accept_retries++ == 0)
+        fp_log("cannot resume accepting (%s); retrying for %d ms", strerror(EVUTIL_SOCKET_ERROR()),
+               ACCEPT_RETRIES * ACCEPT_PAUSE_US / 1000);
+    if (srv->accept_retries > ACCEPT_RETRIES || _add_pause_timer(srv) != 0)
+        fp_server_fail(srv, "cannot resume accepting connections");
 }
 
+/* (snprintf's result is not needed here and below: cutting a message short at the buffer's
+ * size is what is meant) */
 static int _fail(char *err, size_t err_len, const char *what)
 {
     snprintf(err, err_len, "%s", what);
@@ -190,10 +315,18 @@ static int _fail(char *err, size_t err_len, const char *what)
 
 static struct evconnlistener *_listen(fp_server_t *srv, int fd, evconnlistener_cb cb)
 {
-    /* the socket is Python's (bound, listening): no LEV_OPT_CLOSE_ON_FREE */
-    struct evconnlistener *l = evconnlistener_new(srv->base, cb, srv, LEV_OPT_REUSEABLE, -1, fd);
-    if (l != NULL)
-        evconnlistener_set_error_cb(l, fp_conn_accept_error);
+    /* the socket is Python's (bound, listening): no LEV_OPT_CLOSE_ON_FREE.  Created disabled
+     * and enabled here, because evconnlistener_new ignores a failure to enable it.  Backlog 0:
+     * "already listening" -- -1 would call listen(fd, 128) again and shrink Python's 4096, and a
+     * burst of new upstream connections from nginx would then fail (EAGAIN on a unix socket). */
+    struct evconnlistener *l = evconnlistener_new(srv->base, cb, srv, LEV_OPT_REUSEABLE | LEV_OPT_DISABLED, 0, fd);
+    if (l == NULL)
+        return NULL;
+    evconnlistener_set_error_cb(l, fp_conn_accept_error);
+    if (evconnlistener_enable(l) != 0) {
+        evconnlistener_free(l);
+        return NULL;
+    }
     return l;
 }
 
@@ -210,8 +343,11 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     srv->st = &cfg->stats[cfg->worker_index];
     srv->st->pid = (uint64_t)getpid();
     srv->buf_cap = cfg->max_headers + 1024;
-    fp_hmac_prepare(&srv->hmac, cfg->secret, cfg->secret_len);
     fp_conn_settings_init(&srv->http_settings);
+    if (!_clocks_work())
+        return _fail(err, err_len, "clock_gettime: CLOCK_MONOTONIC or CLOCK_MONOTONIC_COARSE unavailable");
+    if (fp_hmac_prepare(&srv->hmac, cfg->secret, cfg->secret_len) != 0)
+        return _fail(err, err_len, "cannot prepare the HMAC key (libcrypto SHA-256 failed)");
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS)
         return _fail(err, err_len, "need 1..64 memcached servers");
     if (cfg->max_connections <= 0)
@@ -220,8 +356,12 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     ecfg = event_config_new();
     if (ecfg == NULL)
         return _fail(err, err_len, "event_config_new failed");
-    for (int i = 0; i < 4 && cfg->backend_avoid[i] != NULL; i++)
-        event_config_avoid_method(ecfg, cfg->backend_avoid[i]);
+    for (int i = 0; i < 4 && cfg->backend_avoid[i] != NULL; i++) {
+        if (event_config_avoid_method(ecfg, cfg->backend_avoid[i]) != 0) {
+            event_config_free(ecfg);
+            return _fail(err, err_len, "event_config_avoid_method failed (out of memory)");
+        }
+    }
     srv->base = event_base_new_with_config(ecfg);
     event_config_free(ecfg);
     if (srv->base == NULL)
@@ -294,6 +434,10 @@ int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
     }
     if (event_base_dispatch(srv.base) < 0) {
         _fail(err, err_len, "event loop failed");
+        goto out;
+    }
+    if (srv.fatal != NULL) {
+        _fail(err, err_len, srv.fatal);
         goto out;
     }
     rc = 0;

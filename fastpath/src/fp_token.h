@@ -13,6 +13,7 @@ typedef enum {
     FP_TOKEN_MALFORMED = -1,
     FP_TOKEN_BAD_SIGNATURE = -2,
     FP_TOKEN_EXPIRED = -3,
+    FP_TOKEN_INTERNAL = -4,          /* libcrypto failed: not the client's fault (503) */
 } fp_token_result_t;
 
 typedef struct {
@@ -24,12 +25,13 @@ typedef struct {
 
 /* HMAC-SHA256 with the key's inner and outer SHA-256 states computed once at start-up, so a
  * check costs two short SHA-256 runs and no allocation (OpenSSL 3's one-shot HMAC() fetches its
- * algorithm on every call). */
+ * algorithm on every call).  fp_token.c says why this uses OpenSSL's deprecated SHA256_* API. */
 typedef struct {
     SHA256_CTX inner, outer;
 } fp_hmac_key_t;
 
-void fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len);
+/* 0, or -1 if libcrypto failed (the key is then unusable). */
+int fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len);
 
 fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t tok_len,
                                  int64_t now, fp_token_t *out);

@@ -17,8 +17,30 @@ ASAN_ROOT = os.environ.get("FASTPATH_ASAN_ROOT")
 ASAN_RUNTIME = os.environ.get("FASTPATH_ASAN_RUNTIME")
 
 
+def fastpath_env(tmp_path, preload=(), env=None):
+    """(env, cwd) for a ``python -m fastpath`` subprocess: the AddressSanitizer build under
+    `make test-asan` (its runtime preloaded first), plus any ``preload``ed shims."""
+    env, cwd = dict(os.environ, **(env or {})), ROOT
+    preloads = list(preload)
+    if ASAN_ROOT:
+        cwd = ASAN_ROOT
+        preloads.insert(0, ASAN_RUNTIME)
+        # Python itself is not instrumented and keeps memory to exit: leaks are not ours
+        env["ASAN_OPTIONS"] = f"detect_leaks=0:log_path={tmp_path / 'asan'}"
+    if preloads:
+        env["LD_PRELOAD"] = " ".join(preloads)
+    return env, cwd
+
+
+def asan_reports(tmp_path):
+    """Raise if an AddressSanitizer run under tmp_path reported anything."""
+    reports = sorted(tmp_path.glob("asan.*"))
+    if reports:
+        raise AssertionError("AddressSanitizer: " + reports[0].read_text()[:4000])
+
+
 class Fastpath:
-    def __init__(self, servers, tmp_path, workers=1, extra=()):
+    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None):
         self.port = free_port()
         self.admin_port = free_port()
         self.secret_file = tmp_path / "secret.key"
@@ -28,16 +50,12 @@ class Fastpath:
                      "--memcached", ",".join(s.spec for s in servers),
                      "--secret-file", str(self.secret_file), "--workers", str(workers), *extra]
         self.log = tmp_path / "fastpath.log"
-        self.asan_log = tmp_path / "asan"
+        self.tmp_path = tmp_path
+        self.preload, self.env = preload, env
         self.proc = None
 
     def start(self):
-        env, cwd = dict(os.environ), ROOT
-        if ASAN_ROOT:
-            cwd = ASAN_ROOT
-            env["LD_PRELOAD"] = ASAN_RUNTIME
-            # Python itself is not instrumented and keeps memory to exit: leaks are not ours
-            env["ASAN_OPTIONS"] = f"detect_leaks=0:log_path={self.asan_log}"
+        env, cwd = fastpath_env(self.tmp_path, self.preload, self.env)
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
@@ -57,9 +75,7 @@ class Fastpath:
                 self.proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        reports = sorted(self.asan_log.parent.glob(self.asan_log.name + ".*"))
-        if reports:
-            raise AssertionError("AddressSanitizer: " + reports[0].read_text()[:4000])
+        asan_reports(self.tmp_path)
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ import os
 import random
 
 import pytest
+from pymemcache.client.murmur3 import murmur3_32
 from pymemcache.client.rendezvous import RendezvousHash
 
-_server = pytest.importorskip("fastpath._server")
+from fastpath import _server   # a build that does not import fails here, never skips
 
 VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))
 SECRET = VECTORS["secret"].encode()
@@ -55,11 +56,55 @@ def test_mapping_agrees_with_pymemcache_on_thousands_of_keys():
             assert nodes[_server._testhelper_pick(nodes, key.encode())] == hasher.get_node(key)
 
 
-def test_tie_goes_to_the_greater_node_name():
-    # identical names cannot tie across distinct nodes in practice; a duplicate list must still
-    # pick deterministically the same way pymemcache does
-    nodes = ["a:1", "a:1"]
-    assert _server._testhelper_pick(nodes, b"k") in (0, 1)
+# Two node names whose murmur3 states collide once "<name>-p" has been hashed (both are 14
+# bytes, so the rest of the input lines up): they tie for every key that starts with "p", as all
+# of ours ("p1:...") do.  Found by brute force over 10.0.0.<1-9>:<port> with
+# _testhelper_murmur3; checked below with pymemcache's own murmur3.
+TIE_LOW, TIE_HIGH = "10.0.0.1:35346", "10.0.0.2:35824"
+TIE_KEYS = ["p1:getMessages:42:0", "p1:getUnreadCount:7:3"] + [
+    f"p1:getMessages:{random.Random(n).randint(1, 2**63 - 1)}:{n % 7}" for n in range(200)]
+
+
+def _score(node, key):
+    return murmur3_32(f"{node}-{key}")
+
+
+def test_the_tie_pair_really_ties():
+    assert TIE_HIGH > TIE_LOW
+    for key in TIE_KEYS:
+        assert _score(TIE_LOW, key) == _score(TIE_HIGH, key), key
+        assert _server._testhelper_murmur3(f"{TIE_LOW}-{key}".encode()) == _score(TIE_LOW, key)
+
+
+@pytest.mark.parametrize("nodes", [[TIE_LOW, TIE_HIGH], [TIE_HIGH, TIE_LOW]], ids=["low-first", "high-first"])
+def test_tie_goes_to_the_greater_node_name(nodes):
+    """pymemcache keeps max(str(node), str(winner)) on equal scores, whatever the list order."""
+    for key in TIE_KEYS:
+        assert RendezvousHash(list(nodes)).get_node(key) == TIE_HIGH
+        assert nodes[_server._testhelper_pick(nodes, key.encode())] == TIE_HIGH, key
+
+
+def test_tie_among_more_nodes():
+    """A tie at the top goes to the greater name; a tie below the top changes nothing."""
+    key = "p1:getMessages:42:0"
+    tie = _score(TIE_LOW, key)
+    below = next(n for n in (f"10.0.1.1:{p}" for p in range(11211, 12000)) if _score(n, key) < tie)
+    above = next(n for n in (f"10.0.1.1:{p}" for p in range(11211, 12000)) if _score(n, key) > tie)
+    for nodes, winner in [([below, TIE_LOW, TIE_HIGH], TIE_HIGH), ([TIE_HIGH, below, TIE_LOW], TIE_HIGH),
+                          ([TIE_LOW, above, TIE_HIGH], above), ([TIE_HIGH, TIE_LOW, above], above)]:
+        assert RendezvousHash(list(nodes)).get_node(key) == winner
+        assert nodes[_server._testhelper_pick(nodes, key.encode())] == winner, nodes
+
+
+@pytest.mark.parametrize("a, b", [
+    ("10.0.0.2:11211", "10.0.0.1:11211"), ("10.0.0.1:11211", "10.0.0.1:1121"),   # a prefix sorts first
+    ("10.0.0.10:1", "10.0.0.1:11211"), ("b:1", "a:99999"), ("::1:11211", "127.0.0.1:11211"),
+    ("a:1", "a:1"), ("", "a:1"), ("Z:1", "a:1"),
+])
+def test_name_comparison_is_pythons(a, b):
+    """The tie-break itself, both ways round, against Python's str comparison."""
+    assert _server._testhelper_name_greater(a.encode(), b.encode()) is (a > b)
+    assert _server._testhelper_name_greater(b.encode(), a.encode()) is (b > a)
 
 
 @pytest.mark.parametrize("key_len", [32, 63, 64, 65, 200, 1024])

@@ -6,9 +6,8 @@ import pytest
 import requests
 from pymemcache.client.hash import HashClient
 
+import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
 from tests.fastpath.conftest import token
-
-pytest.importorskip("fastpath._server")
 
 
 def _get(fp, resource, tok=None, method="GET", **kwargs):
@@ -152,3 +151,46 @@ def test_libevent_backend_choice(fastpath_factory, memcached, backend):
         assert _get(fp, "getUnreadCount", token(3)).json() == {"count": 3}
     text = urllib.request.urlopen(f"http://127.0.0.1:{fp.admin_port}/metrics", timeout=5).read().decode()
     assert f'fastpath_info{{backend="{backend}"}} 1' in text
+
+
+def test_listen_backlog_is_not_shrunk_by_the_event_loop(fastpath_factory, memcached):
+    """libevent's evconnlistener_new(backlog=-1) would listen(fd, 128) again: a burst of new
+    connections from nginx then overflows (SYNs dropped, 1 s retransmits; EAGAIN on a unix
+    socket).  The socket must keep the 4096 it was created with."""
+    import subprocess
+
+    fp = fastpath_factory([memcached])
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{fp.port}"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out and out[0] == "LISTEN", out
+    assert int(out[2]) == 4096, out           # Send-Q of a listening socket is its backlog
+
+
+def _raw(fp, header_lines):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", fp.port), timeout=5) as sock:
+        sock.sendall(b"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: x\r\n" +
+                     b"".join(h.encode() + b"\r\n" for h in header_lines) + b"Connection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].decode()
+    return int(head.split()[1]), head
+
+
+def test_credentials_read_like_django_or_deferred(fastpath_factory, memcached):
+    """Whitespace around a cookie pair is ignored and "Bearer " alone is no credential (as for
+    Django); a repeated header or plurk_token, or a quoted value, is deferred to Django (404 MISS)."""
+    fp = fastpath_factory([memcached])
+    HashClient([memcached.spec], default_noreply=False).set("p1:getUnreadCount:9:0", b'{"count":1}')
+    tok, other = token(9), token(10)
+    assert _raw(fp, [f"Cookie: a=1 ; plurk_token = {tok} ;b=2"])[0] == 200
+    assert _raw(fp, ["Authorization: Bearer ", f"Cookie: plurk_token={tok}"])[0] == 200
+    assert _raw(fp, ["Authorization: Bearer "])[0] == 401
+    for lines in ([f"Authorization: Bearer {tok}", f"Authorization: Bearer {other}"],
+                  [f"Cookie: plurk_token={tok}", f"Cookie: plurk_token={other}"],
+                  [f"Cookie: plurk_token={tok}; plurk_token={other}"],
+                  [f'Cookie: plurk_token="{tok}"']):
+        status, head = _raw(fp, lines)
+        assert status == 404 and "X-Cache: MISS" in head, (lines, head)

@@ -1,0 +1,161 @@
+"""fastpath's interfaces (issue 4 item 6): ``python -m fastpath`` with --help, its exit statuses
+and one-line errors (docs/fastpath.md, CLI), and ``fastpath.serve(...)`` from Python."""
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from pymemcache.client.hash import HashClient
+
+import fastpath
+import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from plurksite.services import free_port, wait_for_port
+from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, token
+
+FLAGS = ["--listen", "--admin", "--memcached", "--secret-file", "--workers", "--timeout-ms",
+         "--idle-timeout", "--drain-timeout", "--max-body", "--max-headers", "--max-connections",
+         "--resources", "--backend"]
+
+
+def _run(tmp_path, *args, timeout=30):
+    env, cwd = fastpath_env(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "fastpath", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    asan_reports(tmp_path)
+    return done
+
+
+@pytest.fixture
+def secret_file(tmp_path):
+    path = tmp_path / "secret.key"
+    path.write_bytes(SECRET + b"\n")
+    return path
+
+
+def _one_error_line(done, code):
+    """The run exited with code, printed nothing on stdout and exactly one line on stderr."""
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_help_lists_every_flag(tmp_path):
+    done = _run(tmp_path, "--help")
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.startswith("usage: python -m fastpath")
+    for flag in FLAGS:
+        assert flag in done.stdout, flag
+
+
+@pytest.mark.parametrize("args, complaint", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--workers", "many"], "argument --workers: invalid int value: 'many'"),
+    (["--backend", "kqueue"], "argument --backend: invalid choice: 'kqueue'"),
+    (["--listen"], "argument --listen: expected one argument"),
+    # checked after parsing (ConfigurationError), reported the same way
+    (["--timeout-ms", "0"], "--timeout-ms must be in 1..60000, got 0"),
+    (["--listen", "nowhere"], "bad --listen 'nowhere': expected host:port"),
+    (["--admin", "10.1.2.3:8002"], "--admin must be a loopback address"),
+])
+def test_bad_flags_exit_2_with_usage(tmp_path, secret_file, args, complaint):
+    done = _run(tmp_path, "--secret-file", str(secret_file), *args)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("usage: python -m fastpath")
+    assert lines[-1].startswith("python -m fastpath: error: ") and complaint in lines[-1], done.stderr
+
+
+def test_missing_secret_file_exits_1_naming_it(tmp_path):
+    missing = tmp_path / "nope" / "secret.key"
+    line = _one_error_line(_run(tmp_path, "--secret-file", str(missing)), 1)
+    assert line == f"fastpath: error: cannot read secret file {missing}: No such file or directory"
+
+
+def test_secret_file_that_is_a_directory_exits_1(tmp_path):
+    line = _one_error_line(_run(tmp_path, "--secret-file", str(tmp_path)), 1)
+    assert line == f"fastpath: error: cannot read secret file {tmp_path}: Is a directory"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_secret_file_exits_1(tmp_path, secret_file):
+    secret_file.chmod(0)
+    line = _one_error_line(_run(tmp_path, "--secret-file", str(secret_file)), 1)
+    assert line == f"fastpath: error: cannot read secret file {secret_file}: Permission denied"
+
+
+@pytest.mark.parametrize("content, length", [(b"short\n", 5), (b" \n\t\n", 0), (b"x" * 31, 31)])
+def test_too_short_secret_exits_1(tmp_path, content, length):
+    path = tmp_path / "short.key"
+    path.write_bytes(content)
+    line = _one_error_line(_run(tmp_path, "--secret-file", str(path)), 1)
+    assert line == f"fastpath: error: secret file {path} must hold 32..1024 bytes, has {length}"
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--admin"])
+def test_port_in_use_exits_1(tmp_path, secret_file, flag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        ports = {"--listen": free_port(), "--admin": free_port(), flag: port}
+        started = time.monotonic()
+        line = _one_error_line(_run(tmp_path, "--secret-file", str(secret_file), "--memcached", "127.0.0.1:1",
+                                    "--listen", f"127.0.0.1:{ports['--listen']}",
+                                    "--admin", f"127.0.0.1:{ports['--admin']}"), 1)
+    assert line == f"fastpath: error: {flag} 127.0.0.1:{port} is already in use"
+    assert time.monotonic() - started < 10
+
+
+def test_serve_rejects_bad_options_before_starting_anything(tmp_path):
+    with pytest.raises(fastpath.ConfigurationError, match="--workers must be in 0..256, got -1"):
+        fastpath.serve(workers=-1, secret=SECRET)
+    with pytest.raises(fastpath.ConfigurationError, match="secret must be 32..1024 bytes"):
+        fastpath.serve(secret=b"short")
+    with pytest.raises(fastpath.FastpathError, match="cannot read secret file"):
+        fastpath.serve(secret_file=str(tmp_path / "missing.key"))
+
+
+def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached, secret_file):
+    """fastpath.serve(...) runs in the foreground until SIGTERM (it forks workers and installs
+    signal handlers, so it runs in a process of its own here), then returns."""
+    port, admin = free_port(), free_port()
+    HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:5:0", b'{"from":"serve"}')
+    script = (
+        "import fastpath\n"
+        f"fastpath.serve(listen='127.0.0.1:{port}', memcached=['{memcached.spec}'],\n"
+        f"               secret_file={str(secret_file)!r}, workers=2, admin='127.0.0.1:{admin}')\n"
+        "print('serve returned', flush=True)\n")
+    env, cwd = fastpath_env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for_port("127.0.0.1", port, process=proc, name="fastpath.serve")
+        resp = requests.get(f"http://127.0.0.1:{port}/Poll/getMessages", timeout=5,
+                            headers={"Authorization": f"Bearer {token(5)}"})
+        assert resp.status_code == 200 and resp.json() == {"from": "serve"}
+        metrics = requests.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).text
+        assert "fastpath_workers 2" in metrics
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out == "serve returned\n"
+    assert err.rstrip().endswith("stopped"), err
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+        raise AssertionError("a worker outlived serve()")
+    with socket.socket() as again:                # the port is free again
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+    asan_reports(tmp_path)
