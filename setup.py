@@ -85,7 +85,7 @@ def fastpath_extension():
         "fastpath._server",
         sources=sources,
         include_dirs=["fastpath/src", "fastpath/includes"],
-        extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-deprecated-declarations", "-std=gnu11"],
+        extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"],
     )
     return cythonize([ext], language_level=3, compiler_directives={"embedsignature": True})
 
