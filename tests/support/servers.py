@@ -3,6 +3,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 
 from plurksite.services import free_port, memcached_command, wait_for_port
 
@@ -29,7 +30,21 @@ class Memcached:
         return self
 
     def pause(self):
+        """SIGSTOP, and wait until every thread is stopped: kill() returns before delivery, and a
+        memcached thread running on the other core could still answer a request sent meanwhile."""
         self.process.send_signal(signal.SIGSTOP)
+        pid = self.process.pid
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            states = []
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{pid}/task/{task}/stat") as fh:
+                        states.append(fh.read().rsplit(")", 1)[1].split()[0])
+            if states and all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.005)
+        raise AssertionError(f"memcached {pid} did not stop")
 
     def resume(self):
         self.process.send_signal(signal.SIGCONT)
