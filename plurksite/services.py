@@ -119,8 +119,9 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 
 
-def fastpath_command(config):
-    return [sys.executable, "-m", "fastpath",
+def fastpath_command(config, resources=None):
+    extra = ["--resources", ",".join(resources)] if resources else []
+    return [sys.executable, "-m", "fastpath", *extra,
             "--listen", format_hostport(*config.fastpath),
             "--admin", format_hostport(*config.fastpath_admin),
             "--memcached", ",".join(config.memcached_specs),

@@ -152,8 +152,11 @@ class Stack:
     """Every service of the stack for one :class:`~plurksite.config.StackConfig`."""
 
     def __init__(self, config, settings_module="plurksite.settings", nginx_workers="auto",
-                 extra_env=None, supervise=True, with_repair=None):
+                 extra_env=None, supervise=True, with_repair=None, poll_resources=None):
         self.config = config
+        # the poll resources fastpath answers (None: its default list); runstack passes every
+        # resource registered with plurkcore, including an integrating app's own
+        self.poll_resources = poll_resources
         self.settings_module = settings_module
         self.nginx_workers = nginx_workers
         self.supervise = supervise
@@ -196,7 +199,7 @@ class Stack:
             svcs.append(Service("repaircache",
                                 [sys.executable, os.path.join(ROOT, "manage.py"), "repaircache", "--loop", "--warm"],
                                 self.env, self._log("repaircache")))
-        svcs.append(Service("fastpath", services.fastpath_command(cfg), self.env,
+        svcs.append(Service("fastpath", services.fastpath_command(cfg, self.poll_resources), self.env,
                             self._log("fastpath"), ready=cfg.fastpath))
         conf = nginxconf.render(cfg, self.nginx_workers)
         svcs.append(Service("nginx", services.nginx_command(conf, cfg.var_dir), self.env,

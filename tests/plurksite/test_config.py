@@ -81,3 +81,12 @@ def test_one_body_limit_for_nginx_django_and_fastpath(tmp_path):
     text = open(nginxconf.render(config)).read()
     assert "client_max_body_size 16k;" in text and "client_body_buffer_size 16k;" in text
     assert "{{" not in text
+
+
+def test_runner_hands_fastpath_the_registered_poll_resources():
+    from plurksite import services
+
+    config = StackConfig.from_env({})
+    argv = services.fastpath_command(config, ["getMessages", "getUnreadCount", "getMentions"])
+    assert argv[argv.index("--resources") + 1] == "getMessages,getUnreadCount,getMentions"
+    assert "--resources" not in services.fastpath_command(config)

@@ -47,7 +47,10 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         config = settings.STACK
         self._setup_logging(config)
-        stack = Stack(config, nginx_workers=options["nginx_workers"])
+        from plurkcore import answers
+
+        stack = Stack(config, nginx_workers=options["nginx_workers"],
+                      poll_resources=sorted(r.name for r in answers.resources()))
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stack.request_stop)
         try:
