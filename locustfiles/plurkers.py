@@ -368,27 +368,21 @@ class Plurker(_Plurker):
 
     def _login(self, account):
         """Log in with a password (``/api/login``): a user coming back, not a fresh sign-up."""
-        self.username = account["username"]
-        with self.client.post("/api/login", json={"username": account["username"], "password": account["password"]},
-                              name="/api/login", catch_response=True) as resp:
-            body = _body(resp, (200,), _check_token)
-        if body is None:
-            self.stop()
-            return False
-        self.token = body["token"]
-        self._ran(login=True)
-        return True
+        return self._authenticate("/api/login", account["username"], account["password"], 200, login=True)
 
     def _signup(self):
-        self.username = f"u{uuid.uuid4().hex[:12]}"
-        with self.client.post("/api/signup", json={"username": self.username, "password": PASSWORD},
-                              name="/api/signup", catch_response=True) as resp:
-            body = _body(resp, (201,), _check_token)
+        return self._authenticate("/api/signup", f"u{uuid.uuid4().hex[:12]}", PASSWORD, 201)
+
+    def _authenticate(self, path, username, password, status, login=False):
+        self.username = username
+        with self.client.post(path, json={"username": username, "password": password},
+                              name=path, catch_response=True) as resp:
+            body = _body(resp, (status,), _check_token)
         if body is None:
             self.stop()
             return False
         self.token = body["token"]
-        self._ran()
+        self._ran(login=login)
         return True
 
     def _follow_some(self):

@@ -456,6 +456,12 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
 static void _mc_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     fp_mc_t *mc = arg;
+    if (mc->head != NULL && mc->head->deadline_us <= fp_now_us() && mc->state == MC_UP) {
+        /* A busy loop can run this timer before the read event of replies that are already in
+         * the socket: take those first, so that only a get memcached has really not answered
+         * in time counts as a timeout (a 503 under CPU load, not a slow memcached). */
+        _mc_read_cb(mc->fd, EV_READ, mc);
+    }
     if (mc->head != NULL && mc->head->deadline_us <= fp_now_us())
         _reset(mc, 1);
     else if (_arm_timer(mc) != 0) {
