@@ -291,6 +291,14 @@ def test_a_response_to_a_plurk_not_on_the_page_is_shown_before_read(stack, brows
     assert ids == sorted(ids, reverse=True)           # the timeline stays newest first
     _wait(lambda: _badge(reader) == 0 and _server_unread(stack, reader_token) == 0, timeout=15,
           what="the response read")
+    # opening the plurk's responses lists the live one once, not twice
+    reader.execute_script(f"document.querySelector('#plurk-{old} > button').click()")
+    _wait(lambda: reader.execute_script(
+        f"return document.querySelectorAll('#plurk-{old} .responses li').length") == 1,
+        timeout=10, what="the responses list")
+    texts = reader.execute_script(
+        f"return [...document.querySelectorAll('#plurk-{old} .response')].map((n) => n.textContent)")
+    assert sum("a late response" in t for t in texts) == 1, texts
 
 
 def test_page_load_retries_while_the_api_is_unreachable(stack, browsers, pair):

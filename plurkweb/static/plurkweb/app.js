@@ -82,7 +82,12 @@ async function toggleResponses(id, toggle, box) {
     const data = await api("GET", `/api/plurks/${id}`);
     box.textContent = "";
     const list = el("ul", {});
-    for (const r of data.responses) list.append(responseNode(r));
+    for (const r of data.responses) {
+      list.append(responseNode(r));
+      // a response that arrived live is shown under the plurk already: the full list replaces it
+      const arrived = box.parentElement && box.parentElement.querySelector(`:scope > .response[data-id="${r.id}"]`);
+      if (arrived) arrived.remove();
+    }
     const input = el("input", { "aria-label": "Your response", required: "" });
     input.addEventListener("input", () => checkLength(input));
     const form = el("form", { class: "respond" }, input, el("button", { type: "submit" }, "Respond"));
