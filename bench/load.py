@@ -24,6 +24,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -240,6 +241,9 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
                                       for name in COMPONENTS}
     if verdict["problems"]:
         verdict["locust_output_tail"] = "".join(out_lines[-40:])
+        verdict["work_dir"] = work          # kept: locust's CSVs and the records explain a failure
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return verdict
 
 
@@ -546,6 +550,8 @@ def main(argv=None):
         print("FAILED: " + "; ".join(verdict["problems"]))
         if verdict.get("locust_output_tail"):
             print("locust's last lines:\n" + verdict["locust_output_tail"].rstrip())
+        if verdict.get("work_dir"):
+            print(f"locust's CSVs and the delivery records: {verdict['work_dir']}")
         return 1
     return 0
 
