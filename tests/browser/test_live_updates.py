@@ -151,7 +151,10 @@ def _polls_done(driver):
 
 def _badge(driver):
     """The badge's number, or 0 when it is hidden."""
-    return int(_by_id(driver, "badge-count").text) if _by_id(driver, "badge").is_displayed() else 0
+    # one read in the page: two WebDriver calls could straddle the moment the badge is hidden
+    return driver.execute_script(
+        "const b = document.getElementById('badge');"
+        "return b.hidden ? 0 : Number(document.getElementById('badge-count').textContent);")
 
 
 def _server_unread(stack, token):
