@@ -6,6 +6,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import RESULTS_DIR, ROOT  # noqa: E402
+from bench.throughput import RATIOS  # noqa: E402  (ratio label -> the two configurations it compares)
 
 
 def _load(name):
@@ -22,14 +23,6 @@ def _ms(value):
     return "n/a" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-# ratio label -> the two configurations it compares (bench/throughput.py RATIOS)
-RATIO_CONFIGS = {"fastpath / memcached_pass": ("fastpath", "nginx memcached_pass"),
-                 "fastpath / return 200": ("fastpath", "nginx return 200"),
-                 "nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass"),
-                 "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass"),
-                 "fastpath / django": ("fastpath", "django")}
-
-
 def _errors(point):
     return (point or {}).get("socket_errors", 0) + (point or {}).get("non_2xx", 0)
 
@@ -40,7 +33,7 @@ def _goal_mark(name, value, doc=None, conns=None):
         return ""
     if doc is not None:
         # a configuration that answered errors did not do the work: its ratio proves nothing
-        bad = [c for c in RATIO_CONFIGS.get(name, ()) if _errors(doc["configs"].get(c, {}).get(conns))]
+        bad = [c for c in RATIOS.get(name, ()) if _errors(doc["configs"].get(c, {}).get(conns))]
         if bad:
             return f" (goal {goal:g}: not met, errors in {', '.join(bad)})"
     return f" (goal {goal:g}: {'met' if value >= goal else 'not met'})"
