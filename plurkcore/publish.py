@@ -341,10 +341,13 @@ def _user_saved(sender, instance, created, raw=False, **kwargs):
         changed("user", users={instance.pk})
 
 
-def _user_saving(sender, instance, raw=False, **kwargs):
+def _user_saving(sender, instance, raw=False, update_fields=None, **kwargs):
+    field = sender.USERNAME_FIELD
+    instance._plurk_renamed = False
     if raw or instance._state.adding or instance.pk is None:
         return
-    field = sender.USERNAME_FIELD
+    if update_fields is not None and field not in update_fields:
+        return                       # e.g. a login saving last_login: no extra query
     old = sender._default_manager.filter(pk=instance.pk).values_list(field, flat=True).first()
     instance._plurk_renamed = old is not None and old != getattr(instance, field)
 

@@ -28,10 +28,7 @@ def find_binary(name, debian_package=None, extra_dirs=("/usr/sbin", "/usr/local/
 
 def free_port(host="127.0.0.1"):
     """A TCP port that is free on ``host`` right now (for tests)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def free_ports(count, host="127.0.0.1"):
