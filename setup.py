@@ -49,21 +49,8 @@ class FastpathBuildExt(build_ext):
 
     def build_extensions(self):
         for ext in self.extensions:
-            llhttp_sources, llhttp_include = llhttp_paths()
-            ext.sources += [s for s in llhttp_sources if s not in ext.sources]
-            ext.include_dirs.append(llhttp_include)
-            for module, debian_package in NATIVE_DEPENDENCIES.items():
-                flags = pkg_config("--cflags", "--libs", module)
-                if flags is None:
-                    sys.exit(f"error: {module} headers not found; install them with: "
-                             f"apt-get install {debian_package}")
-                for flag in flags:
-                    if flag.startswith("-I"):
-                        ext.include_dirs.append(flag[2:])
-                    elif flag.startswith("-l"):
-                        ext.libraries.append(flag[2:])
-                    elif flag.startswith("-L"):
-                        ext.library_dirs.append(flag[2:])
+            if ext.name == "fastpath._server":
+                self._add_native_dependencies(ext)
             if os.environ.get("FASTPATH_DEBUG") == "1":
                 ext.extra_compile_args += ["-O0", "-g", "-DFASTPATH_DEBUG=1"]
             sanitizer = os.environ.get("FASTPATH_SANITIZE")
@@ -71,6 +58,24 @@ class FastpathBuildExt(build_ext):
                 ext.extra_compile_args += [f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer", "-g"]
                 ext.extra_link_args += [f"-fsanitize={sanitizer}"]
         super().build_extensions()
+
+    @staticmethod
+    def _add_native_dependencies(ext):
+        llhttp_sources, llhttp_include = llhttp_paths()
+        ext.sources += [s for s in llhttp_sources if s not in ext.sources]
+        ext.include_dirs.append(llhttp_include)
+        for module, debian_package in NATIVE_DEPENDENCIES.items():
+            flags = pkg_config("--cflags", "--libs", module)
+            if flags is None:
+                sys.exit(f"error: {module} headers not found; install them with: "
+                         f"apt-get install {debian_package}")
+            for flag in flags:
+                if flag.startswith("-I"):
+                    ext.include_dirs.append(flag[2:])
+                elif flag.startswith("-l"):
+                    ext.libraries.append(flag[2:])
+                elif flag.startswith("-L"):
+                    ext.library_dirs.append(flag[2:])
 
 
 def fastpath_extension():
@@ -87,7 +92,10 @@ def fastpath_extension():
         include_dirs=["fastpath/src", "fastpath/includes"],
         extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"],
     )
-    return cythonize([ext], language_level=3, compiler_directives={"embedsignature": True})
+    # configuration and lifecycle (options, sockets, the worker supervisor): no C sources of its own
+    lifecycle = Extension("fastpath._lifecycle", sources=["fastpath/_lifecycle.pyx"],
+                          extra_compile_args=["-O2", "-Wall", "-Wno-unused-parameter"])
+    return cythonize([ext, lifecycle], language_level=3, compiler_directives={"embedsignature": True})
 
 
 def read_version():

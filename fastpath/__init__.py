@@ -10,7 +10,7 @@ Public API::
 its contract with plurkcore is docs/contract.md.
 """
 from .errors import ConfigurationError, FastpathError
-from .server import DEFAULT_RESOURCES, Options, serve
+from ._lifecycle import DEFAULT_RESOURCES, Options, serve
 
 __all__ = ["serve", "Options", "DEFAULT_RESOURCES", "FastpathError", "ConfigurationError"]
 __version__ = "0.1.0"

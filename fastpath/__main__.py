@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from .errors import ConfigurationError, FastpathError
-from .server import DEFAULT_RESOURCES, Options, serve
+from ._lifecycle import DEFAULT_RESOURCES, Options, serve
 
 
 def _csv(text):

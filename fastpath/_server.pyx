@@ -1,8 +1,8 @@
 # cython: language_level=3
 """Thin Cython layer over fastpath/src: configuration in, C event loop (without the GIL), errors out.
 
-Python owns the CLI and the worker processes (fastpath/__main__.py); this module owns turning a
-validated configuration into ``fp_config_t`` and running one worker's loop.
+fastpath/_lifecycle.pyx validates the options and supervises the worker processes; this module
+turns a validated configuration into ``fp_config_t``, runs one worker's loop and renders stats.
 """
 from libc.string cimport memset
 from libc.stdint cimport uint64_t

@@ -1,0 +1,514 @@
+# cython: language_level=3
+"""Configuration and lifecycle: validate options, open sockets, fork the workers, restart any that
+fails, drain on SIGTERM.  The supervisor takes its signals synchronously (blocked, then
+sigtimedwait without the GIL) and forks the way os.fork() does; each worker runs the C event
+loop of ``fastpath._server``.  Python (``fastpath/__main__.py``) owns only the CLI."""
+from libc.errno cimport errno, EINTR
+from libc.string cimport strerror
+from posix.signal cimport kill, sigemptyset, sigaddset, siginfo_t
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from posix.types cimport pid_t, sigset_t
+from posix.wait cimport waitpid, WNOHANG, WIFEXITED, WEXITSTATUS, WIFSIGNALED, WTERMSIG
+
+cimport fastpath.includes.process as proc
+
+import errno as errno_names
+import mmap
+import os
+import re
+import signal
+import socket
+import sys
+
+from fastpath.errors import ConfigurationError, FastpathError
+
+DEFAULT_RESOURCES = ("getMessages", "getUnreadCount")
+_RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
+_SECRET_MIN, _SECRET_MAX = 32, 1024
+_BACKENDS = ("epoll", "poll", "select")
+
+
+def parse_address(text, what="address"):
+    """``host:port`` / ``[v6]:port`` -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigurationError(f"bad {what} {text!r}: expected host:port")
+    return host, int(port)
+
+
+def parse_listen(text):
+    """``host:port``, or ``unix:/path`` for a unix-domain socket (nginx on the same host)."""
+    if text.startswith("unix:"):
+        path = text[5:]
+        if not path or len(os.fsencode(path)) > 107:
+            raise ConfigurationError(f"bad --listen {text!r}: unix:<path of at most 107 bytes>")
+        return ("unix", os.path.abspath(path))
+    return parse_address(text, "--listen")
+
+
+def read_secret(path):
+    """The key bytes of docs/contract.md section 1."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_SECRET_MAX + 64)
+    except OSError as exc:
+        raise FastpathError(f"cannot read secret file {path}: {exc.strerror}") from None
+    key = raw.strip(b" \t\r\n")
+    if not _SECRET_MIN <= len(key) <= _SECRET_MAX:
+        raise FastpathError(f"secret file {path} must hold {_SECRET_MIN}..{_SECRET_MAX} bytes, has {len(key)}")
+    return key
+
+
+cdef class Options:
+    """Every setting of a fastpath run; ``validate()`` checks them and derives the addresses."""
+    cdef public str listen
+    cdef public tuple memcached
+    cdef public str secret_file
+    cdef public bytes secret             # overrides secret_file when given
+    cdef public str admin                # loopback host:port serving /metrics
+    cdef public int workers              # 0: one per CPU
+    cdef public int timeout_ms
+    cdef public int idle_timeout
+    cdef public int drain_timeout
+    cdef public int max_body
+    cdef public int max_headers
+    cdef public int max_connections      # per worker
+    cdef public tuple resources
+    cdef public str backend              # epoll | poll | select (None: libevent's choice)
+    # derived by validate()
+    cdef public object listen_addr, admin_addr
+    cdef public list node_names, node_addrs
+
+    def __init__(self, listen="127.0.0.1:8001", memcached=("127.0.0.1:11211",),
+                 secret_file="var/secret.key", secret=None, admin=None, workers=1, timeout_ms=50,
+                 idle_timeout=10, drain_timeout=5, max_body=65536, max_headers=8192,
+                 max_connections=16384, resources=DEFAULT_RESOURCES, backend=None):
+        self.listen, self.memcached, self.secret_file = listen, tuple(memcached), secret_file
+        self.secret, self.admin, self.workers, self.timeout_ms = secret, admin, workers, timeout_ms
+        self.idle_timeout, self.drain_timeout = idle_timeout, drain_timeout
+        self.max_body, self.max_headers, self.max_connections = max_body, max_headers, max_connections
+        self.resources, self.backend = tuple(resources), backend
+
+    def __repr__(self):
+        return (f"Options(listen={self.listen!r}, memcached={self.memcached!r}, "
+                f"workers={self.workers}, admin={self.admin!r})")
+
+    def validate(self):
+        self.listen_addr = parse_listen(self.listen)
+        self.admin_addr = parse_address(self.admin, "--admin") if self.admin else None
+        if self.admin_addr and not _is_loopback(self.admin_addr[0]):
+            raise ConfigurationError("--admin must be a loopback address (stats are not public)")
+        servers = [s for s in self.memcached if s.strip()]
+        if not 0 < len(servers) <= 64:
+            raise ConfigurationError("--memcached needs 1..64 host:port servers")
+        parsed = [parse_address(s, "--memcached server") for s in servers]
+        # node names as pymemcache spells them (v6 host without brackets); connect addresses
+        # as libevent parses them (v6 in brackets)
+        self.node_names = [f"{h}:{p}" for h, p in parsed]
+        self.node_addrs = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
+        if len(set(self.node_names)) != len(self.node_names):
+            raise ConfigurationError("--memcached lists a server twice")
+        for res in self.resources:
+            if not _RESOURCE_RE.match(res):
+                raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
+        if not 0 < len(self.resources) <= 16:
+            raise ConfigurationError("--resources needs 1..16 names")
+        for name, value, low, high in [("--workers", self.workers, 0, 256),
+                                       ("--timeout-ms", self.timeout_ms, 1, 60000),
+                                       ("--idle-timeout", self.idle_timeout, 1, 3600),
+                                       ("--drain-timeout", self.drain_timeout, 0, 600),
+                                       ("--max-body", self.max_body, 0, 1 << 24),
+                                       ("--max-headers", self.max_headers, 512, 1 << 20),
+                                       ("--max-connections", self.max_connections, 1, 1 << 20)]:
+            if not low <= value <= high:
+                raise ConfigurationError(f"{name} must be in {low}..{high}, got {value}")
+        if self.backend not in (None,) + _BACKENDS:
+            raise ConfigurationError(f"--backend must be one of {', '.join(_BACKENDS)}")
+        if self.secret is None:
+            self.secret = read_secret(self.secret_file)
+        elif not _SECRET_MIN <= len(self.secret) <= _SECRET_MAX:
+            raise ConfigurationError("secret must be 32..1024 bytes")
+        if self.workers == 0:
+            self.workers = os.cpu_count() or 1
+        return self
+
+    def avoid_backends(self):
+        return [b for b in _BACKENDS if self.backend and b != self.backend]
+
+
+def _is_loopback(host):
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_socket(addr, what, reuse_port=True):
+    host, port = addr
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno_names.EADDRINUSE:
+            raise FastpathError(f"{what} {host}:{port} is already in use") from None
+        raise FastpathError(f"cannot listen on {what} {host}:{port}: {exc.strerror}") from None
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def _unix_listen_socket(path):
+    """Bound before the workers fork, so they all accept on it (SO_REUSEPORT is TCP-only).
+    A socket file left by a dead fastpath is replaced; one that still answers is refused."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        raise FastpathError(f"--listen unix:{path} is already in use")
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    except OSError as exc:
+        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    if os.path.lexists(path):
+        import stat
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise FastpathError(f"--listen unix:{path} exists and is not a socket")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # as reachable as a loopback TCP port (nginx's workers may run as another user); limit
+        # who can reach it with the permissions of the directory it is in
+        os.chmod(path, 0o666)
+    except OSError as exc:
+        sock.close()
+        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def _check_port_free(addr, what):
+    """Without SO_REUSEPORT, so that a port held by anyone (even another fastpath) is refused."""
+    _listen_socket(addr, what, reuse_port=False).close()
+
+
+def _raise_fd_limit(needed):
+    """Each connection is a descriptor: lift the soft limit toward the hard one, or say how."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            raise ConfigurationError(
+                f"--max-connections needs {needed} file descriptors but the hard limit is {hard}; "
+                f"raise it (ulimit -Hn, LimitNOFILE=) or lower --max-connections")
+
+
+def _log(message):
+    print(f"fastpath[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+def _run_worker(Options opts, int index, stats, shared_listener=None):
+    """The body of one worker process: its own SO_REUSEPORT socket (or the shared unix one),
+    then the C event loop until SIGTERM/SIGINT."""
+    from fastpath import _server
+
+    listener = shared_listener or _listen_socket(opts.listen_addr, "--listen")
+    admin = _listen_socket(opts.admin_addr, "--admin") if opts.admin_addr else None
+    try:
+        _server.run_worker(listener.fileno(), admin.fileno() if admin else -1,
+                           opts.node_names, opts.node_addrs, opts.secret, opts.timeout_ms,
+                           opts.idle_timeout, opts.drain_timeout, opts.max_body, opts.max_headers,
+                           list(opts.resources), opts.avoid_backends(), stats, opts.workers, index,
+                           opts.max_connections)
+    finally:
+        listener.close()
+        if admin:
+            admin.close()
+
+
+cdef enum:
+    MAX_WORKERS = 256
+# a worker that fails more than CRASH_LIMIT times within CRASH_WINDOW_S seconds is not restarted
+# again: fastpath exits 1 and nginx keeps falling back to Django
+CRASH_LIMIT = 5
+CRASH_WINDOW_S = 10.0
+RESTART_DELAY_S = 0.05           # times the number of recent failures
+KILL_GRACE_S = 5.0               # after --drain-timeout, SIGKILL what is still running
+
+
+cdef double _monotonic() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef class Supervisor:
+    """Forks ``n_workers`` processes that each run ``worker_main(index)``, restarts one that
+    exits while fastpath is not stopping (with a growing delay, and not after CRASH_LIMIT failures
+    in CRASH_WINDOW_S), and turns SIGTERM/SIGINT into SIGTERM for every worker (each drains its
+    in-flight requests), escalating to SIGKILL after ``drain_timeout`` + KILL_GRACE_S.
+
+    SIGTERM, SIGINT and SIGCHLD are blocked while it runs and taken with sigtimedwait(), so no
+    signal handler ever interrupts the supervisor half-way through a fork or a restart."""
+    cdef object worker_main
+    cdef int n_workers
+    cdef double drain_timeout
+    cdef pid_t pids[MAX_WORKERS]
+    cdef double restart_at[MAX_WORKERS]       # 0: not waiting for a restart
+    cdef list failures                        # per worker: monotonic times of recent failures
+    cdef int n_alive
+    cdef bint stopping
+    cdef double kill_at
+    cdef pid_t parent_pid
+    cdef sigset_t wanted, saved_mask
+    cdef object error
+
+    def __init__(self, worker_main, int n_workers, double drain_timeout=5.0):
+        if not 0 < n_workers <= MAX_WORKERS:
+            raise ConfigurationError(f"--workers must be in 1..{MAX_WORKERS}")
+        self.worker_main = worker_main
+        self.n_workers = n_workers
+        self.drain_timeout = drain_timeout
+        self.failures = [[] for _ in range(n_workers)]
+        for i in range(MAX_WORKERS):
+            self.pids[i] = 0
+            self.restart_at[i] = 0
+        self.n_alive = 0
+        self.stopping = False
+        self.kill_at = 0
+        self.error = None
+
+    @property
+    def pids_alive(self):
+        return [self.pids[i] for i in range(self.n_workers) if self.pids[i] > 0]
+
+    def run(self, ready_message=None):
+        """Fork the workers and supervise them until they have all exited after SIGTERM/SIGINT
+        (returns) or one keeps failing (raises FastpathError)."""
+        sigemptyset(&self.wanted)
+        sigaddset(&self.wanted, signal.SIGTERM)
+        sigaddset(&self.wanted, signal.SIGINT)
+        sigaddset(&self.wanted, signal.SIGCHLD)
+        if proc.pthread_sigmask(proc.SIG_BLOCK, &self.wanted, &self.saved_mask) != 0:
+            raise FastpathError("cannot block signals in the supervisor")
+        self.parent_pid = proc.getpid()
+        try:
+            for i in range(self.n_workers):
+                self._spawn(i)
+            if ready_message:
+                _log(ready_message)
+            while self.n_alive > 0 or (not self.stopping and self._restart_pending()):
+                self._wait_for_event()
+                self._reap()
+                self._restart_due()
+                self._escalate()
+        finally:
+            if self.n_alive > 0:          # an exception above: never leave workers behind
+                self._begin_stop()
+                while self.n_alive > 0:
+                    self._wait_for_event()
+                    self._reap()
+                    self._escalate()
+            self._discard_pending_signals()
+            proc.pthread_sigmask(proc.SIG_SETMASK, &self.saved_mask, NULL)
+        if self.error is not None:
+            raise FastpathError(self.error)
+
+    cdef void _wait_for_event(self):
+        """Sleep until a signal arrives or the next timed action (a restart, SIGKILL) is due."""
+        cdef siginfo_t info
+        cdef timespec ts
+        cdef int sig
+        cdef double timeout = self._next_timeout()
+        ts.tv_sec = <long>timeout
+        ts.tv_nsec = <long>((timeout - <double>ts.tv_sec) * 1e9)
+        with nogil:
+            sig = proc.sigtimedwait(&self.wanted, &info, &ts)
+        if sig == signal.SIGTERM or sig == signal.SIGINT:
+            if not self.stopping:
+                _log(f"{signal.Signals(sig).name}: draining the workers")
+            self._begin_stop()
+        # sig == SIGCHLD, a timeout (EAGAIN) or EINTR: the caller reaps and restarts
+
+    cdef double _next_timeout(self):
+        cdef double now = _monotonic(), due = now + 1.0      # reap at least once a second
+        cdef int i
+        for i in range(self.n_workers):
+            if self.restart_at[i] > 0 and self.restart_at[i] < due:
+                due = self.restart_at[i]
+        if self.kill_at > 0 and self.kill_at < due:
+            due = self.kill_at
+        return due - now if due > now else 0.0
+
+    cdef bint _restart_pending(self):
+        cdef int i
+        for i in range(self.n_workers):
+            if self.restart_at[i] > 0:
+                return True
+        return False
+
+    cdef _spawn(self, int index):
+        cdef pid_t pid
+        cdef int saved_errno
+        proc.PyOS_BeforeFork()
+        pid = proc.fork()
+        if pid == 0:
+            proc.PyOS_AfterFork_Child()
+            self._child(index)           # never returns
+        saved_errno = errno
+        proc.PyOS_AfterFork_Parent()
+        if pid < 0:
+            raise FastpathError(f"cannot fork worker {index}: {strerror(saved_errno).decode()}")
+        self.pids[index] = pid
+        self.restart_at[index] = 0
+        self.n_alive += 1
+
+    cdef void _child(self, int index):
+        """In the forked worker: default signal dispositions, the caller's mask, die with the
+        supervisor, run ``worker_main(index)`` and exit with its status (never return into the
+        supervisor's code)."""
+        cdef int code = 1
+        proc.signal(signal.SIGTERM, proc.SIG_DFL)
+        proc.signal(signal.SIGINT, proc.SIG_DFL)
+        proc.pthread_sigmask(proc.SIG_SETMASK, &self.saved_mask, NULL)
+        proc.prctl(proc.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if proc.getppid() != self.parent_pid:      # the supervisor died before prctl took effect
+            proc._exit(1)
+        try:
+            self.worker_main(index)
+            code = 0
+        except FastpathError as exc:
+            _log(f"worker {index}: {exc}")
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                proc._exit(code)
+
+    cdef void _reap(self):
+        cdef int i, status
+        cdef pid_t pid, got
+        for i in range(self.n_workers):
+            pid = self.pids[i]
+            if pid <= 0:
+                continue
+            got = waitpid(pid, &status, WNOHANG)
+            if got == 0 or (got < 0 and errno == EINTR):
+                continue
+            self.pids[i] = 0
+            self.n_alive -= 1
+            if got < 0:                  # ECHILD: someone else reaped it; treat as a failure
+                status = 1 << 8
+            if not self.stopping:
+                self._worker_failed(i, pid, status)
+
+    cdef void _worker_failed(self, int index, pid_t pid, int status):
+        cdef double now = _monotonic()
+        if WIFEXITED(status):
+            how = f"exited with {WEXITSTATUS(status)}"
+        elif WIFSIGNALED(status):
+            how = f"was killed by {signal.Signals(WTERMSIG(status)).name}"
+        else:
+            how = f"ended with status {status}"
+        recent = [t for t in self.failures[index] if now - t < CRASH_WINDOW_S] + [now]
+        self.failures[index] = recent
+        if len(recent) > CRASH_LIMIT:
+            _log(f"worker {index} (pid {pid}) {how}; it failed {len(recent)} times in "
+                 f"{CRASH_WINDOW_S:.0f} s, giving up")
+            self.error = f"worker {index} failed {len(recent)} times in {CRASH_WINDOW_S:.0f} s"
+            self._begin_stop()
+            return
+        _log(f"worker {index} (pid {pid}) {how}; restarting")
+        self.restart_at[index] = now + RESTART_DELAY_S * len(recent)
+
+    cdef _restart_due(self):
+        cdef double now = _monotonic()
+        cdef int i
+        if self.stopping:
+            return
+        for i in range(self.n_workers):
+            if self.restart_at[i] > 0 and self.restart_at[i] <= now:
+                self._spawn(i)
+
+    cdef void _begin_stop(self):
+        cdef int i
+        if not self.stopping:
+            self.stopping = True
+            self.kill_at = _monotonic() + self.drain_timeout + KILL_GRACE_S
+        for i in range(self.n_workers):
+            self.restart_at[i] = 0
+            if self.pids[i] > 0:
+                kill(self.pids[i], signal.SIGTERM)
+
+    cdef void _escalate(self):
+        cdef int i
+        if self.kill_at <= 0 or _monotonic() < self.kill_at or self.n_alive == 0:
+            return
+        for i in range(self.n_workers):
+            if self.pids[i] > 0:
+                _log(f"worker {i} (pid {self.pids[i]}) still running {self.drain_timeout:.0f} s "
+                     f"+ {KILL_GRACE_S:.0f} s after SIGTERM; killing it")
+                kill(self.pids[i], signal.SIGKILL)
+        self.kill_at = 0
+
+    cdef void _discard_pending_signals(self):
+        """Take what arrived during shutdown, so that unblocking cannot deliver a late SIGTERM
+        to the caller's default handler (which would kill the process serve() returns to)."""
+        cdef siginfo_t info
+        cdef timespec zero
+        zero.tv_sec = 0
+        zero.tv_nsec = 0
+        while proc.sigtimedwait(&self.wanted, &info, &zero) > 0:
+            pass
+
+
+def serve(options=None, **kwargs):
+    """Run fastpath in the foreground until SIGTERM/SIGINT.  Forks ``workers`` processes (0: one
+    per CPU) sharing the port (SO_REUSEPORT), restarts any that crashes; SIGTERM drains
+    in-flight requests in every worker, then returns."""
+    from fastpath import _server
+
+    cdef Options opts = (options or Options(**kwargs)).validate()
+    _raise_fd_limit(opts.max_connections + 64 + len(opts.node_names))
+    unix_listener = None
+    if opts.listen_addr[0] == "unix":
+        unix_listener = _unix_listen_socket(opts.listen_addr[1])
+    else:
+        _check_port_free(opts.listen_addr, "--listen")
+    if opts.admin_addr:
+        _check_port_free(opts.admin_addr, "--admin")
+    stats = mmap.mmap(-1, max(_server.STATS_SLOT_SIZE * opts.workers, 1))   # shared with children
+    supervisor = Supervisor(lambda index: _run_worker(opts, index, stats, unix_listener),
+                            opts.workers, opts.drain_timeout)
+    try:
+        supervisor.run(f"listening on {opts.listen} ({opts.workers} workers, memcached "
+                       f"{','.join(opts.node_addrs)}"
+                       f"{', metrics on ' + opts.admin + '/metrics' if opts.admin else ''})")
+    finally:
+        if unix_listener is not None:
+            unix_listener.close()
+            try:
+                os.unlink(opts.listen_addr[1])
+            except OSError:
+                pass
+    _log("stopped")
