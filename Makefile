@@ -116,7 +116,7 @@ bench: migrate
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf build dist *.egg-info fastpath/_server.c fastpath/*.so fastpath/*.html $(EXT)
+	rm -rf build dist *.egg-info fastpath/_server.c fastpath/_lifecycle.c fastpath/*.so fastpath/*.html $(EXT)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
