@@ -71,9 +71,9 @@ http {{
     client_body_temp_path {var}/tmp; proxy_temp_path {var}/tmp; fastcgi_temp_path {var}/tmp;
     uwsgi_temp_path {var}/tmp; scgi_temp_path {var}/tmp;
     keepalive_requests 1000000;
-    upstream fp {{ server 127.0.0.1:{fastpath}; keepalive 256; keepalive_timeout 8s; }}
-    upstream fpu {{ server unix:{fastpath_unix}; keepalive 256; keepalive_timeout 8s; }}
-    upstream mc {{ server 127.0.0.1:{memcached}; keepalive 256; }}
+    upstream fp {{ server 127.0.0.1:{fastpath}; keepalive 1024; keepalive_timeout 8s; }}
+    upstream fpu {{ server unix:{fastpath_unix}; keepalive 1024; keepalive_timeout 8s; }}
+    upstream mc {{ server 127.0.0.1:{memcached}; keepalive 1024; }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location /Poll/ {{ {body} }}
