@@ -13,6 +13,8 @@ Configurations (each server gets one worker process, Django two; wrk gets one th
   django              the Django poll view under gunicorn as the stack runs it (2 workers x 4
                       threads; computes from SQLite and fills the cache; 200 users)
 10,000 per-user keys/tokens, keep-alive.  Results: bench/results/throughput.json.
+Each point also records where the CPU went: microseconds of CPU per request for every process
+tree serving it (nginx, fastpath, memcached, gunicorn) and for wrk, and the share left idle.
 Also measured: fastpath memory for 10,000 idle keep-alive connections.
 """
 import argparse
@@ -157,6 +159,57 @@ def _wrk(port, connections, duration, script, tokens_file, mode):
             "non_2xx": int(non2xx.group(1)) if non2xx else 0}
 
 
+def _tree(pid):
+    """pid and every descendant (nginx's and fastpath's workers, gunicorn's)."""
+    pids = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                for child in fh.read().split():
+                    pids += _tree(int(child))
+    except OSError:
+        pass
+    return pids
+
+
+def _cpu_seconds(pids):
+    """User + system CPU time of these processes (all their threads), in seconds."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_and_total():
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)      # idle + iowait, all
+
+
+def _wrk_measured(port, conns, duration, script, tfile, mode, components):
+    """wrk's result plus where the CPU went: microseconds per request for each component (the
+    process trees in ``components``, and wrk itself) and the share of both CPUs left idle."""
+    trees = {name: _tree(pid) for name, pid in components.items()}
+    before = {name: _cpu_seconds(t) for name, t in trees.items()}
+    wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    idle_before, total_before = _idle_and_total()
+    r = _wrk(port, conns, duration, script, tfile, mode)
+    idle_after, total_after = _idle_and_total()
+    wrk_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    requests = max(r["rps"] * duration, 1)
+    per_request = {name: (_cpu_seconds(t) - before[name]) * 1e6 / requests for name, t in trees.items()}
+    per_request["wrk"] = ((wrk_after.ru_utime + wrk_after.ru_stime)
+                          - (wrk_before.ru_utime + wrk_before.ru_stime)) * 1e6 / requests
+    r["cpu_us_per_request"] = {k: round(v, 2) for k, v in per_request.items()}
+    r["idle_pct"] = round(100.0 * (idle_after - idle_before) / max(total_after - total_before, 1), 1)
+    return r
+
+
 def _rss_kb(pid):
     with open(f"/proc/{pid}/status") as fh:
         return int(next(ln.split()[1] for ln in fh if ln.startswith("VmRSS")))
@@ -237,6 +290,7 @@ def main():
 
     procs = []
     ports = {}
+    components = {}          # config -> {component: pid} whose CPU time is counted per request
     results = {"configs": {}, "users": USERS, "duration_s": duration, "concurrency": levels,
                "rounds": {}, "rounds_per_point": rounds}
     try:
@@ -251,6 +305,7 @@ def main():
         procs.append(fp)
         wait_for_port("127.0.0.1", fp_port, process=fp, name="fastpath")
         ports["fastpath"] = (fp_port, "token")
+        components["fastpath"] = {"fastpath": fp.pid, "memcached": procs[0].pid}
         fp_unix = os.path.join(tmp, "fastpath.sock")
         fpu = _spawn([sys.executable, "-m", "fastpath", "--listen", f"unix:{fp_unix}",
                       "--memcached", f"127.0.0.1:{mc_port}", "--secret-file", secret_file,
@@ -271,8 +326,14 @@ def main():
             procs.append(proc)
             wait_for_port("127.0.0.1", port, process=proc, name=name)
             ports[name] = (port, "uid" if "memcached_pass" in name else "token")
+            components[name] = {"nginx": proc.pid}
+            if "fastpath" in name:
+                components[name]["fastpath"] = fpu.pid if "unix" in name else fp.pid
+            if "fastpath" in name or "memcached_pass" in name:
+                components[name]["memcached"] = procs[0].pid
         if not args.no_django:
             ports["django"] = _start_django(tmp, mc_port, secret_file, tokens_file, procs, log)
+            components["django"] = {"gunicorn": procs[-1].pid, "memcached": procs[0].pid}
 
         # Interleaved rounds: every configuration once per round, the order rotated each round,
         # so drift on a shared machine hits all of them alike; ratios are taken within a round
@@ -286,10 +347,11 @@ def main():
                     port, mode = ports[name]
                     tfile = tokens_file if name != "django" else os.path.join(tmp, "django-tokens.txt")
                     progress(f"{name:22s} c={conns:<5d} round {rnd + 1}/{rounds} {duration}s ...")
-                    r = _wrk(port, conns, duration, script, tfile, mode)
+                    r = _wrk_measured(port, conns, duration, script, tfile, mode, components[name])
                     samples[name].append(r)
                     progress(f"{name:22s} c={conns:<5d} {r['rps']:>10.0f} req/s  p50 {r['p50_ms']} ms  "
-                             f"p99 {r['p99_ms']} ms  errors {r['socket_errors']}  non-2xx {r['non_2xx']}")
+                             f"p99 {r['p99_ms']} ms  errors {r['socket_errors']}  non-2xx {r['non_2xx']}  "
+                             f"CPU us/req {r['cpu_us_per_request']}  idle {r['idle_pct']}%")
             for name in names:
                 results["configs"].setdefault(name, {})[str(conns)] = _median_point(samples[name])
             results["rounds"][str(conns)] = [{name: samples[name][i]["rps"] for name in names}
@@ -316,6 +378,13 @@ def main():
     print(f"{'config':24s}" + "".join(f"{'c=' + str(c):>12s}" for c in levels))
     for name in names:
         print(f"{name:24s}" + "".join(f"{results['configs'][name].get(str(c), {}).get('rps', 0):12.0f}" for c in levels))
+    print("\nCPU microseconds per request (median round), idle share of both CPUs")
+    for name in names:
+        for c in levels:
+            point = results["configs"][name].get(str(c))
+            if point and point.get("cpu_us_per_request"):
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in point["cpu_us_per_request"].items())
+                print(f"  {name:22s} c={c:<5d} {cpu}  (idle {point['idle_pct']}%)")
     for conns, r in ratios.items():
         print(f"c={conns}: " + ", ".join(f"{k} = {v:.2f}" for k, v in r.items() if v))
     print(f"results: {path}")
