@@ -60,6 +60,25 @@ def main():
         for c, ratios in doc["ratios"].items():
             out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**{_goal_mark(k, v, doc, c)}"
                                                 for k, v in ratios.items() if v))
+        if any(pts.get(c, {}).get("cpu_us_per_request") for pts in doc["configs"].values() for c in levels):
+            out.append("")
+            out.append("Where the CPU went: microseconds of CPU per request, servers (and wrk), and the "
+                       "share of both CPUs left idle:\n")
+            out.append("| config | " + " | ".join(f"c={c}" for c in levels) + " |")
+            out.append("|---|" + "---|" * len(levels))
+            for name, pts in doc["configs"].items():
+                cells = []
+                for c in levels:
+                    cpu = pts.get(c, {}).get("cpu_us_per_request")
+                    if not cpu:
+                        cells.append("")
+                        continue
+                    servers = {k: v for k, v in cpu.items() if k != "wrk"}
+                    cells.append(f"{sum(servers.values()):.1f} ("
+                                 + " + ".join(f"{k} {v:.1f}" for k, v in servers.items())
+                                 + f"; wrk {cpu.get('wrk', 0):.1f}; idle {pts[c]['idle_pct']:.0f}%)")
+                out.append(f"| {name} | " + " | ".join(cells) + " |")
+            out.append("")
         if doc.get("idle_connections"):
             ic = doc["idle_connections"]
             out.append(f"- {ic['connections']:,} idle keep-alive connections: fastpath worker RSS "

@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--with-10k", action="store_true")
     args = ap.parse_args()
     failures = 0
-    failures += step("throughput", ["bench/throughput.py"] + (["--quick"] if args.quick else ["--duration", "8"])) != 0
+    failures += step("throughput", ["bench/throughput.py"] + (["--quick"] if args.quick else ["--duration", "5"])) != 0
     failures += step("fan-out", ["bench/fanout.py"]) != 0
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
     if args.with_10k:

@@ -1,6 +1,6 @@
 """Poll throughput: fastpath against its peers, all in one run so the ratios hold on a noisy machine.
 
-    .venv/bin/python bench/throughput.py [--quick] [--concurrency 50,200,1000] [--duration 10]
+    .venv/bin/python bench/throughput.py [--quick] [--concurrency 50,200,1000] [--duration 6] [--rounds 5]
 
 Configurations (each server gets one worker process, Django two; wrk gets one thread), measured in
 --rounds interleaved rounds per concurrency (median round reported, ratios paired within a round):
@@ -261,10 +261,10 @@ def idle_connections(port, worker_pid, count):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 s per point, concurrency 50 and 200")
-    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--duration", type=int, default=6, help="seconds per point and round (default 6)")
     ap.add_argument("--concurrency", default="50,200,1000")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="interleaved rounds per concurrency (median reported; default 3)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds per concurrency (median reported; default 5)")
     ap.add_argument("--no-django", action="store_true")
     args = ap.parse_args()
     duration = 3 if args.quick else args.duration
