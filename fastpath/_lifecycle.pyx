@@ -87,6 +87,10 @@ cdef class Options:
                  secret_file="var/secret.key", secret=None, admin=None, workers=1, timeout_ms=50,
                  idle_timeout=10, drain_timeout=5, max_body=65536, max_headers=8192,
                  max_connections=16384, resources=DEFAULT_RESOURCES, backend=None):
+        if isinstance(memcached, str):           # "host:port,host:port" as on the command line
+            memcached = memcached.split(",")
+        if isinstance(resources, str):
+            resources = resources.split(",")
         self.listen, self.memcached, self.secret_file = listen, tuple(memcached), secret_file
         self.secret, self.admin, self.workers, self.timeout_ms = secret, admin, workers, timeout_ms
         self.idle_timeout, self.drain_timeout = idle_timeout, drain_timeout

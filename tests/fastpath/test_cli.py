@@ -159,3 +159,16 @@ def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached,
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
     asan_reports(tmp_path)
+
+
+def test_options_take_server_lists_as_on_the_command_line_or_as_sequences():
+    """fastpath.Options is a Cython class: typed fields, and a comma-separated string is split
+    the way --memcached and --resources are (never iterated character by character)."""
+    a = fastpath.Options(memcached="127.0.0.1:11211,127.0.0.1:11212", resources="getMessages",
+                         secret=SECRET).validate()
+    b = fastpath.Options(memcached=["127.0.0.1:11211", "127.0.0.1:11212"], resources=("getMessages",),
+                         secret=SECRET).validate()
+    assert a.node_names == b.node_names == ["127.0.0.1:11211", "127.0.0.1:11212"]
+    assert a.resources == b.resources == ("getMessages",)
+    with pytest.raises(TypeError):
+        fastpath.Options(workers="2")
