@@ -32,6 +32,22 @@ def fastpath_env(tmp_path, preload=(), env=None):
     return env, cwd
 
 
+@contextlib.contextmanager
+def python_script(tmp_path, script):
+    """``python -c script`` (under fastpath_env) in a session of its own: it forks, so it never
+    runs inside pytest.  Killed with its whole group if the test leaves it running."""
+    env, cwd = fastpath_env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def asan_reports(tmp_path):
     """Raise if an AddressSanitizer run under tmp_path reported anything."""
     reports = sorted(tmp_path.glob("asan.*"))

@@ -15,7 +15,7 @@ from pymemcache.client.hash import HashClient
 import fastpath
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
 from plurksite.services import free_port, wait_for_port
-from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, token
+from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, python_script, token
 
 FLAGS = ["--listen", "--admin", "--memcached", "--secret-file", "--workers", "--timeout-ms",
          "--idle-timeout", "--drain-timeout", "--max-body", "--max-headers", "--max-connections",
@@ -132,10 +132,7 @@ def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached,
         f"fastpath.serve(listen='127.0.0.1:{port}', memcached=['{memcached.spec}'],\n"
         f"               secret_file={str(secret_file)!r}, workers=2, admin='127.0.0.1:{admin}')\n"
         "print('serve returned', flush=True)\n")
-    env, cwd = fastpath_env(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with python_script(tmp_path, script) as proc:
         wait_for_port("127.0.0.1", port, process=proc, name="fastpath.serve")
         resp = requests.get(f"http://127.0.0.1:{port}/Poll/getMessages", timeout=5,
                             headers={"Authorization": f"Bearer {token(5)}"})
@@ -144,11 +141,6 @@ def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached,
         assert "fastpath_workers 2" in metrics
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     assert out == "serve returned\n"
     assert err.rstrip().endswith("stopped"), err

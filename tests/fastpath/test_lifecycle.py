@@ -14,7 +14,7 @@ import requests
 
 import fastpath
 import fastpath._lifecycle  # a build that does not import fails here, never skips
-from tests.fastpath.conftest import fastpath_env, token
+from tests.fastpath.conftest import fastpath_env, python_script, token
 
 
 def _children(pid):
@@ -77,10 +77,7 @@ def test_sigterm_is_forwarded_and_a_stuck_drain_is_killed(tmp_path):
         Supervisor(worker, 2, drain_timeout=0).run("supervising")
         print("run returned", flush=True)
         """.format(ready=ready))
-    env, cwd = fastpath_env(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with python_script(tmp_path, script) as proc:
         deadline = time.monotonic() + 10
         while not all(os.path.exists(f"{ready}.{i}") for i in (0, 1)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -90,11 +87,6 @@ def test_sigterm_is_forwarded_and_a_stuck_drain_is_killed(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
         took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     assert out == "run returned\n"
     assert "SIGTERM: draining the workers" in err
@@ -119,10 +111,7 @@ def test_a_second_sigterm_during_the_drain_is_taken_by_the_supervisor(tmp_path):
         time.sleep(0.5)
         print("still alive", flush=True)
         """)
-    env, cwd = fastpath_env(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with python_script(tmp_path, script) as proc:
         deadline = time.monotonic() + 10
         while len(_children(proc.pid)) != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -131,11 +120,6 @@ def test_a_second_sigterm_during_the_drain_is_taken_by_the_supervisor(tmp_path):
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)         # while the worker is still draining
         out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     assert out == "still alive\n"
 
