@@ -491,8 +491,13 @@ def serve(options=None, **kwargs):
     per CPU) sharing the port (SO_REUSEPORT), restarts any that crashes; SIGTERM drains
     in-flight requests in every worker, then returns."""
     from fastpath import _server
+    import threading
 
     cdef Options opts = (options or Options(**kwargs)).validate()
+    if threading.current_thread() is not threading.main_thread():
+        # the supervisor blocks its signals in the calling thread only: anywhere else, SIGTERM
+        # would reach the main thread's default handler and kill the process instead
+        raise ConfigurationError("fastpath.serve() must run in the main thread")
     _raise_fd_limit(opts.max_connections + 64 + len(opts.node_names))
     unix_listener = None
     if opts.listen_addr[0] == "unix":

@@ -164,3 +164,20 @@ def test_options_take_server_lists_as_on_the_command_line_or_as_sequences():
     assert a.resources == b.resources == ("getMessages",)
     with pytest.raises(TypeError):
         fastpath.Options(workers="2")
+
+
+def test_serve_refuses_to_run_outside_the_main_thread():
+    import threading
+    errors = []
+
+    def run():
+        try:
+            fastpath.serve(secret=SECRET, listen="127.0.0.1:1")
+        except fastpath.FastpathError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], fastpath.ConfigurationError)
+    assert str(errors[0]) == "fastpath.serve() must run in the main thread"
