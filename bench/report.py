@@ -27,6 +27,14 @@ def _errors(point):
     return (point or {}).get("socket_errors", 0) + (point or {}).get("non_2xx", 0)
 
 
+def _ratio(name, value):
+    """Two decimals, or three when two would round a ratio just under its goal up onto it."""
+    goal = GOALS.get(name)
+    if goal is not None and value < goal and round(value, 2) >= goal:
+        return f"{value:.3f}"
+    return f"{value:.2f}"
+
+
 def _goal_mark(name, value, doc=None, conns=None):
     goal = GOALS.get(name)
     if goal is None:
@@ -58,7 +66,7 @@ def main():
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
         for c, ratios in doc["ratios"].items():
-            out.append(f"- c={c}: " + ", ".join(f"{k} **{v:.2f}**{_goal_mark(k, v, doc, c)}"
+            out.append(f"- c={c}: " + ", ".join(f"{k} **{_ratio(k, v)}**{_goal_mark(k, v, doc, c)}"
                                                 for k, v in ratios.items() if v))
         if any(pts.get(c, {}).get("cpu_us_per_request") for pts in doc["configs"].values() for c in levels):
             out.append("")
