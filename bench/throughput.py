@@ -226,13 +226,6 @@ def _private_kb(pid):
     return total
 
 
-def _worker_pids(pid):
-    try:
-        return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except OSError:
-        return []
-
-
 def idle_connections(port, worker_pid, count):
     """RSS growth of the fastpath worker while it holds ``count`` idle keep-alive connections."""
     before = _rss_kb(worker_pid)
@@ -356,7 +349,7 @@ def main():
                 results["configs"].setdefault(name, {})[str(conns)] = _median_point(samples[name])
             results["rounds"][str(conns)] = [{name: samples[name][i]["rps"] for name in names}
                                              for i in range(rounds)]
-        workers = _worker_pids(fp.pid)
+        workers = _tree(fp.pid)[1:]
         if workers:
             progress("10,000 idle keep-alive connections to fastpath ...")
             results["idle_connections"] = idle_connections(fp_port, workers[0], 10_000)

@@ -298,10 +298,6 @@ cdef class Supervisor:
         self.kill_at = 0
         self.error = None
 
-    @property
-    def pids_alive(self):
-        return [self.pids[i] for i in range(self.n_workers) if self.pids[i] > 0]
-
     def run(self, ready_message=None):
         """Fork the workers and supervise them until they have all exited after SIGTERM/SIGINT
         (returns) or one keeps failing (raises FastpathError)."""
