@@ -11,6 +11,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.environ.get("PLURK_BENCH_RESULTS") or os.path.join(ROOT, "bench", "results")
 
 
+def proc_stat(pid):
+    """(parent pid, user + system CPU seconds) of a process, from /proc/<pid>/stat.  Split after
+    the last ')': the command name before it may itself hold spaces and parentheses.  Raises
+    OSError when the process is gone, ValueError/IndexError on an unreadable line."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return fields[1], (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def _version(cmd, pattern=r"(\d+\.\d+(?:\.\d+)?)"):
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10)

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import requests  # noqa: E402
 
-from bench.common import ROOT, progress, write_result  # noqa: E402
+from bench.common import ROOT, proc_stat, progress, write_result  # noqa: E402
 from locustfiles import _delivery  # noqa: E402  (the delivery rule, shared with the locustfile)
 
 
@@ -293,7 +293,6 @@ class StackSampler:
         self.supervisors = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._ticks = os.sysconf("SC_CLK_TCK")
 
     @staticmethod
     def _cmdline(pid):
@@ -335,14 +334,13 @@ class StackSampler:
         procs = {}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{pid}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
+                ppid, cpu_s = proc_stat(pid)
                 with open(f"/proc/{pid}/status") as fh:
                     rss = next((int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS")), 0)
                 cmd = self._cmdline(pid)
             except (OSError, ValueError, IndexError):
                 continue
-            procs[pid] = (fields[1], ((int(fields[11]) + int(fields[12])) / self._ticks, rss), cmd)
+            procs[pid] = (ppid, (cpu_s, rss), cmd)
         return procs
 
     def _read(self):

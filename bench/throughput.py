@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, progress, write_result  # noqa: E402
+from bench.common import ROOT, proc_stat, progress, write_result  # noqa: E402
 from plurkcore import tokens  # noqa: E402
 from plurksite.services import (find_binary, free_port, memcached_command,  # noqa: E402
                                 wait_for_port)
@@ -174,15 +174,13 @@ def _tree(pid):
 
 def _cpu_seconds(pids):
     """User + system CPU time of these processes (all their threads), in seconds."""
-    ticks = 0
+    total = 0.0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
+            total += proc_stat(pid)[1]
         except OSError:
             pass
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _idle_and_total():
