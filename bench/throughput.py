@@ -10,6 +10,10 @@ Configurations (each server gets one worker process, Django two; wrk gets one th
   nginx memcached_pass  nginx's own memcached module, upstream keep-alive, same memcached, same keys
                       (no token check: it trusts ?u=<uid>, so it does less work than fastpath)
   nginx return 200    a constant answer: the ceiling for any HTTP responder here
+  nginx+return-200 upstream  nginx proxying /Poll/ exactly as to fastpath, to a second nginx (one
+                      worker) that answers fastpath's hit bytes with `return 200` and does nothing
+                      else: the ceiling for any upstream behind nginx over TCP (no token check,
+                      no memcached), so the bound on what nginx+fastpath can reach
   django              the Django poll view under gunicorn as the stack runs it (2 workers x 4
                       threads; computes from SQLite and fills the cache; 200 users)
 10,000 per-user keys/tokens, keep-alive.  Results: bench/results/throughput.json.
@@ -76,6 +80,7 @@ http {{
     upstream fp {{ server 127.0.0.1:{fastpath}; keepalive 1024; keepalive_timeout 8s; }}
     upstream fpu {{ server unix:{fastpath_unix}; keepalive 1024; keepalive_timeout 8s; }}
     upstream mc {{ server 127.0.0.1:{memcached}; keepalive 1024; }}
+    upstream ret200 {{ server 127.0.0.1:{ret200}; keepalive 1024; keepalive_timeout 8s; }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location /Poll/ {{ {body} }}
@@ -92,7 +97,11 @@ BODIES = {
     "nginx memcached_pass": "set $memcached_key \"p1:getUnreadCount:$arg_u:0\"; memcached_pass mc; "
                             "default_type application/json; add_header X-Cache HIT;",
     "nginx return 200": "default_type application/json; add_header X-Cache HIT; return 200 '{\"count\":3}';",
+    "nginx+return-200 upstream": "proxy_pass http://ret200; " + FASTPATH_PROXY,
 }
+# The do-nothing upstream behind "nginx+return-200 upstream": the headers and body of a fastpath hit.
+RETURN_200_UPSTREAM = ("default_type application/json; add_header Cache-Control no-store; add_header X-Cache HIT; "
+                 "return 200 '{\"count\":3}';")
 
 
 # ratio label -> (numerator config, denominator config); each is the median of per-round ratios
@@ -101,6 +110,10 @@ RATIOS = {
     "fastpath / return 200": ("fastpath", "nginx return 200"),
     "nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass"),
     "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass"),
+    # the bound on the line above over TCP: an upstream that does nothing, against memcached_pass,
+    # and how much of that bound fastpath reaches
+    "nginx+return-200 upstream / memcached_pass": ("nginx+return-200 upstream", "nginx memcached_pass"),
+    "nginx+fastpath / nginx+return-200 upstream": ("nginx+fastpath", "nginx+return-200 upstream"),
     "fastpath / django": ("fastpath", "django"),
 }
 
@@ -126,6 +139,20 @@ def _stop(proc):
             proc.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _start_nginx(tmp, name, port, body, upstreams, log):
+    """One nginx (one worker) on port whose /Poll/ location is body; upstreams: the addresses
+    NGINX's upstream blocks name (fastpath, fastpath_unix, memcached, ret200).  Returns once it
+    listens."""
+    conf = os.path.join(tmp, f"{name.replace(' ', '_').replace('+', '_')}.conf")
+    with open(conf, "w") as fh:
+        # as root, workers must stay root to reach the private unix socket
+        fh.write(NGINX.format(var=tmp, name=port, port=port, body=body, **upstreams,
+                              user="user root;" if os.geteuid() == 0 else ""))
+    proc = _spawn([find_binary("nginx", "nginx"), "-p", tmp, "-c", conf, "-g", "daemon off;"], log)
+    wait_for_port("127.0.0.1", port, process=proc, name=name)
+    return proc
 
 
 def _fill(port, users):
@@ -305,19 +332,18 @@ def main():
         deadline = time.monotonic() + 10
         while not os.path.exists(fp_unix) and time.monotonic() < deadline:
             time.sleep(0.05)
+        upstreams = {"fastpath": fp_port, "fastpath_unix": fp_unix, "memcached": mc_port, "ret200": free_port()}
+        ret200_proc = _start_nginx(tmp, "return-200 upstream", upstreams["ret200"], RETURN_200_UPSTREAM,
+                                   upstreams, log)
+        procs.append(ret200_proc)
         for name, body in BODIES.items():
             port = free_port()
-            conf = os.path.join(tmp, f"{name.replace(' ', '_').replace('+', '_')}.conf")
-            with open(conf, "w") as fh:
-                # as root, workers must stay root to reach the private unix socket
-                fh.write(NGINX.format(var=tmp, name=port, fastpath=fp_port, memcached=mc_port,
-                                      port=port, body=body, fastpath_unix=fp_unix,
-                                      user="user root;" if os.geteuid() == 0 else ""))
-            proc = _spawn([find_binary("nginx", "nginx"), "-p", tmp, "-c", conf, "-g", "daemon off;"], log)
+            proc = _start_nginx(tmp, name, port, body, upstreams, log)
             procs.append(proc)
-            wait_for_port("127.0.0.1", port, process=proc, name=name)
             ports[name] = (port, "uid" if "memcached_pass" in name else "token")
             components[name] = {"nginx": proc.pid}
+            if "upstream" in name:
+                components[name]["upstream nginx"] = ret200_proc.pid
             if "fastpath" in name:
                 components[name]["fastpath"] = fpu.pid if "unix" in name else fp.pid
             if "fastpath" in name or "memcached_pass" in name:
