@@ -216,9 +216,26 @@ def _idle_and_total():
     return fields[3] + fields[4], sum(fields)      # idle + iowait, all
 
 
+def _settle(quiet_pct=85.0, window_s=0.3, limit_s=30.0):
+    """Wait until both CPUs are mostly idle: a run must not start while the previous one's servers
+    still work through its backlog.  gunicorn goes on answering the requests queued behind its
+    threads for seconds after wrk has gone (up to c of them), and without this wait the next
+    configuration in the round -- always fastpath, the rotation keeps it right after django --
+    shared the CPUs with it.  Returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        idle_before, total_before = _idle_and_total()
+        time.sleep(window_s)
+        idle_after, total_after = _idle_and_total()
+        if 100.0 * (idle_after - idle_before) / max(total_after - total_before, 1) >= quiet_pct:
+            break
+    return time.monotonic() - started
+
+
 def _wrk_measured(port, conns, duration, script, tfile, mode, components):
     """wrk's result plus where the CPU went: microseconds per request for each component (the
     process trees in ``components``, and wrk itself) and the share of both CPUs left idle."""
+    settled_s = _settle()
     trees = {name: _tree(pid) for name, pid in components.items()}
     before = {name: _cpu_seconds(t) for name, t in trees.items()}
     wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -232,6 +249,7 @@ def _wrk_measured(port, conns, duration, script, tfile, mode, components):
                           - (wrk_before.ru_utime + wrk_before.ru_stime)) * 1e6 / requests
     r["cpu_us_per_request"] = {k: round(v, 2) for k, v in per_request.items()}
     r["idle_pct"] = round(100.0 * (idle_after - idle_before) / max(total_after - total_before, 1), 1)
+    r["settled_s"] = round(settled_s, 1)
     return r
 
 
@@ -368,7 +386,7 @@ def main():
                     samples[name].append(r)
                     progress(f"{name:22s} c={conns:<5d} {r['rps']:>10.0f} req/s  p50 {r['p50_ms']} ms  "
                              f"p99 {r['p99_ms']} ms  errors {r['socket_errors']}  non-2xx {r['non_2xx']}  "
-                             f"CPU us/req {r['cpu_us_per_request']}  idle {r['idle_pct']}%")
+                             f"CPU us/req {r['cpu_us_per_request']}  idle {r['idle_pct']}%  (waited {r['settled_s']} s for quiet CPUs)")
             for name in names:
                 results["configs"].setdefault(name, {})[str(conns)] = _median_point(samples[name])
             results["rounds"][str(conns)] = [{name: samples[name][i]["rps"] for name in names}
