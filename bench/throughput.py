@@ -101,7 +101,7 @@ BODIES = {
 }
 # The do-nothing upstream behind "nginx+return-200 upstream": the headers and body of a fastpath hit.
 RETURN_200_UPSTREAM = ("default_type application/json; add_header Cache-Control no-store; add_header X-Cache HIT; "
-                 "return 200 '{\"count\":3}';")
+                       "return 200 '{\"count\":3}';")
 
 
 # ratio label -> (numerator config, denominator config); each is the median of per-round ratios
@@ -216,6 +216,11 @@ def _idle_and_total():
     return fields[3] + fields[4], sum(fields)      # idle + iowait, all
 
 
+def _idle_pct(before, after):
+    """The share of both CPUs left idle between two _idle_and_total() readings, in percent."""
+    return 100.0 * (after[0] - before[0]) / max(after[1] - before[1], 1)
+
+
 def _settle(quiet_pct=85.0, window_s=0.3, limit_s=30.0):
     """Wait until both CPUs are mostly idle: a run must not start while the previous one's servers
     still work through its backlog.  gunicorn goes on answering the requests queued behind its
@@ -224,10 +229,9 @@ def _settle(quiet_pct=85.0, window_s=0.3, limit_s=30.0):
     shared the CPUs with it.  Returns the seconds waited."""
     started = time.monotonic()
     while time.monotonic() - started < limit_s:
-        idle_before, total_before = _idle_and_total()
+        before = _idle_and_total()
         time.sleep(window_s)
-        idle_after, total_after = _idle_and_total()
-        if 100.0 * (idle_after - idle_before) / max(total_after - total_before, 1) >= quiet_pct:
+        if _idle_pct(before, _idle_and_total()) >= quiet_pct:
             break
     return time.monotonic() - started
 
@@ -239,16 +243,16 @@ def _wrk_measured(port, conns, duration, script, tfile, mode, components):
     trees = {name: _tree(pid) for name, pid in components.items()}
     before = {name: _cpu_seconds(t) for name, t in trees.items()}
     wrk_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    idle_before, total_before = _idle_and_total()
+    cpus_before = _idle_and_total()
     r = _wrk(port, conns, duration, script, tfile, mode)
-    idle_after, total_after = _idle_and_total()
+    cpus_after = _idle_and_total()
     wrk_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     requests = max(r["rps"] * duration, 1)
     per_request = {name: (_cpu_seconds(t) - before[name]) * 1e6 / requests for name, t in trees.items()}
     per_request["wrk"] = ((wrk_after.ru_utime + wrk_after.ru_stime)
                           - (wrk_before.ru_utime + wrk_before.ru_stime)) * 1e6 / requests
     r["cpu_us_per_request"] = {k: round(v, 2) for k, v in per_request.items()}
-    r["idle_pct"] = round(100.0 * (idle_after - idle_before) / max(total_after - total_before, 1), 1)
+    r["idle_pct"] = round(_idle_pct(cpus_before, cpus_after), 1)
     r["settled_s"] = round(settled_s, 1)
     return r
 
