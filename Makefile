@@ -79,7 +79,7 @@ test: install
 test-asan: install
 	rm -rf $(ASAN_ROOT) && mkdir -p $(ASAN_ROOT)/fastpath
 	cp -r fastpath/*.py fastpath/includes $(ASAN_ROOT)/fastpath/
-	FASTPATH_SANITIZE=address $(PY) setup.py -q build_ext --force --build-lib $(ASAN_ROOT) --build-temp build/asan-tmp
+	FASTPATH_SANITIZE=address,undefined $(PY) setup.py -q build_ext --force --build-lib $(ASAN_ROOT) --build-temp build/asan-tmp
 	FASTPATH_ASAN_ROOT=$(CURDIR)/$(ASAN_ROOT) FASTPATH_ASAN_RUNTIME=$(ASAN_RUNTIME) \
 		$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/fastpath
 

@@ -56,6 +56,8 @@ class FastpathBuildExt(build_ext):
             sanitizer = os.environ.get("FASTPATH_SANITIZE")
             if sanitizer:
                 ext.extra_compile_args += [f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer", "-g"]
+                if "undefined" in sanitizer:  # a report stops the worker, so tests see it
+                    ext.extra_compile_args.append("-fno-sanitize-recover=undefined")
                 ext.extra_link_args += [f"-fsanitize={sanitizer}"]
         super().build_extensions()
 

@@ -3,6 +3,10 @@
  * socketpair.  memcached is a closed port, so requests with a valid token (the corpus has some)
  * reach fp_mc.c and get 503.  Built with AddressSanitizer and UBSan by `make fuzz`.
  *
+ * The first input byte picks how the rest is cut into reads (0: all at once; otherwise pieces
+ * of 1..255 bytes, with the loop run between them), so that every parser callback also meets
+ * its data split at any point, as a slow or hostile client would send it.
+ *
  * A finding is a sanitizer report, a crash, a hang, or an answer that is not HTTP.
  */
 #include <signal.h>
@@ -67,12 +71,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t sent = 0, out_len = 0;
     int shut = 0;
 
+    size_t piece = size;
+
+    if (size > 0) {
+        piece = data[0] ? data[0] : size;
+        data++;
+        size--;
+    }
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
         abort();
-    fp_conn_open(&srv, sv[0], 0);
-    for (int round = 0; round < 10000 && srv.n_conns > 0; round++) {
+    fp_conn_open(&srv, sv[0], FP_CONN_POLL);
+    for (int round = 0; round < 100000 && srv.n_conns > 0; round++) {
         if (sent < size) {
-            ssize_t n = send(sv[1], data + sent, size - sent, MSG_NOSIGNAL);
+            size_t want = size - sent < piece ? size - sent : piece;
+            ssize_t n = send(sv[1], data + sent, want, MSG_NOSIGNAL);
             if (n > 0)
                 sent += (size_t)n;
         }
@@ -86,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ssize_t n = recv(sv[1], out + out_len, FUZZ_OUT_CAP - out_len, 0);
         if (n > 0)
             out_len += (size_t)n;
-        if (round > 100)
+        if (round > 100 && sent == size)
             usleep(100);                  /* a memcached deadline (50 ms) may be pending */
     }
     if (srv.n_conns > 0) {

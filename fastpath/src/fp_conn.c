@@ -6,6 +6,10 @@
  * request is answered (at once, or when memcached replies), and only then does parsing go on
  * with any pipelined bytes.
  *
+ * A connection is a small state machine (fp_conn_state_t): _conn_set_state is the only writer
+ * of c->state, and debug builds check each transition against _legal below.  What a connection
+ * may ask for depends on its kind (the listener it came from): _kinds below.
+ *
  * Request data is only ever handled as (offset, length) into the read buffer; nothing here
  * relies on NUL termination.
  *
@@ -18,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -26,9 +29,64 @@
 
 #define HEAD_CAP 512                 /* our response head, always well below */
 #define BUF_SLACK 1024
-#define STATS_CAP 8192
+#define STATS_CAP 16384
 #define LINGER_S 2                   /* how long a closing connection's input is still read */
 #define LINGER_MAX_BYTES (1u << 20)
+#define ADMIN_MAX_CONNECTIONS 16     /* per worker: /metrics is for one scraper and an operator */
+
+static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
+static int _conn_after_response(fp_conn_t *c);
+static void _conn_process(fp_conn_t *c);
+
+/* ---- states and kinds ---------------------------------------------------------------- */
+
+/* (used only by debug builds' checks) */
+__attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"reading", "waiting", "writing", "lingering"};
+
+/* _legal[from][to]: the transitions _conn_set_state accepts (checked in debug builds). */
+__attribute__((unused)) static const uint8_t _legal[CONN_STATE_N][CONN_STATE_N] = {
+    /*                   READING WAITING WRITING LINGERING */
+    [CONN_READING]   = {0,      1,      1,      1},
+    [CONN_WAITING]   = {1,      0,      1,      1},
+    [CONN_WRITING]   = {1,      0,      0,      1},
+    [CONN_LINGERING] = {0,      0,      0,      0},
+};
+
+static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
+{
+    FP_ASSERT(to < CONN_STATE_N && _legal[c->state][to], "connection %d: %s -> %s", c->fd,
+              _state_names[c->state], to < CONN_STATE_N ? _state_names[to] : "?");
+#if FASTPATH_DEBUG
+    fp_log("connection %d: %s -> %s", c->fd, _state_names[c->state], _state_names[to]);
+#endif
+    c->state = (uint8_t)to;
+}
+
+typedef struct {
+    const char *name;
+    /* at the end of the head: decide c->action (and the key or the answer) */
+    void (*route)(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+    int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
+    uint8_t counted;                         /* answers count in fastpath_requests_total */
+} _kind_t;
+
+static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+
+static int _poll_cap(const fp_config_t *cfg)
+{
+    return cfg->max_connections;
+}
+
+static int _admin_cap(const fp_config_t *cfg)
+{
+    return ADMIN_MAX_CONNECTIONS;
+}
+
+static const _kind_t _kinds[FP_CONN_KIND_N] = {
+    [FP_CONN_POLL] = {"poll", _route_poll, _poll_cap, 1},
+    [FP_CONN_ADMIN] = {"admin", _route_admin, _admin_cap, 0},
+};
 
 /* ---- read buffers ------------------------------------------------------------------ */
 
@@ -69,8 +127,6 @@ void fp_buf_pool_free(fp_server_t *srv)
 
 /* ---- connection lifecycle ---------------------------------------------------------- */
 
-static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
-
 static void _conn_close(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
@@ -87,11 +143,12 @@ static void _conn_close(fp_conn_t *c)
     if (c->in != NULL)
         _buf_put(srv, c->in);
     srv->n_conns--;
-    srv->n_polls -= !c->admin;
+    srv->n_kind[c->kind]--;
     srv->st->connections--;
     free(c->out);
     free(c);
-    fp_maybe_finish_drain(srv);
+    if (srv->stopping && srv->n_conns <= 0 && srv->drained != NULL)
+        srv->drained(srv->drained_arg);
 }
 
 /* Watch the socket for `what` (EV_READ or EV_WRITE), with the idle timeout. */
@@ -113,68 +170,51 @@ static int _set_nodelay(evutil_socket_t fd)
     return -1;
 }
 
-static void _conn_new(fp_server_t *srv, evutil_socket_t fd, int admin)
+/* Over a kind's cap (or while draining) a connection is closed at once: nginx falls back to
+ * Django instead of queueing, and an operator can still read /metrics at the poll cap. */
+void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
 {
     const fp_config_t *cfg = srv->cfg;
-    /* the cap is for poll connections: an operator can still read /metrics at the cap */
-    if (srv->stopping || (!admin && srv->n_polls >= cfg->max_connections) || _set_nodelay(fd) != 0) {
-        close(fd);                   /* nginx falls back to Django at once, instead of queueing */
-        srv->st->conn_rejected++;
-        return;
-    }
-    fp_conn_t *c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        close(fd);
-        srv->st->conn_rejected++;
-        return;
-    }
+    fp_conn_t *c = NULL;
+
+    if (srv->stopping || srv->n_kind[kind] >= _kinds[kind].cap(cfg) || _set_nodelay(fd) != 0 ||
+        (c = calloc(1, sizeof(*c))) == NULL)
+        goto reject;
     c->srv = srv;
     c->fd = fd;
-    c->admin = (uint8_t)admin;
-    c->state = CONN_READING;
-    c->deadline_s = fp_now_s(srv) + cfg->idle_timeout_s;
+    c->kind = (uint8_t)kind;
+    c->deadline_s = fp_now_s() + cfg->idle_timeout_s;
     llhttp_init(&c->parser, HTTP_REQUEST, &srv->http_settings);
     c->parser.data = c;
     c->ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c);
     if (c->ev == NULL || event_add(c->ev, srv->idle_tv) < 0) {
         if (c->ev != NULL)
             event_free(c->ev);
-        close(fd);
         free(c);
-        srv->st->conn_rejected++;
-        return;
+        goto reject;
     }
     c->next = srv->conns;
     if (srv->conns != NULL)
         srv->conns->prev = c;
     srv->conns = c;
     srv->n_conns++;
-    srv->n_polls += !admin;
+    srv->n_kind[kind]++;
     srv->st->connections++;
     srv->st->conn_accepted++;
-}
-
-void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, int admin)
-{
-    _conn_new(srv, fd, admin);
+    return;
+reject:
+    close(fd);
+    srv->st->conn_rejected++;
 }
 
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
 {
-    _conn_new(arg, fd, 0);
+    fp_conn_open(arg, fd, FP_CONN_POLL);
 }
 
 void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
 {
-    _conn_new(arg, fd, 1);
-}
-
-/* accept() failed (EMFILE, ENFILE, ENOMEM...): stop accepting for a moment instead of spinning. */
-void fp_conn_accept_error(struct evconnlistener *l, void *arg)
-{
-    fp_server_t *srv = arg;
-    srv->st->conn_rejected++;
-    fp_server_pause_accepting(srv, l);
+    fp_conn_open(arg, fd, FP_CONN_ADMIN);
 }
 
 /* Draining: idle keep-alive connections go now; busy ones close after their answer. */
@@ -194,7 +234,7 @@ void fp_conn_close_all(fp_server_t *srv)
         _conn_close(srv->conns);
 }
 
-/* ---- responses --------------------------------------------------------------------- */
+/* ---- responses: building the head ---------------------------------------------------- */
 
 typedef struct {
     char *p;
@@ -211,6 +251,11 @@ static void _put(_text_t *t, const char *s, size_t n)
 
 #define PUT_LIT(t, s) _put((t), (s), sizeof(s) - 1)
 
+static void _put_str(_text_t *t, const char *s, size_t max)
+{
+    _put(t, s, strnlen(s, max));
+}
+
 static void _put_uint(_text_t *t, uint64_t v)
 {
     char tmp[24];
@@ -222,77 +267,81 @@ static void _put_uint(_text_t *t, uint64_t v)
     _put(t, tmp + i, sizeof(tmp) - i);
 }
 
-static const char *_reason(int code)
+/* Status line and headers of an answer with body_len bytes of body (0 for 204 and HEAD). */
+static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, const char *cache,
+                        size_t body_len)
 {
-    switch (code) {
-    case 200: return "OK";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 431: return "Request Header Fields Too Large";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    }
-    return "Error";
-}
-
-static int _conn_after_response(fp_conn_t *c);
-
-/* Send status, headers and body (one sendmsg in the common case).  Returns -1 when the
- * connection was closed (the caller must not touch it), else 0. */
-static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *cache,
-                         const char *body, size_t body_len)
-{
-    fp_server_t *srv = c->srv;
-    char head_buf[HEAD_CAP];
-    _text_t h = {head_buf, 0, sizeof(head_buf)};
     size_t date_len;
-    const char *date = fp_date_header(srv, &date_len);
-    const char *reason = _reason(code);
+    const char *date = fp_date_header(&c->srv->date, c->srv->base, &date_len);
 
-    if (code == 204 || c->is_head)
-        body_len = 0;
-    if (!c->admin)
-        srv->st->status[fp_status_slot(code)]++;
-    PUT_LIT(&h, "HTTP/1.1 ");
-    _put_uint(&h, (uint64_t)code);
-    PUT_LIT(&h, " ");
-    _put(&h, reason, strnlen(reason, 31));   /* the longest reason is 31 */
-    PUT_LIT(&h, "\r\nDate: ");
-    _put(&h, date, date_len);
-    PUT_LIT(&h, "\r\n");
+    PUT_LIT(h, "HTTP/1.1 ");
+    _put_uint(h, (uint64_t)code);
+    PUT_LIT(h, " ");
+    _put_str(h, fp_status_reason(code), 31);   /* the longest reason is 31 */
+    PUT_LIT(h, "\r\nDate: ");
+    _put(h, date, date_len);
+    PUT_LIT(h, "\r\n");
     if (code != 204) {
-        PUT_LIT(&h, "Content-Type: ");
-        _put(&h, ctype, strnlen(ctype, 64));
-        PUT_LIT(&h, "\r\nContent-Length: ");
-        _put_uint(&h, body_len);
-        PUT_LIT(&h, "\r\n");
+        PUT_LIT(h, "Content-Type: ");
+        _put_str(h, ctype, 64);
+        PUT_LIT(h, "\r\nContent-Length: ");
+        _put_uint(h, body_len);
+        PUT_LIT(h, "\r\n");
     }
-    PUT_LIT(&h, "Cache-Control: no-store\r\n");
+    PUT_LIT(h, "Cache-Control: no-store\r\n");
     if (cache != NULL) {
-        PUT_LIT(&h, "X-Cache: ");
-        _put(&h, cache, strnlen(cache, 8));
-        PUT_LIT(&h, "\r\n");
+        PUT_LIT(h, "X-Cache: ");
+        _put_str(h, cache, 8);
+        PUT_LIT(h, "\r\n");
     }
     if (code == 405)
-        PUT_LIT(&h, "Allow: GET, POST\r\n");
-    if (!c->keep_alive || srv->stopping)
-        PUT_LIT(&h, "Connection: close\r\n");
+        PUT_LIT(h, "Allow: GET, POST\r\n");
+    if (!c->keep_alive || c->srv->stopping)
+        PUT_LIT(h, "Connection: close\r\n");
     else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
-        PUT_LIT(&h, "Connection: keep-alive\r\n");
-    PUT_LIT(&h, "\r\n");
+        PUT_LIT(h, "Connection: keep-alive\r\n");
+    PUT_LIT(h, "\r\n");
+}
 
-    struct iovec iov[2] = {{h.p, h.len}, {(void *)body, body_len}};
+/* ---- responses: sending ------------------------------------------------------------ */
+
+/* Keep what the socket did not take (sent bytes of head + body so far: n) and wait until it is
+ * writable.  -1: the connection was closed. */
+static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, size_t body_len, size_t n)
+{
+    size_t total = h->len + body_len, rest = total - n;
+    size_t from_head = n < h->len ? h->len - n : 0;
+    size_t from_body = rest - from_head;
+
+    c->out = malloc(rest);
+    if (c->out == NULL) {
+        _conn_close(c);
+        return -1;
+    }
+    memcpy(c->out, h->p + (h->len - from_head), from_head);
+    if (from_body > 0)               /* body may be NULL when there is none (204) */
+        memcpy(c->out + from_head, body + (body_len - from_body), from_body);
+    c->out_len = rest;
+    c->out_sent = 0;
+    _conn_set_state(c, CONN_WRITING);
+    if (_conn_watch(c, EV_WRITE) < 0) {
+        _conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* Head and body in one sendmsg in the common case.  -1: the connection was closed or is
+ * closing (the caller must not touch it). */
+static int _conn_send(fp_conn_t *c, const _text_t *h, const char *body, size_t body_len)
+{
+    struct iovec iov[2] = {{h->p, h->len}, {(void *)body, body_len}};
     struct msghdr msg;
+    ssize_t n;
+
     memset(&msg, 0, sizeof(msg));
     msg.msg_iov = iov;
     msg.msg_iovlen = body_len > 0 ? 2 : 1;
-    size_t total = h.len + body_len;
-    ssize_t n;
     do {
         n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
@@ -303,27 +352,24 @@ static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *
         }
         n = 0;
     }
-    if ((size_t)n == total)
+    if ((size_t)n == h->len + body_len)
         return _conn_after_response(c);
+    return _conn_keep_rest(c, h, body, body_len, (size_t)n);
+}
 
-    /* the socket is full: keep the rest and wait until it is writable */
-    size_t rest = total - (size_t)n;
-    c->out = malloc(rest);
-    if (c->out == NULL) {
-        _conn_close(c);
-        return -1;
-    }
-    size_t from_head = (size_t)n < h.len ? h.len - (size_t)n : 0;
-    memcpy(c->out, h.p + (h.len - from_head), from_head);
-    memcpy(c->out + from_head, body + (body_len - (rest - from_head)), rest - from_head);
-    c->out_len = rest;
-    c->out_sent = 0;
-    c->state = CONN_WRITING;
-    if (_conn_watch(c, EV_WRITE) < 0) {
-        _conn_close(c);
-        return -1;
-    }
-    return 0;
+/* Send status, headers and body.  -1: the connection was closed or is closing. */
+static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *cache,
+                         const char *body, size_t body_len)
+{
+    char head_buf[HEAD_CAP];
+    _text_t h = {head_buf, 0, sizeof(head_buf)};
+
+    if (code == 204 || c->is_head)
+        body_len = 0;
+    if (_kinds[c->kind].counted)
+        c->srv->st->status[fp_status_slot(code)]++;
+    _build_head(c, &h, code, ctype, cache, body_len);
+    return _conn_send(c, &h, body, body_len);
 }
 
 static int _conn_respond_error(fp_conn_t *c, int code, const char *message, const char *cache)
@@ -332,61 +378,20 @@ static int _conn_respond_error(fp_conn_t *c, int code, const char *message, cons
     _text_t b = {body_buf, 0, sizeof(body_buf)};
     /* message is always one of our literals, never request data */
     PUT_LIT(&b, "{\"error\":\"");
-    _put(&b, message, strnlen(message, 128));
+    _put_str(&b, message, 128);
     PUT_LIT(&b, "\"}");
     return _conn_respond(c, code, "application/json", cache, b.p, b.len);
 }
 
-/* Closing with unread input would make the kernel send RST, which can destroy the answer
- * before the client reads it (nginx's lingering_close): send FIN, read and drop what still
- * comes for a moment, then close. */
-static void _conn_linger(fp_conn_t *c)
+static int _conn_respond_metrics(fp_conn_t *c)
 {
-    struct timeval linger = {LINGER_S, 0};
-    if (c->in != NULL) {
-        _buf_put(c->srv, c->in);
-        c->in = NULL;
-    }
-    c->state = CONN_LINGERING;
-    c->body_len = 0;                 /* now counts dropped bytes */
-    if (shutdown(c->fd, SHUT_WR) < 0 || event_del(c->ev) < 0 ||
-        event_assign(c->ev, c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
-        event_add(c->ev, &linger) < 0)
-        _conn_close(c);
-}
-
-static void _conn_lingering_readable(fp_conn_t *c)
-{
-    char sink[4096];
-    ssize_t n = recv(c->fd, sink, sizeof(sink), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    c->body_len += n > 0 ? (uint64_t)n : 0;
-    if (n <= 0 || c->body_len > LINGER_MAX_BYTES)
-        _conn_close(c);
-}
-
-/* The answer is out: wait for the next request on this connection, or close it.  -1: the
- * connection is closed or closing (the caller must not touch it). */
-static int _conn_after_response(fp_conn_t *c)
-{
-    fp_server_t *srv = c->srv;
-    int was_writing = c->state == CONN_WRITING;
-
-    if (!c->keep_alive || srv->stopping) {
-        _conn_linger(c);
-        return -1;
-    }
-    c->state = CONN_READING;
-    c->deadline_s = fp_now_s(srv) + srv->cfg->idle_timeout_s;
-    if (was_writing || c->read_paused) {
-        c->read_paused = 0;
-        if (_conn_watch(c, EV_READ) < 0) {
-            _conn_close(c);
-            return -1;
-        }
-    }
-    return 0;
+    char *text = malloc(STATS_CAP);
+    if (text == NULL)
+        return _conn_respond_error(c, 503, "out of memory", NULL);
+    size_t n = fp_stats_render(c->srv->cfg->stats, c->srv->cfg->n_workers, text, STATS_CAP);
+    int rc = _conn_respond(c, 200, "text/plain; version=0.0.4", NULL, text, n);
+    free(text);
+    return rc;
 }
 
 static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len)
@@ -405,18 +410,63 @@ static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data,
     }
 }
 
-static int _conn_respond_metrics(fp_conn_t *c)
+/* ---- closing ----------------------------------------------------------------------- */
+
+/* Closing with unread input would make the kernel send RST, which can destroy the answer
+ * before the client reads it (nginx's lingering_close): send FIN, read and drop what still
+ * comes for at most LINGER_S in all (a client that trickles bytes does not extend it), then
+ * close. */
+static void _conn_linger(fp_conn_t *c)
 {
-    char *text = malloc(STATS_CAP);
-    if (text == NULL)
-        return _conn_respond_error(c, 503, "out of memory", NULL);
-    size_t n = fp_stats_render(c->srv->cfg->stats, c->srv->cfg->n_workers, text, STATS_CAP);
-    int rc = _conn_respond(c, 200, "text/plain; version=0.0.4", NULL, text, n);
-    free(text);
-    return rc;
+    struct timeval linger = {LINGER_S, 0};
+    if (c->in != NULL) {
+        _buf_put(c->srv, c->in);
+        c->in = NULL;
+    }
+    _conn_set_state(c, CONN_LINGERING);
+    c->body_len = 0;                 /* now counts dropped bytes */
+    c->deadline_s = fp_now_s() + LINGER_S;
+    if (shutdown(c->fd, SHUT_WR) < 0 || event_del(c->ev) < 0 ||
+        event_assign(c->ev, c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
+        event_add(c->ev, &linger) < 0)
+        _conn_close(c);
 }
 
-static void _conn_process(fp_conn_t *c);
+static void _conn_lingering_readable(fp_conn_t *c)
+{
+    char sink[4096];
+    ssize_t n = recv(c->fd, sink, sizeof(sink), 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    c->body_len += n > 0 ? (uint64_t)n : 0;
+    /* each read re-arms the event's timeout, so the absolute deadline is checked here */
+    if (n <= 0 || c->body_len > LINGER_MAX_BYTES || fp_now_s() >= c->deadline_s)
+        _conn_close(c);
+}
+
+/* The answer is out: wait for the next request on this connection, or close it.  -1: the
+ * connection is closed or closing (the caller must not touch it). */
+static int _conn_after_response(fp_conn_t *c)
+{
+    fp_server_t *srv = c->srv;
+    int rewatch = c->state == CONN_WRITING || c->read_paused;
+
+    if (!c->keep_alive || srv->stopping) {
+        _conn_linger(c);
+        return -1;
+    }
+    if (c->state != CONN_READING)
+        _conn_set_state(c, CONN_READING);
+    c->deadline_s = fp_now_s() + srv->cfg->idle_timeout_s;
+    if (rewatch) {
+        c->read_paused = 0;
+        if (_conn_watch(c, EV_READ) < 0) {
+            _conn_close(c);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 /* memcached answered the get this connection waits for. */
 void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len)
@@ -429,6 +479,14 @@ void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size
 }
 
 /* ---- deciding what a request gets ---------------------------------------------------- */
+
+static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
+{
+    c->action = ACT_RESPOND;
+    c->answer_code = (int16_t)code;
+    c->answer_message = message;
+    c->answer_cache = cache;
+}
 
 /* Credentials are read exactly as Django reads them (docs/contract.md, section 2); where the two
  * could disagree -- a repeated header, a repeated or quoted plurk_token cookie -- fastpath does
@@ -446,7 +504,7 @@ static int _bearer_token(const char *value, size_t len, const char **tok, size_t
 {
     while (len > 0 && _is_ows(value[len - 1]))
         len--;
-    if (len < 7 || strncasecmp(value, "bearer ", 7) != 0)
+    if (len < 7 || fp_ascii_casecmp(value, "bearer ", 7) != 0)
         return CRED_NONE;
     *tok = value + 7;
     *tok_len = len - 7;
@@ -503,44 +561,15 @@ static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
     return -1;
 }
 
-static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
-{
-    c->answer_code = (int16_t)code;
-    c->answer_message = message;
-    c->answer_cache = cache;
-}
-
-/* At the end of the head: method, resource and token decide the answer (or a memcached key). */
-static void _examine(fp_conn_t *c)
+/* The token of the request, checked, turned into resource res's memcached key. */
+static void _authenticate(fp_conn_t *c, int res)
 {
     const fp_config_t *cfg = c->srv->cfg;
-    const char *data = c->in->data;
-    const char *url = data + c->url_off, *tok = NULL, *q;
-    size_t url_len = c->url_len, path_len, tok_len = 0;
-    uint8_t method = llhttp_get_method(&c->parser);
+    const char *data = c->in->data, *tok = NULL;
+    size_t tok_len = 0;
     fp_token_t token;
+    int64_t now;
 
-    c->is_head = method == HTTP_HEAD;
-    if (c->is_head)
-        c->keep_alive = 0;           /* we answer HEAD with 405; no body framing doubts */
-    if (c->admin) {
-        if (method == HTTP_GET && url_len == 8 && memcmp(url, "/metrics", 8) == 0)
-            _decide(c, 200, NULL, NULL);
-        else
-            _decide(c, 404, "not found", NULL);
-        return;
-    }
-    if (method != HTTP_GET && method != HTTP_POST) {
-        _decide(c, 405, "method not allowed", NULL);
-        return;
-    }
-    q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
-    path_len = q ? (size_t)(q - url) : url_len;
-    int res = _find_resource(cfg, url, path_len);
-    if (res < 0) {                   /* 404 + MISS: nginx lets Django answer unknown resources */
-        _decide(c, 404, "unknown poll resource", "MISS");
-        return;
-    }
     int found = CRED_NONE;
     if (c->have_auth > 1 || c->have_cookie > 1)
         found = CRED_AMBIGUOUS;      /* a repeated header: Django sees them joined */
@@ -556,8 +585,7 @@ static void _examine(fp_conn_t *c)
         _decide(c, 401, "authentication required", NULL);
         return;
     }
-    int64_t now;
-    if (fp_wall_s(c->srv, &now) != 0) {
+    if (fp_wall_s(c->srv->base, &now) != 0) {
         _decide(c, 503, "clock unavailable", "MISS");    /* expiry cannot be checked: fall back */
         return;
     }
@@ -576,19 +604,50 @@ static void _examine(fp_conn_t *c)
         return;
     }
     c->key_len = (uint8_t)key_len;
-    _decide(c, 0, NULL, NULL);
+    c->action = ACT_MEMCACHED;
+}
+
+static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
+{
+    const char *q;
+    size_t path_len;
+
+    if (method != HTTP_GET && method != HTTP_POST) {
+        _decide(c, 405, "method not allowed", NULL);
+        return;
+    }
+    q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
+    path_len = q ? (size_t)(q - url) : url_len;
+    int res = _find_resource(c->srv->cfg, url, path_len);
+    if (res < 0) {                   /* 404 + MISS: nginx lets Django answer unknown resources */
+        _decide(c, 404, "unknown poll resource", "MISS");
+        return;
+    }
+    _authenticate(c, res);
+}
+
+static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
+{
+    if (method == HTTP_GET && url_len == 8 && memcmp(url, "/metrics", 8) == 0)
+        c->action = ACT_METRICS;
+    else
+        _decide(c, 404, "not found", NULL);
 }
 
 /* A whole request has been read: answer it, or ask memcached.  -1: connection closed. */
 static int _dispatch(fp_conn_t *c)
 {
-    if (c->answer_code == 200 && c->admin)
+    switch (c->action) {
+    case ACT_METRICS:
         return _conn_respond_metrics(c);
-    if (c->answer_code != 0)
+    case ACT_MEMCACHED:
+        break;
+    default:
         return _conn_respond_error(c, c->answer_code, c->answer_message, c->answer_cache);
+    }
     fp_mc_result_t r = fp_mc_get(c->srv, c, c->key, c->key_len);
     if (r == FP_MC_QUEUED) {
-        c->state = CONN_WAITING;
+        _conn_set_state(c, CONN_WAITING);
         return 0;
     }
     return _conn_answer_result(c, r, NULL, 0);
@@ -596,10 +655,14 @@ static int _dispatch(fp_conn_t *c)
 
 /* ---- llhttp callbacks ---------------------------------------------------------------- */
 
-static int _fail(fp_conn_t *c, int status, const char *message)
+/* Stop parsing: answer (status, message) and close.  A request fastpath cannot take in whole
+ * (a head beyond --max-headers) is handed to Django as a MISS rather than refused: fastpath
+ * must never refuse what nginx forwards. */
+static int _http_fail(fp_conn_t *c, int status, const char *message, const char *cache)
 {
     c->error_status = (int16_t)status;
     c->error_message = message;
+    c->error_cache = cache;
     return -1;
 }
 
@@ -613,6 +676,21 @@ static int _head_too_big(fp_conn_t *c, const char *at, size_t len)
     return _off(c, at) + len - c->head_start > c->srv->cfg->max_headers;
 }
 
+static int _head_too_big_fail(fp_conn_t *c)
+{
+    return _http_fail(c, 404, "request head too large for fastpath", "MISS");
+}
+
+/* Bytes after the head that are not body (chunk extensions, trailers) count as body: the cap
+ * on what a request may make us read is --max-body, whatever the bytes are called. */
+static int _count_body(fp_conn_t *c, size_t len)
+{
+    c->body_len += len;
+    if (c->body_len > c->srv->cfg->max_body)
+        return _http_fail(c, 413, "body too large", NULL);
+    return 0;
+}
+
 static int _on_message_begin(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
@@ -620,7 +698,6 @@ static int _on_message_begin(llhttp_t *p)
     c->in_head = 1;
     c->url_len = c->field_len = c->value_len = c->auth_len = c->cookie_len = 0;
     c->have_auth = c->have_cookie = 0;
-    c->field_kind = 0;
     c->body_len = 0;
     c->is_head = 0;
     c->key_len = 0;
@@ -631,49 +708,72 @@ static int _on_message_begin(llhttp_t *p)
 static int _on_url(llhttp_t *p, const char *at, size_t len)
 {
     fp_conn_t *c = p->data;
+    if (_head_too_big(c, at, len))
+        return _head_too_big_fail(c);
     if (c->url_len == 0)
         c->url_off = _off(c, at);
     c->url_len += len;
-    if (c->url_len > FP_MAX_URI)
-        return _fail(c, 414, "uri too long");
     return 0;
 }
 
 static int _on_header_field(llhttp_t *p, const char *at, size_t len)
 {
     fp_conn_t *c = p->data;
+    if (!c->in_head)
+        return _count_body(c, len);  /* a trailer */
     if (_head_too_big(c, at, len))
-        return _fail(c, 431, "headers too large");
+        return _head_too_big_fail(c);
     if (c->field_len == 0)
         c->field_off = _off(c, at);
     c->field_len += len;
     return 0;
 }
 
+/* Obsolete line folding (RFC 9112 5.2): llhttp takes a line that starts with SP or HT as more
+ * of the previous header's value and hands it on as another piece of that value, which we would
+ * misread.  nginx and gunicorn refuse it, and so do we.  A piece of a value begins after the
+ * field's ':' and optional whitespace, or right after the end of the previous piece (a read
+ * split it); a folded line's piece begins after a line feed and whitespace.  The whole head
+ * stays in the buffer while it is parsed, so looking back is safe. */
+static int _is_folded(fp_conn_t *c, const char *at)
+{
+    const char *p = at, *start = c->in->data + c->head_start;
+    while (p > start && (p[-1] == ' ' || p[-1] == '\t'))
+        p--;
+    return p > start && p[-1] == '\n';
+}
+
 static int _on_header_value(llhttp_t *p, const char *at, size_t len)
 {
     fp_conn_t *c = p->data;
+    if (!c->in_head)
+        return _count_body(c, len);
     if (_head_too_big(c, at, len))
-        return _fail(c, 431, "headers too large");
+        return _head_too_big_fail(c);
+    if (_is_folded(c, at))
+        return _http_fail(c, 400, "obsolete header line folding", NULL);
     if (c->value_len == 0)
         c->value_off = _off(c, at);
     c->value_len += len;
     return 0;
 }
 
+/* A header is complete: keep the first Authorization and Cookie; a second one only marks the
+ * request ambiguous (have_* = 2). */
 static int _on_header_value_complete(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
+    if (!c->in_head)
+        return 0;                    /* trailers carry no credentials */
     const char *field = c->in->data + c->field_off;
-    /* a second Authorization or Cookie header only marks the request ambiguous (have_* = 2) */
-    if (c->field_len == 13 && strncasecmp(field, "authorization", 13) == 0) {
+    if (c->field_len == 13 && fp_ascii_casecmp(field, "authorization", 13) == 0) {
         if (c->have_auth++ == 0) {
             c->auth_off = c->value_off;
             c->auth_len = c->value_len;
         } else {
             c->have_auth = 2;
         }
-    } else if (c->field_len == 6 && strncasecmp(field, "cookie", 6) == 0) {
+    } else if (c->field_len == 6 && fp_ascii_casecmp(field, "cookie", 6) == 0) {
         if (c->have_cookie++ == 0) {
             c->cookie_off = c->value_off;
             c->cookie_len = c->value_len;
@@ -689,20 +789,25 @@ static int _on_headers_complete(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->cfg->max_body)
-        return _fail(c, 413, "body too large");
+        return _http_fail(c, 413, "body too large", NULL);
     c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
-    _examine(c);
+    uint8_t method = llhttp_get_method(p);
+    c->is_head = method == HTTP_HEAD;
+    if (c->is_head)
+        c->keep_alive = 0;           /* we answer HEAD with 405; no body framing doubts */
+    _kinds[c->kind].route(c, method, c->in->data + c->url_off, c->url_len);
     c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
     return 0;
 }
 
 static int _on_body(llhttp_t *p, const char *at, size_t len)
 {
-    fp_conn_t *c = p->data;
-    c->body_len += len;              /* polls ignore the body; it is only counted */
-    if (c->body_len > c->srv->cfg->max_body)
-        return _fail(c, 413, "body too large");
-    return 0;
+    return _count_body(p->data, len);    /* polls ignore the body; it is only counted */
+}
+
+static int _on_chunk_extension(llhttp_t *p, const char *at, size_t len)
+{
+    return _count_body(p->data, len);
 }
 
 static int _on_message_complete(llhttp_t *p)
@@ -724,6 +829,8 @@ void fp_conn_settings_init(llhttp_settings_t *s)
     s->on_header_value_complete = _on_header_value_complete;
     s->on_headers_complete = _on_headers_complete;
     s->on_body = _on_body;
+    s->on_chunk_extension_name = _on_chunk_extension;
+    s->on_chunk_extension_value = _on_chunk_extension;
     s->on_message_complete = _on_message_complete;
 }
 
@@ -754,7 +861,7 @@ static void _compact(fp_conn_t *c)
     }
 }
 
-/* A request we cannot parse: answer it with the reason and close. */
+/* A request we cannot parse or take in: answer it with the reason and close. */
 static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
 {
     int code = c->error_status;
@@ -765,8 +872,7 @@ static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
     }
     c->keep_alive = 0;
     c->is_head = 0;
-    c->state = CONN_READING;
-    (void)_conn_respond_error(c, code, message, NULL);
+    (void)_conn_respond_error(c, code, message, c->error_status ? c->error_cache : NULL);
 }
 
 static void _conn_process(fp_conn_t *c)
@@ -799,7 +905,7 @@ static void _conn_readable(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
 
-    if (c->state == CONN_READING && fp_now_s(srv) > c->deadline_s) {
+    if (c->state == CONN_READING && fp_now_s() > c->deadline_s) {
         _conn_close(c);              /* the request is too slow to arrive (slowloris) */
         return;
     }
@@ -817,8 +923,7 @@ static void _conn_readable(fp_conn_t *c)
                 _conn_close(c);
             return;
         }
-        c->error_status = 431;
-        c->error_message = "headers too large";
+        (void)_head_too_big_fail(c);
         _parse_error(c, HPE_USER);
         return;
     }
@@ -860,15 +965,21 @@ static void _conn_writable(fp_conn_t *c)
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
 {
     fp_conn_t *c = arg;
+    c->srv->st->loop_events++;
     if (what & EV_TIMEOUT) {
         if (c->state != CONN_WAITING)
             _conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
         return;
     }
-    if (c->state == CONN_LINGERING)
+    switch (c->state) {
+    case CONN_LINGERING:
         _conn_lingering_readable(c);
-    else if (c->state == CONN_WRITING)
+        break;
+    case CONN_WRITING:
         _conn_writable(c);
-    else
+        break;
+    default:
         _conn_readable(c);
+        break;
+    }
 }

@@ -1,5 +1,7 @@
-/* Structures shared by the three halves of a worker: fp_conn.c (HTTP connections, llhttp),
- * fp_mc.c (the memcached client) and fp_server.c (lifecycle, stats).  Not part of the Cython API.
+/* Structures shared by the parts of a worker: fp_server.c (lifecycle) calls fp_conn.c (HTTP
+ * connections, llhttp), which calls fp_mc.c (the memcached client); all three use fp_util.c and
+ * fp_stats.c.  Calls only go down that list: answers and events come back up through callbacks
+ * with a context pointer (docs/fastpath.md draws it).  Not part of the Cython API.
  *
  * One worker = one event base = one thread: nothing here is locked.
  */
@@ -13,8 +15,11 @@
 #include <event2/listener.h>
 #include <llhttp.h>
 
+#include "fp_debug.h"
 #include "fp_server.h"
+#include "fp_stats.h"
 #include "fp_token.h"
+#include "fp_util.h"
 
 #define FP_KEY_CAP 80
 #define FP_BUF_POOL_MAX 256          /* idle read buffers kept for reuse */
@@ -67,7 +72,29 @@ typedef struct fp_mc {
     int addr_len;
 } fp_mc_t;
 
-typedef enum { CONN_READING, CONN_WAITING, CONN_WRITING, CONN_LINGERING } fp_conn_state_t;
+/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and debug builds check
+ * every transition against its table.  READING is 0: a new connection starts there. */
+typedef enum {
+    CONN_READING,                    /**< reading a request, or idle between requests */
+    CONN_WAITING,                    /**< a request is waiting for memcached (mc_req set) */
+    CONN_WRITING,                    /**< an answer is partly sent; waiting until writable */
+    CONN_LINGERING,                  /**< answered with "Connection: close": FIN sent, input dropped */
+    CONN_STATE_N
+} fp_conn_state_t;
+
+/* What a listener's connections are for (fp_conn.c has a table of what each kind may do). */
+typedef enum {
+    FP_CONN_POLL,                    /**< /Poll/<resource> from nginx; capped by --max-connections */
+    FP_CONN_ADMIN,                   /**< /metrics on the loopback stats listener; small fixed cap */
+    FP_CONN_KIND_N
+} fp_conn_kind_t;
+
+/* How a request that has been read is answered (decided at the end of its head). */
+typedef enum {
+    ACT_RESPOND,                     /**< answer_code and answer_message, no lookup */
+    ACT_METRICS,                     /**< the Prometheus text */
+    ACT_MEMCACHED                    /**< get key from memcached, answer with what it says */
+} fp_conn_action_t;
 
 /* One client connection.  Requests on it are answered one at a time, in order (pipelined ones
  * wait in the read buffer), so responses never need reordering. */
@@ -75,23 +102,25 @@ typedef struct fp_conn {
     struct fp_server *srv;
     struct fp_conn *prev, *next;     /* every open connection, for draining */
     int fd;
-    uint8_t admin;                   /* the loopback stats listener */
-    uint8_t state;                   /* fp_conn_state_t */
+    uint8_t kind;                    /* fp_conn_kind_t */
+    uint8_t state;                   /* fp_conn_state_t; only _conn_set_state writes it */
+    uint8_t action;                  /* fp_conn_action_t of the current request */
     uint8_t keep_alive;
     uint8_t in_head;                 /* between the first byte of a request and its blank line */
-    uint8_t field_kind;              /* header being parsed: 0 other, 1 Authorization, 2 Cookie */
     uint8_t is_head;                 /* HEAD request: no body in the answer */
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t read_paused;             /* read buffer full while waiting: stop reading */
     uint8_t have_auth, have_cookie;
     int16_t error_status;            /* set by a parser callback: answer this and close */
     const char *error_message;
-    int16_t answer_code;             /* decided at the end of the head; 0: ask memcached */
+    const char *error_cache;
+    int16_t answer_code;             /* ACT_RESPOND's status */
     const char *answer_message;
     const char *answer_cache;
     uint8_t key_len;
     char key[FP_KEY_CAP];
-    int64_t deadline_s;              /* the current request must have arrived by then */
+    int64_t deadline_s;              /* READING: the request must have arrived by then;
+                                        LINGERING: reading stops then, however much still comes */
     struct event *ev;                /* read (or write while the socket is full), with timeout */
     llhttp_t parser;
     fp_buf_t *in;
@@ -105,7 +134,8 @@ typedef struct fp_conn {
     size_t value_off, value_len;
     size_t auth_off, auth_len;
     size_t cookie_off, cookie_len;
-    uint64_t body_len;
+    uint64_t body_len;               /* body, chunk extensions and trailers; dropped bytes when
+                                        LINGERING */
 } fp_conn_t;
 
 typedef struct fp_server {
@@ -119,38 +149,25 @@ typedef struct fp_server {
     size_t buf_cap;
     fp_conn_t *conns;                /* list head */
     int n_conns;                     /* all open connections */
-    int n_polls;                     /* those on the poll listener (what --max-connections caps) */
+    int n_kind[FP_CONN_KIND_N];      /* open connections of each kind (each kind has its cap) */
     fp_stats_t *st;
     fp_hmac_key_t hmac;
     llhttp_settings_t http_settings;
     const struct timeval *idle_tv;   /* a libevent common timeout */
+    fp_date_t date;
+    /* set by fp_server.c: called when the last connection closes while stopping */
+    void (*drained)(void *arg);
+    void *drained_arg;
     struct event *pause_accept;      /* re-enables accepting after EMFILE */
     int accept_retries;              /* failed attempts to re-enable accepting, in a row */
     int stopping;
     const char *fatal;               /* why this worker gave up (fp_server_run returns -1) */
     struct event *sig_term, *sig_int;
-    int64_t date_s;                  /* second the Date header below was made for */
-    char date[40];
-    size_t date_len;
 } fp_server_t;
 
 /* fp_server.c */
 int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t err_len);
 void fp_server_fini(fp_server_t *srv);
-int64_t fp_now_us(void);
-int64_t fp_now_s(fp_server_t *srv);
-/* The loop's cached wall-clock second (token expiry); -1 if libevent cannot tell it. */
-int fp_wall_s(fp_server_t *srv, int64_t *now);
-/* One line "fastpath[pid]: ..." on stderr; beyond 10 lines in 10 s the rest are only counted. */
-void fp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* accept() failed on l: stop accepting on it for a moment (then fp_server.c resumes it). */
-void fp_server_pause_accepting(fp_server_t *srv, struct evconnlistener *l);
-/* This worker cannot go on: drain as on SIGTERM, then fp_server_run returns -1 with why, the
- * worker exits 1 and the parent starts a new one. */
-void fp_server_fail(fp_server_t *srv, const char *why);
-int fp_status_slot(int code);
-void fp_maybe_finish_drain(fp_server_t *srv);
-const char *fp_date_header(fp_server_t *srv, size_t *len);
 
 /* fp_mc.c */
 int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t err_len);
@@ -163,10 +180,10 @@ fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, siz
 
 /* fp_conn.c */
 void fp_conn_settings_init(llhttp_settings_t *s);
+/* evconnlistener callbacks: arg is the fp_server_t */
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
 void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
-void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, int admin);    /* adopt a socket */
-void fp_conn_accept_error(struct evconnlistener *l, void *arg);
+void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind);   /* adopt a socket */
 void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len);
 void fp_conn_close_idle(fp_server_t *srv);
 void fp_conn_close_all(fp_server_t *srv);

@@ -163,7 +163,7 @@ static void _reset(fp_mc_t *mc, int is_timeout)
         _pop_head(mc);
     }
     _timer_off(mc);
-    fp_maybe_finish_drain(srv);
+
 }
 
 static int _connect(fp_mc_t *mc)
@@ -407,7 +407,6 @@ static int _parse_one(fp_mc_t *mc, size_t *pos)
 static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     fp_mc_t *mc = arg;
-    fp_server_t *srv = mc->srv;
 
     if (mc->in_len == mc->in_cap) {
         size_t cap = mc->in_cap * 2;
@@ -450,7 +449,7 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
         _reset(mc, 0);
         return;
     }
-    fp_maybe_finish_drain(srv);
+
 }
 
 static void _mc_timer_cb(evutil_socket_t fd, short what, void *arg)

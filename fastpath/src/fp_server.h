@@ -6,34 +6,11 @@
 #include <stdint.h>
 
 #include "fp_hash.h"
+#include "fp_stats.h"
 
 #define FP_MAX_SERVERS 64
 #define FP_MAX_RESOURCES 16
 #define FP_MAX_RESOURCE_LEN 32
-#define FP_MAX_URI 2048
-#define FP_LAT_BUCKETS 10
-
-enum fp_status_slot {
-    FP_ST_200, FP_ST_204, FP_ST_400, FP_ST_401, FP_ST_404, FP_ST_405, FP_ST_413, FP_ST_414,
-    FP_ST_431, FP_ST_503, FP_ST_505, FP_ST_OTHER, FP_ST_N
-};
-
-/* One worker's counters, in memory shared by every worker (mmap before fork), so that any
- * worker's /metrics reports the sum.  Each worker writes only its own slot. */
-typedef struct {
-    uint64_t status[FP_ST_N];
-    uint64_t hits, empty_hits, misses;
-    uint64_t mc_errors, mc_timeouts, mc_connects;
-    int64_t inflight;
-    int64_t connections;                   /* open client connections (gauge) */
-    uint64_t conn_accepted, conn_rejected;
-    uint64_t lat_bucket[FP_LAT_BUCKETS];   /* memcached round trip, cumulative by bound */
-    uint64_t lat_sum_us, lat_count;
-    uint64_t pid;
-    char backend[16];                      /* libevent's method: "epoll", "poll", ... */
-} fp_stats_t;
-
-extern const double fp_lat_bounds[FP_LAT_BUCKETS];   /* seconds; last is +Inf */
 
 typedef struct {
     int listen_fd;                 /* bound, listening, non-blocking */
@@ -62,7 +39,5 @@ typedef struct {
  * a message in err. */
 int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len);
 
-/* Prometheus text of the summed counters into buf; returns its length (truncated to cap). */
-size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap);
 
 #endif

@@ -27,6 +27,7 @@ def fastpath_env(tmp_path, preload=(), env=None):
         preloads.insert(0, ASAN_RUNTIME)
         # Python itself is not instrumented and keeps memory to exit: leaks are not ours
         env["ASAN_OPTIONS"] = f"detect_leaks=0:log_path={tmp_path / 'asan'}"
+        env["UBSAN_OPTIONS"] = f"print_stacktrace=1:log_path={tmp_path / 'asan'}"
     if preloads:
         env["LD_PRELOAD"] = " ".join(preloads)
     return env, cwd

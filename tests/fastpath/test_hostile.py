@@ -87,8 +87,11 @@ H = b"Host: x\r\nConnection: close\r\n"
 @pytest.mark.parametrize("data, status, error", [
     (b"\x00\x01\x02garbage\r\n\r\n", 400, "bad request"),
     (b"GET /Poll/getMessages HTTP/9.9\r\n\r\n", 505, "bad request"),
-    (b"GET " + b"/Poll/" + b"a" * 10000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri too long"),
-    (b"GET /Poll/getMessages HTTP/1.1\r\nX: " + b"h" * 20000 + b"\r\n\r\n", 431, "headers too large"),
+    # a head beyond --max-headers is not refused: fastpath hands it to Django (404 MISS)
+    (b"GET " + b"/Poll/" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 404,
+     "request head too large for fastpath"),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nX: " + b"h" * 40000 + b"\r\n\r\n", 404,
+     "request head too large for fastpath"),
     (b"GET /Poll/getMes\x00sages HTTP/1.1\r\n" + H + b"\r\n", 400, "bad request"),
     # llhttp knows no BREW method: the request line is unparseable (400), not a method we refuse (405)
     (b"BREW /Poll/getMessages HTTP/1.1\r\n" + H + b"\r\n", 400, "bad request"),
