@@ -14,9 +14,13 @@ def _load(name):
     return json.load(open(path)) if os.path.exists(path) else None
 
 
-# Issue 4's goals on this 2-core machine: ratio name -> at least
+# Issue 13's goals on this 2-core machine: ratio name -> at least.  nginx+fastpath is held to the
+# most any upstream reaches behind nginx on the same transport (a do-nothing nginx upstream); the
+# stack's default transport (a unix socket) must also beat nginx's own memcached_pass.
 GOALS = {"fastpath / memcached_pass": 2.0, "fastpath / return 200": 0.8,
-         "nginx+fastpath / memcached_pass": 1.0, "nginx+fastpath unix / memcached_pass": 1.0}
+         "nginx+fastpath / nginx+return-200 upstream": 0.9,
+         "nginx+fastpath unix / nginx+return-200 upstream unix": 0.9,
+         "nginx+fastpath unix / memcached_pass": 1.0}
 
 
 def _ms(value):

@@ -14,6 +14,8 @@ Configurations (each server gets one worker process, Django two; wrk gets one th
                       worker) that answers fastpath's hit bytes with `return 200` and does nothing
                       else: the ceiling for any upstream behind nginx over TCP (no token check,
                       no memcached), so the bound on what nginx+fastpath can reach
+  nginx+return-200 upstream unix  the same ceiling over a unix-domain socket (the stack's default
+                      transport to fastpath), the bound on nginx+fastpath unix
   django              the Django poll view under gunicorn as the stack runs it (2 workers x 4
                       threads; computes from SQLite and fills the cache; 200 users)
 10,000 per-user keys/tokens, keep-alive.  Results: bench/results/throughput.json.
@@ -81,8 +83,10 @@ http {{
     upstream fpu {{ server unix:{fastpath_unix}; keepalive 1024; keepalive_timeout 8s; }}
     upstream mc {{ server 127.0.0.1:{memcached}; keepalive 1024; }}
     upstream ret200 {{ server 127.0.0.1:{ret200}; keepalive 1024; keepalive_timeout 8s; }}
+    upstream ret200u {{ server unix:{ret200_unix}; keepalive 1024; keepalive_timeout 8s; }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
+        {extra_listen}
         location /Poll/ {{ {body} }}
     }}
 }}
@@ -98,6 +102,7 @@ BODIES = {
                             "default_type application/json; add_header X-Cache HIT;",
     "nginx return 200": "default_type application/json; add_header X-Cache HIT; return 200 '{\"count\":3}';",
     "nginx+return-200 upstream": "proxy_pass http://ret200; " + FASTPATH_PROXY,
+    "nginx+return-200 upstream unix": "proxy_pass http://ret200u; " + FASTPATH_PROXY,
 }
 # The do-nothing upstream behind "nginx+return-200 upstream": the headers and body of a fastpath hit.
 RETURN_200_UPSTREAM = ("default_type application/json; add_header Cache-Control no-store; add_header X-Cache HIT; "
@@ -114,6 +119,8 @@ RATIOS = {
     # and how much of that bound fastpath reaches
     "nginx+return-200 upstream / memcached_pass": ("nginx+return-200 upstream", "nginx memcached_pass"),
     "nginx+fastpath / nginx+return-200 upstream": ("nginx+fastpath", "nginx+return-200 upstream"),
+    "nginx+fastpath unix / nginx+return-200 upstream unix": ("nginx+fastpath unix",
+                                                            "nginx+return-200 upstream unix"),
     "fastpath / django": ("fastpath", "django"),
 }
 
@@ -141,14 +148,14 @@ def _stop(proc):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _start_nginx(tmp, name, port, body, upstreams, log):
+def _start_nginx(tmp, name, port, body, upstreams, log, extra_listen=""):
     """One nginx (one worker) on port whose /Poll/ location is body; upstreams: the addresses
-    NGINX's upstream blocks name (fastpath, fastpath_unix, memcached, ret200).  Returns once it
-    listens."""
+    NGINX's upstream blocks name (fastpath, fastpath_unix, memcached, ret200, ret200_unix).
+    Returns once it listens."""
     conf = os.path.join(tmp, f"{name.replace(' ', '_').replace('+', '_')}.conf")
     with open(conf, "w") as fh:
         # as root, workers must stay root to reach the private unix socket
-        fh.write(NGINX.format(var=tmp, name=port, port=port, body=body, **upstreams,
+        fh.write(NGINX.format(var=tmp, name=port, port=port, body=body, extra_listen=extra_listen, **upstreams,
                               user="user root;" if os.geteuid() == 0 else ""))
     proc = _spawn([find_binary("nginx", "nginx"), "-p", tmp, "-c", conf, "-g", "daemon off;"], log)
     wait_for_port("127.0.0.1", port, process=proc, name=name)
@@ -354,9 +361,11 @@ def main():
         deadline = time.monotonic() + 10
         while not os.path.exists(fp_unix) and time.monotonic() < deadline:
             time.sleep(0.05)
-        upstreams = {"fastpath": fp_port, "fastpath_unix": fp_unix, "memcached": mc_port, "ret200": free_port()}
+        upstreams = {"fastpath": fp_port, "fastpath_unix": fp_unix, "memcached": mc_port, "ret200": free_port(),
+                     "ret200_unix": os.path.join(tmp, "return-200.sock")}
+        # one nginx (one worker) serves the do-nothing upstream on both transports
         ret200_proc = _start_nginx(tmp, "return-200 upstream", upstreams["ret200"], RETURN_200_UPSTREAM,
-                                   upstreams, log)
+                                   upstreams, log, extra_listen=f"listen unix:{upstreams['ret200_unix']} backlog=4096;")
         procs.append(ret200_proc)
         for name, body in BODIES.items():
             port = free_port()
