@@ -4,13 +4,14 @@
 writes them batched: every user and resource the transaction affected is written once, per server,
 pipelined (:func:`write_answers`).  :func:`delete_keys` retires keys; :func:`fill` is the poll
 view's miss-fill.  Every key follows the write protocol of docs/consistency.md (see
-:func:`_write_chunk`).  A write that fails becomes a debt for :mod:`plurkcore.repair`.
+:func:`_write_chunk`).  A write that fails becomes a debt for :mod:`plurkcore.repair`.  Once
+memcached confirms, :func:`_after_store` sends :data:`plurkcore.signals.answers_stored`.
 
 Nothing here raises into the request that committed: memcached problems are logged and counted.
 """
 import logging
 
-from . import _testhooks, answers, conf, keys, repair
+from . import _testhooks, answers, conf, keys, repair, signals
 from .cache import CacheUnavailable, get_cache
 from .models import Follow, UserState
 
@@ -89,8 +90,9 @@ def _write_chunk(by_resource):
     4. on ``EXISTS`` / ``NOT_FOUND`` / ``NOT_STORED`` go back to 1 (up to ``CAS_ATTEMPTS``, then
        ``StaleKey``).
 
-    Each round does one step for every key still to write, batched per server.  A key stored for
-    an epoch revoked meanwhile is deleted again (:func:`_retire_revoked`)."""
+    Each round does one step for every key still to write, batched per server.  What was stored
+    goes to :func:`_after_store`; a key stored for an epoch revoked meanwhile is deleted again
+    (:func:`_retire_revoked`)."""
     cache = get_cache()
     epochs = answers.epochs(set().union(*by_resource.values()))
     todo = {keys.answer_key(name, uid, epochs[uid]): (name, uid)
@@ -107,6 +109,7 @@ def _write_chunk(by_resource):
         _testhooks.fire("write.after_read", keys=sorted(todo), attempt=attempt)
         stored, todo = _store_round(cache, todo, node_of, uniques, values, failed)
         written.update(stored)
+        _after_store(stored, ())
         _testhooks.fire("write.after_store", keys=sorted(written), attempt=attempt)
     if todo:
         repair.mark_stale(todo)
@@ -191,14 +194,26 @@ def _retire_revoked(written, epochs):
         delete_keys(revoked)
 
 
+def _after_store(stored, deleted):
+    """The step after memcached confirmed: ``stored`` keys now hold new answers, ``deleted`` keys
+    are gone.  Long-polling's notification belongs here (:data:`signals.answers_stored`)."""
+    if stored or deleted:
+        signals.answers_stored.send_robust(sender=None, keys=frozenset(stored),
+                                           deleted=frozenset(deleted))
+
+
 def delete_keys(key_list):
     """Delete ``key_list``; a server that fails is marked suspect (its keys may survive there)."""
     cache = get_cache()
+    deleted = []
     for node, node_keys in cache.group(key_list).items():
         try:
             cache.delete_many(node, node_keys)
         except CacheUnavailable:
             repair.mark_suspect(node)
+        else:
+            deleted.extend(node_keys)
+    _after_store((), deleted)
 
 
 def fill(key, value, uid, epoch):
@@ -212,6 +227,8 @@ def fill(key, value, uid, epoch):
         if exc.attempted:          # the add may still land when the server wakes up
             repair.mark_suspect(node)
         return False
-    if stored and not UserState.objects.filter(user_id=uid, epoch=epoch).exists():
-        delete_keys([key])
+    if stored:
+        _after_store((key,), ())
+        if not UserState.objects.filter(user_id=uid, epoch=epoch).exists():
+            delete_keys([key])
     return stored

@@ -240,3 +240,69 @@ def test_logout_retires_the_epoch_it_replaced(signup, cache1, monkeypatch):
         assert cached(resource, uid, [cache1], epoch=0) is None
         assert cached(resource, uid, [cache1], epoch=1) is None
         assert cached(resource, uid, [cache1], epoch=2) == b""
+
+
+# -- answers_stored: the writer's last step, where long-polling's notify will go ---------------
+@pytest.fixture
+def stored_signals():
+    from plurkcore.signals import answers_stored
+
+    sent = []
+
+    def receiver(sender, keys, deleted, **kwargs):
+        sent.append((set(keys), set(deleted)))
+
+    answers_stored.connect(receiver, dispatch_uid="test.stored_signals")
+    yield sent
+    answers_stored.disconnect(dispatch_uid="test.stored_signals")
+
+
+def test_answers_stored_names_exactly_the_keys_stored(signup, cache3, hooks, stored_signals):
+    a = signup("a")
+    followers = [signup(f"f{i}") for i in range(8)]
+    for f in followers:
+        f.call("POST", "/api/follow", {"username": "a"})
+    dead = cache3[0]
+    keys = {key_of(r, f.user["id"]) for f in followers for r in RESOURCES}
+    on_dead = {k for k in keys if get_cache().node_for(k) == dead.spec}
+    assert on_dead and on_dead != keys
+    hooks("write.after_read", lambda **context: dead.kill())     # its stores fail, the others' not
+    stored_signals.clear()
+    assert a.call("POST", "/api/plurks", {"content": "p"}).status_code == 201
+    assert stored_signals and all(not deleted for _, deleted in stored_signals)
+    assert set().union(*(stored for stored, _ in stored_signals)) == keys - on_dead
+    hooks("write.after_read", None)
+    # a poll's miss-fill is a store too
+    f = next(f for f in followers if key_of("getUnreadCount", f.user["id"]) not in on_dead)
+    get_cache().client.delete(key_of("getUnreadCount", f.user["id"]))
+    stored_signals.clear()
+    f.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION=f"Bearer {f.token}")
+    assert stored_signals == [({key_of("getUnreadCount", f.user["id"])}, set())]
+
+
+def test_answers_stored_names_the_keys_deleted(signup, cache1, stored_signals):
+    b = signup("b")
+    old = {key_of(r, b.user["id"]) for r in RESOURCES}
+    stored_signals.clear()
+    assert b.call("POST", "/api/logout").status_code == 204
+    new = {key_of(r, b.user["id"]) for r in RESOURCES}
+    assert old.isdisjoint(new)
+    assert stored_signals == [(set(), old), (new, set())]
+
+
+def test_answers_stored_leaves_out_conflicted_stores(signup, cache1, hooks, stored_signals):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    done = []
+
+    def second_writer(**context):
+        if not done:
+            done.append(True)
+            a.call("POST", "/api/plurks", {"content": "second"})
+    hooks("write.after_read", second_writer)
+    stored_signals.clear()
+    a.call("POST", "/api/plurks", {"content": "first"})
+    b_keys = {key_of(r, b.user["id"]) for r in RESOURCES}
+    # the second writer stores b's keys; the first one's stores then conflict (no signal) and
+    # succeed on its next round
+    assert done and stored_signals == [(b_keys, set()), (b_keys, set())]
