@@ -46,12 +46,11 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def _isolated_plurkcore(settings):
     """Each test starts with a dead-but-fast cache, fresh counters and no hooks."""
-    from plurkcore import _testhooks, cache, changes
+    from plurkcore import _testhooks, cache
 
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[f"127.0.0.1:{free_port()}"])
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     _testhooks.clear()
-    changes._state.pending = []      # left over by tests whose transaction never commits
     yield
     _testhooks.clear()
     cache.close()

@@ -3,7 +3,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from plurkcore import publish
+from plurkcore import changes, publish
 from plurkcore.cache import get_cache
 from plurkcore.models import Follow, Plurk, SuspectServer, UserState
 
@@ -111,6 +111,40 @@ def test_rolled_back_changes_are_not_published(signup, cache1):
             Plurk.objects.create(author=author, content="never")
             raise RuntimeError
     assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """The batches the writer is given, as {kind: users} per batch."""
+    calls = []
+    real = publish.publish
+
+    def spy(batch):
+        calls.append({kind: set(users) for kind, users, _, _ in batch})
+        return real(batch)
+    monkeypatch.setattr(publish, "publish", spy)
+    return calls
+
+
+def test_rolled_back_changes_are_not_written_at_the_next_commit(batches):
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            changes.changed("read", users={1})
+            raise RuntimeError
+    with transaction.atomic():
+        changes.changed("follow", users={2})
+    assert batches == [{"follow": {2}}]
+
+
+def test_a_change_after_a_rolled_back_savepoint_is_written(batches):
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            with transaction.atomic():      # the transaction's first change, in a savepoint
+                changes.changed("read", users={1})
+                raise RuntimeError
+        changes.changed("follow", users={2})
+        assert batches == []
+    assert batches == [{"follow": {2}}]
 
 
 def test_fanout_to_many_followers_on_three_servers(signup, cache3):
