@@ -52,10 +52,11 @@ def _credentials(data):
 
 
 def _logged_in(request, user, status):
-    # Django's convention for a login: receivers run (contrib.auth's sets last_login, whose save
-    # makes publish write this user's answers, so the first poll after a login is a hit)
+    # Django's convention for a login: receivers run (contrib.auth's sets last_login)
     user_logged_in.send(sender=user.__class__, request=request, user=user)
     state, _ = UserState.objects.get_or_create(user=user)
+    # write this user's answers now, so that the first poll after a login is a hit
+    changed("user", users={user.pk})
     token = issue_token(user.pk, state.epoch)
     response = json_response({"token": token, "user": _user_json(user)}, status=status)
     response.set_cookie(conf.get_config()["COOKIE_NAME"], token, max_age=conf.get_config()["TOKEN_TTL"],

@@ -10,12 +10,17 @@ from . import answers, keys
 from .changes import changed
 from .models import Follow, Plurk, Response, UserState
 
+#: User fields that no answer shows: a save of only these publishes nothing (a login sets
+#: last_login; the login view publishes explicitly, api._logged_in).
+_UNSHOWN_USER_FIELDS = frozenset({"last_login"})
+
+
 def _user_keys(uid, epoch):
     return keys.user_keys(uid, epoch, answers.resource_names())
 
 
-def _user_saved(sender, instance, created, raw=False, **kwargs):
-    if raw:
+def _user_saved(sender, instance, created, raw=False, update_fields=None, **kwargs):
+    if raw or (update_fields is not None and update_fields <= _UNSHOWN_USER_FIELDS):
         return
     if created:
         UserState.objects.get_or_create(user_id=instance.pk)

@@ -2,6 +2,7 @@
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
 from plurkcore import changes, publish
 from plurkcore.cache import get_cache
@@ -145,6 +146,37 @@ def test_a_change_after_a_rolled_back_savepoint_is_written(batches):
         changes.changed("follow", users={2})
         assert batches == []
     assert batches == [{"follow": {2}}]
+
+
+def test_first_poll_after_login_is_a_hit_without_update_last_login(signup, cache1):
+    from django.contrib.auth.models import update_last_login
+    from django.contrib.auth.signals import user_logged_in
+
+    a = signup("a")
+    uid = a.user["id"]
+    for resource in RESOURCES:
+        get_cache().client.delete(key_of(resource, uid))
+    assert user_logged_in.disconnect(update_last_login, dispatch_uid="update_last_login")
+    try:
+        resp = a.call("POST", "/api/login", {"username": "a", "password": "secret-pass-1"})
+    finally:
+        user_logged_in.connect(update_last_login, dispatch_uid="update_last_login")
+    assert resp.status_code == 200
+    for resource in RESOURCES:
+        assert cached(resource, uid, [cache1]) == b""      # present: fastpath answers it (HIT)
+        poll = a.get(f"/Poll/{resource}", HTTP_AUTHORIZATION=f"Bearer {resp.json()['token']}")
+        assert poll.status_code == 204
+
+
+def test_last_login_alone_publishes_nothing_and_a_login_publishes_once(signup, cache1, batches):
+    a = signup("a")
+    user = get_user_model().objects.get(pk=a.user["id"])
+    batches.clear()
+    user.last_login = timezone.now()
+    user.save(update_fields=["last_login"])         # no answer shows it
+    assert batches == []
+    assert a.call("POST", "/api/login", {"username": "a", "password": "secret-pass-1"}).status_code == 200
+    assert batches == [{"user": {user.pk}}]
 
 
 def test_fanout_to_many_followers_on_three_servers(signup, cache3):
