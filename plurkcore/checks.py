@@ -31,12 +31,20 @@ COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "MAX_BODY_SIZE
 MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
 
 
-def _config():
-    """The effective configuration, or None when PLURKCORE itself is malformed (E001)."""
+def _malformed():
     user = getattr(settings, "PLURKCORE", None)
-    if user is not None and not isinstance(user, dict):
-        return None
-    return conf.get_config()
+    return user is not None and not isinstance(user, dict)
+
+
+def _of_config(check):
+    """Register-ready ``check(config)``: run on the effective configuration, and not at all when
+    PLURKCORE itself is malformed (E001 says it all; the defaults are not what was meant)."""
+    def run(app_configs=None, **kwargs):
+        return [] if _malformed() else check(conf.get_config())
+
+    # not functools.wraps: Django checks the signature, which __wrapped__ would hide
+    run.__name__, run.__qualname__, run.__doc__ = check.__name__, check.__qualname__, check.__doc__
+    return run
 
 
 def _is_positive_number(value):
@@ -48,11 +56,10 @@ def _is_positive_int(value):
 
 
 def check_type(app_configs=None, **kwargs):
-    user = getattr(settings, "PLURKCORE", None)
-    if user is not None and not isinstance(user, dict):
+    if _malformed():
         return [checks.Error("PLURKCORE must be a dict.", hint="See DEFAULTS in plurkcore/conf.py.",
                              id="plurkcore.E001")]
-    unknown = sorted(set(user or {}) - set(conf.DEFAULTS))
+    unknown = sorted(set(getattr(settings, "PLURKCORE", None) or {}) - set(conf.DEFAULTS))
     if unknown:
         return [checks.Warning(f"PLURKCORE has unknown keys: {', '.join(unknown)}.",
                                hint="Check the spelling against plurkcore.conf.DEFAULTS.",
@@ -60,10 +67,8 @@ def check_type(app_configs=None, **kwargs):
     return []
 
 
-def check_memcached_servers(app_configs=None, **kwargs):
-    config = _config()
-    if config is None:
-        return []
+@_of_config
+def check_memcached_servers(config):
     servers = config["MEMCACHED_SERVERS"]
     if (not isinstance(servers, (list, tuple)) or not servers
             or not all(isinstance(s, str) and _valid_server(s) for s in servers)):
@@ -74,10 +79,8 @@ def check_memcached_servers(app_configs=None, **kwargs):
     return []
 
 
-def check_durations(app_configs=None, **kwargs):
-    config = _config()
-    if config is None:
-        return []
+@_of_config
+def check_durations(config):
     errors = [checks.Error(f"PLURKCORE['{name}'] must be a positive number of seconds, got "
                            f"{config[name]!r}.", id="plurkcore.E003")
               for name in DURATIONS if not _is_positive_number(config[name])]
@@ -88,10 +91,8 @@ def check_durations(app_configs=None, **kwargs):
     return errors
 
 
-def check_counts(app_configs=None, **kwargs):
-    config = _config()
-    if config is None:
-        return []
+@_of_config
+def check_counts(config):
     errors = [checks.Error(f"PLURKCORE['{name}'] must be a positive integer, got {config[name]!r}.",
                            id="plurkcore.E004")
               for name in COUNTS if not _is_positive_int(config[name])]
@@ -102,10 +103,8 @@ def check_counts(app_configs=None, **kwargs):
     return errors
 
 
-def check_secret_file(app_configs=None, **kwargs):
-    config = _config()
-    if config is None:
-        return []
+@_of_config
+def check_secret_file(config):
     path = config["SECRET_FILE"]
     if not path or not isinstance(path, str):
         return [checks.Error("PLURKCORE['SECRET_FILE'] is not set.",
@@ -119,9 +118,9 @@ def check_secret_file(app_configs=None, **kwargs):
     return []
 
 
-def check_cookie_name(app_configs=None, **kwargs):
-    config = _config()
-    if config is None or config["COOKIE_NAME"] == "plurk_token":
+@_of_config
+def check_cookie_name(config):
+    if config["COOKIE_NAME"] == "plurk_token":
         return []
     return [checks.Warning("PLURKCORE['COOKIE_NAME'] differs from the contract's plurk_token: "
                            "fastpath will not see the cookie.", id="plurkcore.W003")]

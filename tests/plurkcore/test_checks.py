@@ -51,8 +51,9 @@ def test_unreadable_secret_file():
     assert check_id == "plurkcore.E006" and "/nonexistent/secret" in message
 
 
-def test_not_a_dict_is_the_only_problem_reported():
-    assert run(["x"]) == [("plurkcore.E001", "PLURKCORE must be a dict.")]
+@pytest.mark.parametrize("value", [["x"], [], "MEMCACHED_SERVERS"])
+def test_not_a_dict_is_the_only_problem_reported(value):
+    assert run(value) == [("plurkcore.E001", "PLURKCORE must be a dict.")]
 
 
 def test_csrf_middleware_missing():
