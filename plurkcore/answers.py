@@ -86,6 +86,10 @@ def resources():
     return list(_registry.values())
 
 
+def resource_names():
+    return list(_registry)
+
+
 # -- the built-ins ---------------------------------------------------------------------------
 def id_filter(column, ids):
     """(sql, params) for "``column`` is one of ``ids``" with a single parameter: an array on

@@ -8,9 +8,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Max, Q
 from django.middleware.csrf import get_token
 
-from . import conf, publish
+from . import conf
 from .answers import isoformat, unread_counts
 from .auth import issue_token
+from .changes import changed
 from .http import ApiError, api_view, field, is_storable_text, json_response, no_content, read_json
 from .models import MAX_CONTENT_LENGTH, Follow, Plurk, UserState
 
@@ -51,10 +52,11 @@ def _credentials(data):
 
 
 def _logged_in(request, user, status):
-    # Django's convention for a login: receivers run (contrib.auth's sets last_login, whose save
-    # makes publish write this user's answers, so the first poll after a login is a hit)
+    # Django's convention for a login: receivers run (contrib.auth's sets last_login)
     user_logged_in.send(sender=user.__class__, request=request, user=user)
     state, _ = UserState.objects.get_or_create(user=user)
+    # write this user's answers now, so that the first poll after a login is a hit
+    changed("user", users={user.pk})
     token = issue_token(user.pk, state.epoch)
     response = json_response({"token": token, "user": _user_json(user)}, status=status)
     response.set_cookie(conf.get_config()["COOKIE_NAME"], token, max_age=conf.get_config()["TOKEN_TTL"],
@@ -108,7 +110,7 @@ def logout(request):
     with transaction.atomic():
         # lock the row: the keys to retire are those of the epoch this update replaces (a
         # concurrent logout may already have moved it past the one in this request's token);
-        # saving the state publishes them (publish._state_saved)
+        # saving the state publishes them (receivers._state_saved)
         state, _ = UserState.objects.select_for_update().get_or_create(user=user)
         state.epoch += 1
         state.save(update_fields=["epoch"])
@@ -245,5 +247,5 @@ def mark_read(request):
         highest = Plurk.entries.aggregate(highest=Max("id"))["highest"] or 0
         upto = min(upto, highest)
         if UserState.objects.filter(user=user, read_upto__lt=upto).update(read_upto=upto):
-            publish.changed("read", users={user.pk})
+            changed("read", users={user.pk})
     return json_response({"count": unread_counts([user.pk]).get(user.pk, 0)})

@@ -5,7 +5,7 @@
 - Placement is pymemcache's rendezvous hash over every configured server, always: unlike a stock
   HashClient this one never ejects a failed server (fastpath does not either, docs/contract.md
   section 4), so a key is never written where fastpath would not look.  A failure raises
-  :class:`CacheUnavailable` naming the server; the caller records it (publish.py).
+  :class:`CacheUnavailable` naming the server; the caller records it (repair.mark_suspect).
 - Batches are per server and pipelined: one round trip per ``CHUNK`` keys.
 - A server that failed is skipped by this process for ``MEMCACHED_RETRY_INTERVAL`` seconds, so a
   dead server costs one timeout per interval, not one per request.

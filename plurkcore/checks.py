@@ -1,4 +1,22 @@
-"""System checks for ``settings.PLURKCORE`` (ids plurkcore.E001... and plurkcore.W001...)."""
+"""System checks for ``settings.PLURKCORE``: one function per concern, one id per problem.
+
+| id | problem |
+|---|---|
+| E001 | PLURKCORE is not a dict |
+| W001 | PLURKCORE has unknown keys |
+| E002 | MEMCACHED_SERVERS is not a non-empty list of host:port strings |
+| E007 | MEMCACHED_SERVERS lists a server twice |
+| E003 | a duration (MEMCACHED_TIMEOUT, MEMCACHED_RETRY_INTERVAL, REPAIR_INTERVAL) is not positive |
+| W002 | MEMCACHED_TIMEOUT is above one second |
+| E004 | a count or size (TOKEN_TTL, CACHE_TTL, CAS_ATTEMPTS, BATCH_SIZE, MAX_BODY_SIZE) is not a positive integer |
+| E008 | CACHE_TTL is above 30 days |
+| E005 | SECRET_FILE is not set |
+| E006 | SECRET_FILE cannot be read as a secret |
+| W003 | COOKIE_NAME differs from the contract's |
+| W004 | CsrfViewMiddleware is not installed |
+
+When PLURKCORE is not a dict only E001 is reported: the other checks would judge the defaults.
+"""
 import numbers
 
 from django.conf import settings
@@ -6,69 +24,114 @@ from django.core import checks
 
 from . import conf
 
+TAG = "plurkcore"
 
-def _is_number(value, minimum=0, allow_zero=False):
-    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and (value > minimum or (allow_zero and value == minimum)))
+DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL")
+COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "MAX_BODY_SIZE")
+MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
 
 
-def check_settings(app_configs=None, **kwargs):
-    errors = []
+def _malformed():
     user = getattr(settings, "PLURKCORE", None)
-    if user is not None and not isinstance(user, dict):
+    return user is not None and not isinstance(user, dict)
+
+
+def _of_config(check):
+    """Register-ready ``check(config)``: run on the effective configuration, and not at all when
+    PLURKCORE itself is malformed (E001 says it all; the defaults are not what was meant)."""
+    def run(app_configs=None, **kwargs):
+        return [] if _malformed() else check(conf.get_config())
+
+    # not functools.wraps: Django checks the signature, which __wrapped__ would hide
+    run.__name__, run.__qualname__, run.__doc__ = check.__name__, check.__qualname__, check.__doc__
+    return run
+
+
+def _is_positive_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+
+def _is_positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_type(app_configs=None, **kwargs):
+    if _malformed():
         return [checks.Error("PLURKCORE must be a dict.", hint="See DEFAULTS in plurkcore/conf.py.",
                              id="plurkcore.E001")]
-    unknown = sorted(set(user or {}) - set(conf.DEFAULTS))
+    unknown = sorted(set(getattr(settings, "PLURKCORE", None) or {}) - set(conf.DEFAULTS))
     if unknown:
-        errors.append(checks.Warning(f"PLURKCORE has unknown keys: {', '.join(unknown)}.",
-                                     hint="Check the spelling against plurkcore.conf.DEFAULTS.",
-                                     id="plurkcore.W001"))
-    config = conf.get_config()
+        return [checks.Warning(f"PLURKCORE has unknown keys: {', '.join(unknown)}.",
+                               hint="Check the spelling against plurkcore.conf.DEFAULTS.",
+                               id="plurkcore.W001")]
+    return []
+
+
+@_of_config
+def check_memcached_servers(config):
     servers = config["MEMCACHED_SERVERS"]
     if (not isinstance(servers, (list, tuple)) or not servers
             or not all(isinstance(s, str) and _valid_server(s) for s in servers)):
-        errors.append(checks.Error(
-            f"PLURKCORE['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, "
-            f"got {servers!r}.", id="plurkcore.E002"))
-    elif len(set(servers)) != len(servers):
-        errors.append(checks.Error("PLURKCORE['MEMCACHED_SERVERS'] lists a server twice.",
-                                   id="plurkcore.E002"))
-    for name in ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL"):
-        if not _is_number(config[name]):
-            errors.append(checks.Error(f"PLURKCORE['{name}'] must be a positive number of seconds, "
-                                       f"got {config[name]!r}.", id="plurkcore.E003"))
-    if _is_number(config["MEMCACHED_TIMEOUT"]) and config["MEMCACHED_TIMEOUT"] > 1:
+        return [checks.Error(f"PLURKCORE['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' "
+                             f"strings, got {servers!r}.", id="plurkcore.E002")]
+    if len(set(servers)) != len(servers):
+        return [checks.Error("PLURKCORE['MEMCACHED_SERVERS'] lists a server twice.", id="plurkcore.E007")]
+    return []
+
+
+@_of_config
+def check_durations(config):
+    errors = [checks.Error(f"PLURKCORE['{name}'] must be a positive number of seconds, got "
+                           f"{config[name]!r}.", id="plurkcore.E003")
+              for name in DURATIONS if not _is_positive_number(config[name])]
+    if _is_positive_number(config["MEMCACHED_TIMEOUT"]) and config["MEMCACHED_TIMEOUT"] > 1:
         errors.append(checks.Warning(
             "PLURKCORE['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server will "
             "slow every write down by that much.", id="plurkcore.W002"))
-    for name in ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "MAX_BODY_SIZE"):
-        value = config[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            errors.append(checks.Error(f"PLURKCORE['{name}'] must be a positive integer, got {value!r}.",
-                                       id="plurkcore.E004"))
-    if isinstance(config["CACHE_TTL"], int) and config["CACHE_TTL"] > 30 * 24 * 3600:
+    return errors
+
+
+@_of_config
+def check_counts(config):
+    errors = [checks.Error(f"PLURKCORE['{name}'] must be a positive integer, got {config[name]!r}.",
+                           id="plurkcore.E004")
+              for name in COUNTS if not _is_positive_int(config[name])]
+    if _is_positive_int(config["CACHE_TTL"]) and config["CACHE_TTL"] > MAX_CACHE_TTL:
         errors.append(checks.Error(
             "PLURKCORE['CACHE_TTL'] must be at most 30 days (memcached reads larger values as a "
-            "Unix timestamp).", id="plurkcore.E004"))
+            "Unix timestamp).", id="plurkcore.E008"))
+    return errors
+
+
+@_of_config
+def check_secret_file(config):
     path = config["SECRET_FILE"]
     if not path or not isinstance(path, str):
-        errors.append(checks.Error("PLURKCORE['SECRET_FILE'] is not set.",
-                                   hint="Point it at the secret shared with fastpath.", id="plurkcore.E005"))
-    else:
-        from .secret import SecretFileError, read_secret
+        return [checks.Error("PLURKCORE['SECRET_FILE'] is not set.",
+                             hint="Point it at the secret shared with fastpath.", id="plurkcore.E005")]
+    from .secret import SecretFileError, read_secret
 
-        try:
-            read_secret(path)
-        except SecretFileError as exc:
-            errors.append(checks.Error(str(exc), id="plurkcore.E006"))
-    if config["COOKIE_NAME"] != "plurk_token":
-        errors.append(checks.Warning("PLURKCORE['COOKIE_NAME'] differs from the contract's plurk_token: "
-                                     "fastpath will not see the cookie.", id="plurkcore.W003"))
-    if "django.middleware.csrf.CsrfViewMiddleware" not in settings.MIDDLEWARE:
-        errors.append(checks.Warning(
-            "CsrfViewMiddleware is not installed: signup/login cannot set the csrftoken cookie.",
-            id="plurkcore.W004"))
-    return errors
+    try:
+        read_secret(path)
+    except SecretFileError as exc:
+        return [checks.Error(str(exc), id="plurkcore.E006")]
+    return []
+
+
+@_of_config
+def check_cookie_name(config):
+    if config["COOKIE_NAME"] == "plurk_token":
+        return []
+    return [checks.Warning("PLURKCORE['COOKIE_NAME'] differs from the contract's plurk_token: "
+                           "fastpath will not see the cookie.", id="plurkcore.W003")]
+
+
+def check_csrf_middleware(app_configs=None, **kwargs):
+    if "django.middleware.csrf.CsrfViewMiddleware" in settings.MIDDLEWARE:
+        return []
+    return [checks.Warning(
+        "CsrfViewMiddleware is not installed: signup/login cannot set the csrftoken cookie.",
+        id="plurkcore.W004")]
 
 
 def _valid_server(spec):
@@ -81,5 +144,10 @@ def _valid_server(spec):
     return True
 
 
+CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_secret_file,
+          check_cookie_name, check_csrf_middleware)
+
+
 def register():
-    checks.register(check_settings, checks.Tags.compatibility)
+    for check in CHECKS:
+        checks.register(check, TAG, checks.Tags.compatibility)

@@ -14,3 +14,20 @@ def answer_key(resource, uid, epoch):
     if not is_valid_resource(resource):
         raise ValueError(f"invalid poll resource name {resource!r}")
     return f"{KEY_VERSION}:{resource}:{int(uid)}:{int(epoch)}"
+
+
+def parse_key(key):
+    """The inverse of :func:`answer_key`: ``(resource, uid, epoch)``, or None for anything else."""
+    parts = key.split(":")
+    if len(parts) != 4 or parts[0] != KEY_VERSION or not is_valid_resource(parts[1]):
+        return None
+    try:
+        parsed = parts[1], int(parts[2]), int(parts[3])
+    except ValueError:
+        return None
+    return parsed if answer_key(*parsed) == key else None     # "+1", " 1", "01": not ours
+
+
+def user_keys(uid, epoch, resources):
+    """Every key of ``uid`` at ``epoch``, one per resource name in ``resources``."""
+    return {answer_key(resource, uid, epoch) for resource in resources}

@@ -9,7 +9,7 @@ from django.db import OperationalError
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import answers, keys, publish
+from . import _testhooks, answers, keys, publish
 from .auth import AuthError, authenticate_token, token_from_request
 from .http import error_response
 
@@ -42,7 +42,7 @@ def poll(request, resource):
         except AuthError as exc:
             return error_response(401, str(exc))
         body = poll_resource.compute([user.pk]).get(user.pk, b"")
-        publish._hook("fill.after_read", resource=resource, uid=user.pk, epoch=epoch)
+        _testhooks.fire("fill.after_read", resource=resource, uid=user.pk, epoch=epoch)
         try:
             publish.fill(keys.answer_key(resource, user.pk, epoch), body, user.pk, epoch)
         except Exception:

@@ -46,14 +46,13 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def _isolated_plurkcore(settings):
     """Each test starts with a dead-but-fast cache, fresh counters and no hooks."""
-    from plurkcore import cache, publish
+    from plurkcore import _testhooks, cache
 
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[f"127.0.0.1:{free_port()}"])
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    publish._hooks.clear()
-    publish._state.pending = []      # left over by tests whose transaction never commits
+    _testhooks.clear()
     yield
-    publish._hooks.clear()
+    _testhooks.clear()
     cache.close()
 
 
@@ -118,9 +117,9 @@ def signup(client_factory):
 
 @pytest.fixture
 def hooks():
-    from plurkcore import publish
+    from plurkcore import _testhooks
 
-    yield publish.set_hook
+    yield _testhooks.set_hook
 
 
 override_settings = override_settings

@@ -2,8 +2,9 @@
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
-from plurkcore import publish
+from plurkcore import changes, publish
 from plurkcore.cache import get_cache
 from plurkcore.models import Follow, Plurk, SuspectServer, UserState
 
@@ -111,6 +112,71 @@ def test_rolled_back_changes_are_not_published(signup, cache1):
             Plurk.objects.create(author=author, content="never")
             raise RuntimeError
     assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """The batches the writer is given, as {kind: users} per batch."""
+    calls = []
+    real = publish.publish
+
+    def spy(batch):
+        calls.append({kind: set(users) for kind, users, _, _ in batch})
+        return real(batch)
+    monkeypatch.setattr(publish, "publish", spy)
+    return calls
+
+
+def test_rolled_back_changes_are_not_written_at_the_next_commit(batches):
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            changes.changed("read", users={1})
+            raise RuntimeError
+    with transaction.atomic():
+        changes.changed("follow", users={2})
+    assert batches == [{"follow": {2}}]
+
+
+def test_a_change_after_a_rolled_back_savepoint_is_written(batches):
+    with transaction.atomic():
+        with pytest.raises(RuntimeError):
+            with transaction.atomic():      # the transaction's first change, in a savepoint
+                changes.changed("read", users={1})
+                raise RuntimeError
+        changes.changed("follow", users={2})
+        assert batches == []
+    assert batches == [{"follow": {2}}]
+
+
+def test_first_poll_after_login_is_a_hit_without_update_last_login(signup, cache1):
+    from django.contrib.auth.models import update_last_login
+    from django.contrib.auth.signals import user_logged_in
+
+    a = signup("a")
+    uid = a.user["id"]
+    for resource in RESOURCES:
+        get_cache().client.delete(key_of(resource, uid))
+    assert user_logged_in.disconnect(update_last_login, dispatch_uid="update_last_login")
+    try:
+        resp = a.call("POST", "/api/login", {"username": "a", "password": "secret-pass-1"})
+    finally:
+        user_logged_in.connect(update_last_login, dispatch_uid="update_last_login")
+    assert resp.status_code == 200
+    for resource in RESOURCES:
+        assert cached(resource, uid, [cache1]) == b""      # present: fastpath answers it (HIT)
+        poll = a.get(f"/Poll/{resource}", HTTP_AUTHORIZATION=f"Bearer {resp.json()['token']}")
+        assert poll.status_code == 204
+
+
+def test_last_login_alone_publishes_nothing_and_a_login_publishes_once(signup, cache1, batches):
+    a = signup("a")
+    user = get_user_model().objects.get(pk=a.user["id"])
+    batches.clear()
+    user.last_login = timezone.now()
+    user.save(update_fields=["last_login"])         # no answer shows it
+    assert batches == []
+    assert a.call("POST", "/api/login", {"username": "a", "password": "secret-pass-1"}).status_code == 200
+    assert batches == [{"user": {user.pk}}]
 
 
 def test_fanout_to_many_followers_on_three_servers(signup, cache3):
@@ -240,3 +306,69 @@ def test_logout_retires_the_epoch_it_replaced(signup, cache1, monkeypatch):
         assert cached(resource, uid, [cache1], epoch=0) is None
         assert cached(resource, uid, [cache1], epoch=1) is None
         assert cached(resource, uid, [cache1], epoch=2) == b""
+
+
+# -- answers_stored: the writer's last step, where long-polling's notify will go ---------------
+@pytest.fixture
+def stored_signals():
+    from plurkcore.signals import answers_stored
+
+    sent = []
+
+    def receiver(sender, keys, deleted, **kwargs):
+        sent.append((set(keys), set(deleted)))
+
+    answers_stored.connect(receiver, dispatch_uid="test.stored_signals")
+    yield sent
+    answers_stored.disconnect(dispatch_uid="test.stored_signals")
+
+
+def test_answers_stored_names_exactly_the_keys_stored(signup, cache3, hooks, stored_signals):
+    a = signup("a")
+    followers = [signup(f"f{i}") for i in range(8)]
+    for f in followers:
+        f.call("POST", "/api/follow", {"username": "a"})
+    dead = cache3[0]
+    keys = {key_of(r, f.user["id"]) for f in followers for r in RESOURCES}
+    on_dead = {k for k in keys if get_cache().node_for(k) == dead.spec}
+    assert on_dead and on_dead != keys
+    hooks("write.after_read", lambda **context: dead.kill())     # its stores fail, the others' not
+    stored_signals.clear()
+    assert a.call("POST", "/api/plurks", {"content": "p"}).status_code == 201
+    assert stored_signals and all(not deleted for _, deleted in stored_signals)
+    assert set().union(*(stored for stored, _ in stored_signals)) == keys - on_dead
+    hooks("write.after_read", None)
+    # a poll's miss-fill is a store too
+    f = next(f for f in followers if key_of("getUnreadCount", f.user["id"]) not in on_dead)
+    get_cache().client.delete(key_of("getUnreadCount", f.user["id"]))
+    stored_signals.clear()
+    f.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION=f"Bearer {f.token}")
+    assert stored_signals == [({key_of("getUnreadCount", f.user["id"])}, set())]
+
+
+def test_answers_stored_names_the_keys_deleted(signup, cache1, stored_signals):
+    b = signup("b")
+    old = {key_of(r, b.user["id"]) for r in RESOURCES}
+    stored_signals.clear()
+    assert b.call("POST", "/api/logout").status_code == 204
+    new = {key_of(r, b.user["id"]) for r in RESOURCES}
+    assert old.isdisjoint(new)
+    assert stored_signals == [(set(), old), (new, set())]
+
+
+def test_answers_stored_leaves_out_conflicted_stores(signup, cache1, hooks, stored_signals):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    done = []
+
+    def second_writer(**context):
+        if not done:
+            done.append(True)
+            a.call("POST", "/api/plurks", {"content": "second"})
+    hooks("write.after_read", second_writer)
+    stored_signals.clear()
+    a.call("POST", "/api/plurks", {"content": "first"})
+    b_keys = {key_of(r, b.user["id"]) for r in RESOURCES}
+    # the second writer stores b's keys; the first one's stores then conflict (no signal) and
+    # succeed on its next round
+    assert done and stored_signals == [(b_keys, set()), (b_keys, set())]

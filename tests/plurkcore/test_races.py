@@ -5,7 +5,7 @@ other writer, so every interleaving below happens on every run, with no sleeps."
 import pytest
 from django.core.management import call_command
 
-from plurkcore import publish
+from plurkcore import publish, repair
 from plurkcore.cache import get_cache
 from plurkcore.models import StaleKey, SuspectServer
 
@@ -124,12 +124,12 @@ def test_flush_racing_a_new_failure_keeps_the_server_suspect(pair, cache1, setti
     a, b = pair
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
                               MEMCACHED_RETRY_INTERVAL=0.001)
-    publish.mark_suspect(cache1.spec)
+    repair.mark_suspect(cache1.spec)
     # a second failure is recorded while the repair pass is flushing: the row must stay
-    hooks("repair.before_flush", once(lambda: publish.mark_suspect(cache1.spec)))
-    publish.repair()
+    hooks("repair.before_flush", once(lambda: repair.mark_suspect(cache1.spec)))
+    repair.repair()
     assert SuspectServer.objects.filter(server=cache1.spec).exists()
-    publish.repair()
+    repair.repair()
     assert not SuspectServer.objects.exists()
 
 
@@ -180,11 +180,11 @@ def test_repair_leaves_an_unreachable_server_suspect(pair, cache1, settings):
     cache1.kill()
     a.call("POST", "/api/plurks", {"content": "x"})
     assert SuspectServer.objects.exists()
-    report = publish.repair()
+    report = repair.repair()
     assert report["unreachable"] == [cache1.spec] and SuspectServer.objects.exists()
     cache1.start()                                   # back empty: flushing it is harmless
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec])
-    assert publish.repair()["flushed"] == [cache1.spec]
+    assert repair.repair()["flushed"] == [cache1.spec]
 
 
 def test_entries_commit_in_id_order(signup):

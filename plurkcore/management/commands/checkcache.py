@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from plurkcore import answers, conf, keys, publish
+from plurkcore import answers, conf, keys, publish, repair
 from plurkcore.cache import CacheUnavailable, get_cache
 from plurkcore.models import UserState
 
@@ -18,7 +18,7 @@ class Command(BaseCommand):
         self.cache = get_cache()
         self.unreachable = set()
         if fix:
-            report = publish.repair()
+            report = repair.repair()
             for node in report["flushed"]:
                 self.stdout.write(f"flushed suspect server {node}")
         size = conf.get_config()["BATCH_SIZE"]

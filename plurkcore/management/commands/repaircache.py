@@ -4,7 +4,7 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from plurkcore import conf, publish
+from plurkcore import conf, repair
 
 
 class Command(BaseCommand):
@@ -26,7 +26,7 @@ class Command(BaseCommand):
             # a memcached the stack has just started is empty: fill it before the polls come
             from .warmcache import warm as warm_answers
             try:
-                self._report(publish.repair())   # flush returning servers first, then fill
+                self._report(repair.repair())   # flush returning servers first, then fill
                 count, failed = warm_answers()
             except Exception as exc:
                 self.stderr.write(f"repaircache: warming failed: {exc}")
@@ -34,7 +34,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"warmed the answers of {count} recently active user(s)"
                                   + (f", {len(failed)} not written" if failed else ""))
         if not loop:
-            self._report(publish.repair())
+            self._report(repair.repair())
             return
         stop = []
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -44,7 +44,7 @@ class Command(BaseCommand):
         while not stop:
             close_old_connections()
             try:
-                report = publish.repair()
+                report = repair.repair()
             except Exception as exc:       # a database hiccup must not kill the service
                 self.stderr.write(f"repaircache: pass failed: {exc}")
             else:

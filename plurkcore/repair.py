@@ -1,0 +1,110 @@
+"""The cache's debts (docs/consistency.md, "The pieces"): recording them and paying them.
+
+- :func:`mark_suspect`: a write to this server failed, so it may hold stale entries
+  (:class:`~plurkcore.models.SuspectServer`);
+- :func:`mark_stale`: this key still conflicted after ``CAS_ATTEMPTS``
+  (:class:`~plurkcore.models.StaleKey`);
+- :func:`repair`: flush every suspect server that answers again, then rewrite stale keys.
+
+Each new failure increments the row's ``generation``; a row is deleted only if its generation is
+unchanged since the pass read it, so a failure recorded during the pass is never lost.
+"""
+import logging
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from . import _testhooks, answers, keys
+from .cache import CacheUnavailable, get_cache
+from .models import StaleKey, SuspectServer, UserState
+
+logger = logging.getLogger("plurkcore.repair")
+
+#: Debts recorded since process start (for monitoring and tests).
+stats = {"suspect": 0, "stale": 0}
+
+
+def mark_suspect(node):
+    stats["suspect"] += 1
+    try:
+        if SuspectServer.objects.filter(server=node).update(generation=F("generation") + 1):
+            return
+        try:
+            with transaction.atomic():
+                SuspectServer.objects.create(server=node)
+        except IntegrityError:
+            SuspectServer.objects.filter(server=node).update(generation=F("generation") + 1)
+    except Exception:
+        logger.exception("cannot record memcached %s as suspect", node)
+
+
+def mark_stale(key_list):
+    key_list = sorted(key_list)
+    stats["stale"] += len(key_list)
+    logger.warning("%d key(s) still conflicted after retries; left to the repair pass", len(key_list))
+    try:
+        StaleKey.objects.filter(key__in=key_list).update(generation=F("generation") + 1)
+        existing = set(StaleKey.objects.filter(key__in=key_list).values_list("key", flat=True))
+        StaleKey.objects.bulk_create([StaleKey(key=k) for k in key_list if k not in existing],
+                                     ignore_conflicts=True)
+    except Exception:
+        logger.exception("cannot record %d stale key(s)", len(key_list))
+
+
+def repair(quick=False):
+    """Pay the debts: flush every suspect server that answers again, then rewrite stale keys.
+
+    ``quick`` (at the start of a publish) skips servers this process saw failing moments ago, so a
+    dead server costs no extra timeout per write.  Returns a report dict."""
+    report = {"flushed": [], "unreachable": [], "rewritten": 0, "still_stale": 0}
+    if quick and not (SuspectServer.objects.exists() or StaleKey.objects.exists()):
+        return report
+    _flush_suspects(quick, report)
+    _rewrite_stale(report)
+    return report
+
+
+def _flush_suspects(quick, report):
+    cache = get_cache()
+    for node, generation in list(SuspectServer.objects.values_list("server", "generation")):
+        if node not in cache.client.clients:
+            SuspectServer.objects.filter(server=node).delete()   # no longer configured
+            continue
+        if quick and cache.is_down(node):
+            report["unreachable"].append(node)
+            continue
+        _testhooks.fire("repair.before_flush", node=node)
+        try:
+            cache.flush(node)
+        except CacheUnavailable:
+            report["unreachable"].append(node)
+            continue
+        logger.info("memcached %s answers again: flushed its entries before trusting it", node)
+        SuspectServer.objects.filter(server=node, generation=generation).delete()
+        report["flushed"].append(node)
+
+
+def _rewrite_stale(report):
+    # the writer records debts through this module: import it at call time, not at import time
+    from .publish import delete_keys, write_answers
+
+    stale = list(StaleKey.objects.values_list("key", "generation")[:10000])
+    if not stale:
+        return
+    parsed = {key: keys.parse_key(key) for key, _ in stale}
+    uids = {p[1] for p in parsed.values() if p}
+    epochs = dict(UserState.objects.filter(user_id__in=uids).values_list("user_id", "epoch"))
+    by_resource, dead = {}, []
+    for key, p in parsed.items():
+        if p and answers.get_resource(p[0]) and epochs.get(p[1]) == p[2]:
+            by_resource.setdefault(p[0], set()).add(p[1])
+        else:
+            dead.append(key)
+    if dead:
+        delete_keys(dead)
+    failed = write_answers(by_resource)
+    for key, generation in stale:
+        if key not in failed:
+            StaleKey.objects.filter(key=key, generation=generation).delete()
+    report["rewritten"] = len(stale) - len(failed)
+    report["still_stale"] = len(failed)
