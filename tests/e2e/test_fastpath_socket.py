@@ -1,4 +1,5 @@
-"""How nginx reaches fastpath: over a unix socket or TCP, and never silently not at all: the runner proves at start that a poll through nginx is answered
+"""How nginx reaches fastpath: by default over a unix socket under PLURK_VAR_DIR, TCP when asked,
+and never silently not at all: the runner proves at start that a poll through nginx is answered
 by fastpath itself, not by Django after a fallback."""
 import os
 import tempfile
@@ -6,7 +7,7 @@ import time
 
 import pytest
 
-from plurksite.config import format_hostport
+from plurksite.config import StackConfig, format_hostport
 from plurksite.services import ServiceError, accepts
 from tests.support.stack import TestStack, stack_config
 
@@ -47,6 +48,29 @@ def _hit(stack):
         if resp.headers.get("X-Cache") == "HIT" or time.monotonic() > deadline:
             return resp
         time.sleep(0.1)
+
+
+def test_default_stack_polls_reach_fastpath_over_a_unix_socket(open_var_dir):
+    env = stack_config(open_var_dir).to_env()
+    del env["PLURK_FASTPATH"]                          # the default
+    config = StackConfig.from_env(env)
+    sock = os.path.join(open_var_dir, "run", "fastpath.sock")
+    assert config.fastpath == ("unix", sock)
+    old_umask = os.umask(0o077)                        # the runner's directory is 0755 regardless
+    try:
+        stack = TestStack(config, nginx_workers=1).start()
+    finally:
+        os.umask(old_umask)
+    try:
+        assert oct(os.stat(os.path.dirname(sock)).st_mode & 0o777) == "0o755"
+        resp = _hit(stack)
+        assert resp.status_code == 200 and resp.headers["X-Cache"] == "HIT" and resp.json() == {"count": 1}
+        access = os.path.join(config.log_dir(), "nginx-access.log")
+        assert _log_lines(access, ['"GET /Poll/getUnreadCount HTTP/1.1" 200',
+                                   f"upstream=unix:{sock} ustatus=200", "cache=HIT"])
+    finally:
+        stack.stop()
+    assert not os.path.exists(sock)
 
 
 def test_tcp_is_still_supported_and_proven_at_start(stack):
