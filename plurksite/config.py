@@ -16,28 +16,40 @@ class ConfigError(ValueError):
     """A ``PLURK_*`` variable has a value we cannot use; the message names it and the fix."""
 
 
-# name: (default, help) -- README's configuration table is written from this dict.
+# name: (default, help).  README's configuration table is this dict, rendered by variables_table()
+# (tests/plurksite/test_config.py fails when the two differ).
 VARIABLES = {
     "PLURK_HTTP": ("127.0.0.1:8080", "public nginx listen address (the only public port)"),
-    "PLURK_DJANGO": ("127.0.0.1:8000", "gunicorn (Django) listen address"),
-    "PLURK_FASTPATH": ("127.0.0.1:8001", "fastpath listen address (internal, nginx only); "
-                       "unix:/path for a unix socket (faster; nginx's workers must reach the path)"),
-    "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (/metrics)"),
-    "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached host:port list"),
-    "PLURK_DATABASE_URL": ("sqlite:///var/plurk.sqlite3", "sqlite:///relative/or//absolute/path or postgres://user:pw@host:port/db"),
+    "PLURK_DJANGO": ("127.0.0.1:8000", "gunicorn (Django) listen address (must be loopback: only nginx is public)"),
+    "PLURK_FASTPATH": ("unix:run/fastpath.sock",
+                       "fastpath listen address (nginx only): `unix:<path>` (relative: under `PLURK_VAR_DIR`, "
+                       "so `var/run/fastpath.sock` by default; the runner creates its directory and refuses "
+                       "to start when nginx's workers cannot reach it) or a loopback `host:port` (TCP: "
+                       "0.7-1.0x nginx's own `memcached_pass`, against 1.0-1.2x over the socket; see Benchmarks)"),
+    "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (`/metrics`)"),
+    "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached `host:port` list"),
+    "PLURK_DATABASE_URL": ("sqlite:///var/plurk.sqlite3",
+                           "`sqlite:///relative`, `sqlite:////absolute` or `postgres://user:pw@host:port/db`"),
     "PLURK_SECRET_FILE": ("var/secret.key", "HMAC secret shared by Django and fastpath; generated (0600) if absent"),
-    "PLURK_VAR_DIR": ("var", "run-time directory: logs, rendered nginx config, pid files"),
-    "PLURK_DEBUG": ("0", "1 turns on Django's DEBUG"),
+    "PLURK_VAR_DIR": ("var", "run-time directory: logs, rendered nginx config, pid files, fastpath's socket"),
+    "PLURK_DEBUG": ("0", "`1` turns on Django's `DEBUG`"),
     "PLURK_GUNICORN_WORKERS": ("2", "gunicorn worker processes"),
-    "PLURK_FASTPATH_WORKERS": ("0", "fastpath worker processes (0: one per CPU)"),
+    "PLURK_FASTPATH_WORKERS": ("0", "fastpath worker processes (`0`: one per CPU)"),
     "PLURK_MEMCACHED_TIMEOUT_MS": ("50", "how long fastpath and Django wait for memcached"),
     "PLURK_MEMCACHED_MEMORY_MB": ("64", "memory of each memcached the runner starts"),
-    "PLURK_MAX_BODY_KB": ("64", "largest request body, KiB: nginx, Django and fastpath all use it (413 beyond)"),
+    "PLURK_MAX_BODY_KB": ("64", "largest request body, KiB: nginx, Django and fastpath all enforce it (413 beyond)"),
 }
 
 
-def _resolve(path):
-    return path if os.path.isabs(path) else os.path.join(ROOT, path)
+def variables_table():
+    """VARIABLES as the README's Markdown table."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{name}` | `{default}` | {help_text} |" for name, (default, help_text) in VARIABLES.items()]
+    return "\n".join(rows) + "\n"
+
+
+def _resolve(path, base=ROOT):
+    return path if os.path.isabs(path) else os.path.join(base, path)
 
 
 def parse_hostport(name, value):
@@ -52,14 +64,18 @@ def parse_hostport(name, value):
     return host, int(port)
 
 
-def parse_listen(name, value):
-    """``parse_hostport``, or ``unix:/path`` -> ("unix", absolute path).  The pair formats back
-    as ``unix:/path`` with format_hostport, which is also how nginx names such an upstream."""
+def parse_listen(name, value, base=ROOT):
+    """``parse_hostport``, or ``unix:<path>`` -> ("unix", absolute path; a relative one is under
+    ``base``).  The pair formats back as ``unix:/path`` with format_hostport, which is also how
+    nginx names such an upstream."""
     value = value.strip()
     if value.startswith("unix:"):
-        path = _resolve(value[5:]) if value[5:] else ""
-        if not path or len(os.fsencode(path)) > 107:
-            raise ConfigError(f"{name}={value!r}: expected unix:<path of at most 107 bytes>")
+        if not value[5:]:
+            raise ConfigError(f"{name}={value!r}: expected unix:<path>, for example unix:/run/plurk/fastpath.sock")
+        path = _resolve(value[5:], base)
+        if len(os.fsencode(path)) > 107:      # sun_path holds 108 bytes with the NUL
+            raise ConfigError(f"{name}={value!r}: the socket path {path} is over 107 bytes; set {name} "
+                              f"to a shorter unix:/path (or a host:port)")
         return ("unix", path)
     return parse_hostport(name, value)
 
@@ -121,15 +137,16 @@ class StackConfig:
         scheme = urlsplit(database_url).scheme
         if scheme not in ("sqlite", "postgres", "postgresql"):
             raise ConfigError(f"PLURK_DATABASE_URL={database_url!r}: use sqlite:///path or postgres://...")
+        var_dir = _resolve(get("PLURK_VAR_DIR"))
         config = cls(
             http=parse_hostport("PLURK_HTTP", get("PLURK_HTTP")),
             django=parse_hostport("PLURK_DJANGO", get("PLURK_DJANGO")),
-            fastpath=parse_listen("PLURK_FASTPATH", get("PLURK_FASTPATH")),
+            fastpath=parse_listen("PLURK_FASTPATH", get("PLURK_FASTPATH"), base=var_dir),
             fastpath_admin=parse_hostport("PLURK_FASTPATH_ADMIN", get("PLURK_FASTPATH_ADMIN")),
             memcached=memcached,
             database_url=database_url,
             secret_file=_resolve(get("PLURK_SECRET_FILE")),
-            var_dir=_resolve(get("PLURK_VAR_DIR")),
+            var_dir=var_dir,
             debug=get("PLURK_DEBUG") in ("1", "true", "yes", "on"),
             gunicorn_workers=integer("PLURK_GUNICORN_WORKERS", 1, 64),
             fastpath_workers=integer("PLURK_FASTPATH_WORKERS", 0, 64),

@@ -1,7 +1,11 @@
-"""Renders nginx/plurk.conf.template into the run-time directory."""
+"""Renders nginx/plurk.conf.template into the run-time directory, and says whether nginx's
+workers (another user when the runner is root) can reach a path."""
 import grp
 import os
+import pwd
 import re
+import stat
+import subprocess
 
 from .config import ROOT, format_hostport
 from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S
@@ -11,17 +15,112 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 TEMP_DIRS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 
 
-def _user_directive():
-    # Running as root (make run on a fresh machine): workers drop to an unprivileged user.
+def worker_user():
+    """(user, group) nginx's workers run as, or None when they run as the invoking user.
+
+    Running as root (make run on a fresh machine), workers drop to an unprivileged user."""
     if os.geteuid() != 0:
-        return "# not root: workers run as the invoking user"
+        return None
     for group in ("nogroup", "nobody"):
         try:
             grp.getgrnam(group)
-            return f"user nobody {group};"
+            return ("nobody", group)
         except KeyError:
             continue
-    return "user nobody;"
+    return ("nobody", "nobody")       # what nginx assumes for `user nobody;`
+
+
+def _user_directive():
+    who = worker_user()
+    if who is None:
+        return "# not root: workers run as the invoking user"
+    return f"user {who[0]} {who[1]};" if who[1] != who[0] else f"user {who[0]};"
+
+
+# Each argument is "-x path" or "-w path"; prints the first one that fails.  test(1) asks the
+# kernel (access(2) as the worker), so ACLs and mount options count as they will for nginx.
+_ACCESS_SCRIPT = 'while [ $# -gt 1 ]; do [ "$1" "$2" ] || { printf %s "$1 $2"; exit 1; }; shift 2; done'
+
+
+def _first_denied(checks):
+    """The first (mode, path) in ``checks`` that nginx's workers are denied, or None."""
+    who = worker_user()
+    if who is None:
+        modes = {"-x": os.X_OK, "-w": os.W_OK}
+        return next(((m, p) for m, p in checks if not os.access(p, modes[m])), None)
+    user, group = who
+    try:
+        uid, gid = pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None                    # nginx -t names the missing user or group
+    argv = ["/bin/sh", "-c", _ACCESS_SCRIPT, "sh"] + [arg for check in checks for arg in check]
+    proc = subprocess.run(argv, user=uid, group=gid, extra_groups=os.getgrouplist(user, gid),
+                          cwd="/", capture_output=True, text=True, timeout=10)
+    if proc.returncode == 0:
+        return None
+    mode, _, path = proc.stdout.partition(" ")
+    return (mode, path)
+
+
+def _describe(path):
+    """``drwx------ root:root`` for a message."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return exc.strerror.lower()
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{stat.filemode(st.st_mode)} {owner}:{group}"
+
+
+def _who_bit(path):
+    """The chmod class (u, g or o) whose bits decide the workers' access to ``path``."""
+    who = worker_user()
+    try:
+        user, group = who if who is not None else (pwd.getpwuid(os.geteuid()).pw_name, None)
+        st, pw = os.stat(path), pwd.getpwnam(user)
+    except (OSError, KeyError):
+        return "o"
+    if st.st_uid == pw.pw_uid:
+        return "u"
+    gid = grp.getgrnam(group).gr_gid if group else pw.pw_gid
+    return "g" if st.st_gid in os.getgrouplist(user, gid) else "o"
+
+
+def unreachable_socket(path, with_socket=True):
+    """Why nginx's workers cannot connect to the unix socket ``path`` (one clause naming the
+    directory or file and the chmod that fixes it), or None when they can.
+
+    Connecting needs search (x) on every directory from / down, and write (w) on the socket
+    (fastpath creates it 0666; ``with_socket=False`` leaves the socket out, before it exists)."""
+    parts = []
+    directory = os.path.dirname(path)
+    while True:
+        parts.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    checks = [("-x", d) for d in reversed(parts)]
+    if with_socket and os.path.exists(path):
+        checks.append(("-w", path))
+    denied = _first_denied(checks)
+    if denied is None:
+        return None
+    mode, where = denied
+    if not os.path.exists(where):
+        return f"{where} does not exist"
+    who = worker_user()
+    user = who[0] if who is not None else pwd.getpwuid(os.geteuid()).pw_name
+    verb = "search" if mode == "-x" else "write"
+    return (f"nginx's workers (user {user}) cannot {verb} {where} ({_describe(where)}): "
+            f"chmod {_who_bit(where)}+{mode[1]} {where}")
 
 
 def context(config, worker_processes="auto"):

@@ -1,5 +1,6 @@
-"""The stack runner: start every service on loopback, wait until each answers, restart a child
-that dies (with backoff), and stop everything that was started, whatever state it is in.
+"""The stack runner: start every service on loopback, wait until each answers, prove that a poll
+through nginx is answered by fastpath (not by Django after a fallback), restart a child that dies
+(with backoff), and stop everything that was started, whatever state it is in.
 
 Used by ``manage.py runstack`` (foreground, Ctrl-C/SIGTERM to stop) and by the test fixtures::
 
@@ -16,13 +17,16 @@ variables of the stack's configuration, and dies with the runner (PR_SET_PDEATHS
 """
 import contextlib
 import ctypes
+import http.client
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
 from . import nginxconf, services
 from .config import ROOT, format_hostport, is_loopback
@@ -40,6 +44,56 @@ def _die_with_parent():
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def _makedirs_searchable(directory):
+    """``os.makedirs``, but each directory it creates is rwxr-xr-x whatever the umask: it holds
+    fastpath's socket, which nginx's workers (maybe another user) must reach."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            continue                    # made meanwhile, or not a directory: the check says
+        os.chmod(path, 0o755)
+
+
+# The line nginx's probe log (nginx/plurk.conf.template, format "plurk") has for one request.
+_LOGGED = re.compile(r'" (?P<status>\d{3}) .* upstream=(?P<upstream>.*?) ustatus=(?P<ustatus>.*?) urt=')
+# "... [crit] 12#12: *3 connect() to unix:/x failed (13: Permission denied) while ..., client: ..."
+_NGINX_ERROR = re.compile(r"\[(?:emerg|alert|crit|error)\] [\d#]+: (?:\*\d+ )?(?P<what>.*?)(?:, client: .*)?$")
+
+
+def _logged_line(path, tag, timeout=3.0):
+    """The line of the log at ``path`` that names ``tag``, waiting for nginx to write it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError), open(path, errors="replace") as fh:
+            for line in fh:
+                if tag in line:
+                    return line
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _last_nginx_error(path, about, offset=0):
+    """nginx's own words for the last error about ``about`` in its error log past ``offset``, or
+    None."""
+    found = None
+    with contextlib.suppress(OSError), open(path, errors="replace") as fh:
+        fh.seek(offset)
+        for line in fh:
+            match = _NGINX_ERROR.search(line.rstrip("\n"))
+            if match and about in line:
+                found = match.group("what")
+    return found
 
 
 class Service:
@@ -167,6 +221,7 @@ class Stack:
         self.env.update(extra_env or {})
         self.with_repair = self._has_repaircache() if with_repair is None else with_repair
         self.services = []
+        self._nginx_errors_from = 0
         self._stop = threading.Event()
         self._monitor = None
         self._supervisor = Supervisor()
@@ -227,8 +282,76 @@ class Stack:
             if services.port_in_use(host, port):
                 raise ServiceError(f"{name} {format_hostport(host, port)} is already in use "
                                    f"(another runstack?); stop it or set {name}")
+        if cfg.fastpath[0] == "unix":
+            self._prepare_socket(cfg.fastpath[1])
         conf = nginxconf.render(cfg, self.nginx_workers)
         services.nginx_test(conf, cfg.var_dir)
+        with contextlib.suppress(OSError):     # verify_polls quotes only this run's errors
+            self._nginx_errors_from = os.path.getsize(self._nginx_error_log())
+
+    def _nginx_error_log(self):
+        return os.path.join(self.config.log_dir(), "nginx-error.log")
+
+    @staticmethod
+    def _prepare_socket(path):
+        """Create the socket's directory, and refuse to start when nginx's workers could not reach
+        the socket in it: every connect would fail ("Permission denied" in nginx's error log) and
+        every poll would fall back to Django, about 80 times slower, in silence."""
+        where = f"PLURK_FASTPATH=unix:{path}"
+        directory = os.path.dirname(path)
+        try:
+            _makedirs_searchable(directory)
+        except OSError as exc:
+            raise ServiceError(f"{where}: cannot create {exc.filename} ({exc.strerror}); create it or set "
+                               f"PLURK_FASTPATH to another unix:/path or a loopback host:port") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ServiceError(f"{where}: fastpath (this user) cannot create its socket in {directory}; "
+                               f"make it writable (chmod u+w) or set PLURK_FASTPATH to another unix:/path")
+        why = nginxconf.unreachable_socket(path, with_socket=False)  # fastpath makes a new one, 0666
+        if why:
+            raise ServiceError(f"{where}: {why}, or set PLURK_FASTPATH to a socket in a directory they can "
+                               f"reach, or to a loopback host:port such as 127.0.0.1:8001")
+
+    def verify_polls(self, attempts=3):
+        """Prove the path a user's poll takes: a poll through nginx without a token must get
+        fastpath's own 401, not Django's after a fallback.  nginx logs requests that carry
+        ``plurk_probe`` at once to nginx-probe.log, whose upstream= and ustatus= say who answered
+        (the two 401s are the same bytes, by contract)."""
+        cfg = self.config
+        resource = (self.poll_resources or ("getUnreadCount",))[0]
+        fastpath = format_hostport(*cfg.fastpath)
+        seen = "no answer"
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(0.5)         # a loaded machine may time out one try; a denial stays
+            tag = uuid.uuid4().hex
+            try:
+                conn = http.client.HTTPConnection(*cfg.http, timeout=5)
+                try:
+                    conn.request("GET", f"/Poll/{resource}?plurk_probe={tag}")
+                    status = conn.getresponse().status
+                finally:
+                    conn.close()
+            except OSError as exc:
+                seen = f"no answer ({exc})"
+                continue
+            line = _logged_line(os.path.join(cfg.log_dir(), "nginx-probe.log"), tag)
+            match = _LOGGED.search(line or "")
+            if match is None:
+                seen = f"{status}, not in nginx-probe.log"
+                continue
+            upstream, ustatus = match.group("upstream"), match.group("ustatus")
+            if status == 401 and (upstream, ustatus) == (fastpath, "401"):
+                return
+            seen = f"{status} from upstream {upstream} (status {ustatus})"
+        unix = cfg.fastpath[0] == "unix"
+        nginx_says = _last_nginx_error(self._nginx_error_log(), fastpath, self._nginx_errors_from)
+        why = nginxconf.unreachable_socket(cfg.fastpath[1]) if unix else None
+        details = "; ".join(x for x in (f"nginx: {nginx_says}" if nginx_says else None, why) if x)
+        raise ServiceError(f"polls through nginx do not reach fastpath at {fastpath}: a poll without a token "
+                           f"got {seen}, so every poll would fall back to Django"
+                           f"{' (' + details + ')' if details else ''}; fix that"
+                           f"{', or set PLURK_FASTPATH to a loopback host:port' if unix else ''}")
 
     # -- running --------------------------------------------------------------------------
     def start(self):
@@ -239,6 +362,8 @@ class Stack:
                 svc.start()
                 svc.wait_ready()
                 log.info("%s ready (pid %s)", svc.name, svc.pid)
+            self.verify_polls()
+            log.info("a poll through nginx was answered by fastpath at %s", format_hostport(*self.config.fastpath))
         except BaseException:
             self.stop()
             raise

@@ -10,6 +10,7 @@ import time
 import pytest
 import requests
 
+from plurksite import services
 from plurksite.config import ROOT
 from tests.support.stack import manage, stack_config
 
@@ -127,3 +128,49 @@ def test_nginx_t_failure_is_one_line_naming_the_problem(tmp_path):
     message = str(err.value)
     assert message.startswith(f"nginx rejects {conf}:") and "\n" not in message
     assert "[emerg]" in message
+
+
+def test_refuses_a_socket_nginx_workers_cannot_reach(tmp_path):
+    """The issue's case: fastpath's socket in a 0700 directory (as root, nginx's workers are
+    nobody) used to start cleanly and send every poll to Django.  Now: one line naming the
+    directory and the chmod, before anything is started."""
+    import tempfile
+
+    closed = tempfile.mkdtemp(prefix="plurk-closed-")           # 0700, root's when run as root
+    if os.geteuid() != 0:
+        os.chmod(closed, 0o600)                                 # closed to the invoking user too
+    config = stack_config(tmp_path, PLURK_FASTPATH=f"unix:{closed}/fp.sock")
+    proc = _runstack(config)
+    try:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 1, out
+        errors = [ln for ln in out.splitlines() if "PLURK_FASTPATH" in ln]
+        assert len(errors) == 1, out
+        assert f"cannot search {closed} (drw" in errors[0]
+        assert f"chmod {'o' if os.geteuid() == 0 else 'u'}+x {closed}" in errors[0], errors[0]
+        assert "set PLURK_FASTPATH to" in errors[0]
+        assert not os.path.exists(f"{closed}/fp.sock")
+        # nothing was started, so nothing is left
+        ports = [config.http, config.django, config.fastpath_admin, *config.memcached]
+        assert [hp for hp in ports if services.accepts(*hp)] == []
+        assert _processes_mentioning(config.var_dir) == []
+    finally:
+        if proc.poll() is None:          # it started after all: stop it and what it started
+            proc.terminate()
+            proc.wait(timeout=60)
+        os.chmod(closed, 0o700)
+        os.rmdir(closed)
+
+
+def _processes_mentioning(text):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append((int(entry), cmdline))
+    return found

@@ -1,14 +1,16 @@
 """The one configuration source: defaults, parsing, and the errors an operator sees."""
+import os
+
 import pytest
 
-from plurksite.config import VARIABLES, ConfigError, StackConfig, parse_hostport
+from plurksite.config import ROOT, VARIABLES, ConfigError, StackConfig, parse_hostport, variables_table
 
 
 def test_defaults_are_documented_and_valid():
     config = StackConfig.from_env({})
     assert config.http == ("127.0.0.1", 8080)
     assert config.django == ("127.0.0.1", 8000)
-    assert config.fastpath == ("127.0.0.1", 8001)
+    assert config.fastpath == ("unix", os.path.join(ROOT, "var", "run", "fastpath.sock"))
     assert config.memcached == (("127.0.0.1", 11211),)
     assert config.sqlite_path.endswith("var/plurk.sqlite3")
     assert all(help_text for _, help_text in VARIABLES.values())
@@ -61,14 +63,43 @@ def test_fastpath_on_a_unix_socket_round_trips():
     assert config.fastpath == ("unix", "/run/plurk/fastpath.sock")
     assert config.to_env()["PLURK_FASTPATH"] == "unix:/run/plurk/fastpath.sock"
     assert StackConfig.from_env(config.to_env()) == config
-    relative = StackConfig.from_env({"PLURK_FASTPATH": "unix:var/fp.sock"})
-    assert relative.fastpath[1].endswith("/var/fp.sock") and relative.fastpath[1].startswith("/")
+
+
+def test_the_default_socket_and_relative_socket_paths_follow_the_var_dir():
+    """Each stack (each PLURK_VAR_DIR) gets a socket of its own; the children, handed to_env(),
+    get the absolute path."""
+    config = StackConfig.from_env({"PLURK_VAR_DIR": "/srv/plurk"})
+    assert config.fastpath == ("unix", "/srv/plurk/run/fastpath.sock")
+    assert config.to_env()["PLURK_FASTPATH"] == "unix:/srv/plurk/run/fastpath.sock"
+    assert StackConfig.from_env(config.to_env()) == config
+    relative = StackConfig.from_env({"PLURK_VAR_DIR": "/srv/plurk", "PLURK_FASTPATH": "unix:sockets/fp.sock"})
+    assert relative.fastpath == ("unix", "/srv/plurk/sockets/fp.sock")
+    in_checkout = StackConfig.from_env({"PLURK_VAR_DIR": "elsewhere"})
+    assert in_checkout.fastpath == ("unix", os.path.join(ROOT, "elsewhere", "run", "fastpath.sock"))
+
+
+def test_fastpath_over_tcp_stays_supported():
+    config = StackConfig.from_env({"PLURK_FASTPATH": "127.0.0.1:8001"})
+    assert config.fastpath == ("127.0.0.1", 8001)
+    assert StackConfig.from_env(config.to_env()) == config
 
 
 @pytest.mark.parametrize("value", ["unix:", "unix:/" + "x" * 200])
 def test_bad_unix_socket_path_names_the_variable(value):
     with pytest.raises(ConfigError, match="PLURK_FASTPATH"):
         StackConfig.from_env({"PLURK_FASTPATH": value})
+
+
+def test_a_var_dir_too_deep_for_the_default_socket_names_the_fix():
+    with pytest.raises(ConfigError, match=r"PLURK_FASTPATH='unix:run/fastpath.sock': the socket path /x+/run"
+                                          r"/fastpath.sock is over 107 bytes; set PLURK_FASTPATH to a shorter"):
+        StackConfig.from_env({"PLURK_VAR_DIR": "/" + "x" * 100})
+
+
+def test_readme_configuration_table_is_the_variables():
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        readme = fh.read()
+    assert variables_table() in readme
 
 
 def test_one_body_limit_for_nginx_django_and_fastpath(tmp_path):
