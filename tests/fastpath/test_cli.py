@@ -14,12 +14,11 @@ from pymemcache.client.hash import HashClient
 
 import fastpath
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from fastpath.options import OPTIONS
 from plurksite.services import free_port, wait_for_port
 from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, python_script, token
 
-FLAGS = ["--listen", "--admin", "--memcached", "--secret-file", "--workers", "--timeout-ms",
-         "--idle-timeout", "--drain-timeout", "--max-body", "--max-headers", "--max-connections",
-         "--resources", "--backend"]
+FLAGS = [opt.flag for opt in OPTIONS]
 
 
 def _run(tmp_path, *args, timeout=30):
@@ -154,8 +153,8 @@ def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached,
 
 
 def test_options_take_server_lists_as_on_the_command_line_or_as_sequences():
-    """fastpath.Options is a Cython class: typed fields, and a comma-separated string is split
-    the way --memcached and --resources are (never iterated character by character)."""
+    """fastpath.Options has typed fields, and a comma-separated string is split the way
+    --memcached and --resources are (never iterated character by character)."""
     a = fastpath.Options(memcached="127.0.0.1:11211,127.0.0.1:11212", resources="getMessages",
                          secret=SECRET).validate()
     b = fastpath.Options(memcached=["127.0.0.1:11211", "127.0.0.1:11212"], resources=("getMessages",),
