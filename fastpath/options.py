@@ -15,6 +15,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import socket
 
 from .errors import ConfigurationError, FastpathError
 
@@ -85,7 +86,8 @@ OPTIONS = (
            "host:port to serve polls on, or unix:/path (nginx on this host)"),
     Option("--admin", "admin", str, None, "loopback host:port serving /metrics (Prometheus)"),
     Option("--memcached", "memcached", comma_separated, ("127.0.0.1:11211",),
-           "comma-separated memcached host:port list, mapped as pymemcache's HashClient maps it"),
+           "comma-separated memcached host:port list, mapped as pymemcache's HashClient maps it; "
+           "a host name is resolved once at start"),
     Option("--secret-file", "secret_file", str, "var/secret.key", "the HMAC secret shared with Django"),
     Option("--workers", "workers", int, 1, "worker processes (0: one per CPU)", 0, 256),
     Option("--timeout-ms", "timeout_ms", int, 50, "memcached answer deadline, ms (503 after)",
@@ -181,6 +183,30 @@ def _is_loopback(host):
         return False
 
 
+def _is_numeric(host):
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def connect_address(host, port):
+    """The numeric ``host:port`` (``[v6]:port``) C connects to for a memcached server.  A host
+    name is resolved here, once, to the first address getaddrinfo gives: the one pymemcache
+    connects to for the same name."""
+    if not _is_numeric(host):
+        try:
+            infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                                       socket.IPPROTO_TCP)
+        except (socket.gaierror, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+            raise FastpathError(f"--memcached server {host}:{port}: cannot resolve {host!r} "
+                                f"({reason}); give a numeric address such as 127.0.0.1:{port}") from None
+        host = infos[0][4][0]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class Options:
     """Every setting of a fastpath run: one typed attribute per row of OPTIONS (its default when
     not given), plus ``secret`` (bytes; overrides ``secret_file``; Python only).  ``validate()``
@@ -210,7 +236,7 @@ class Options:
 
     def validate(self):
         """Check every option (ConfigurationError; FastpathError for a secret file that cannot
-        be read) and derive the addresses."""
+        be read or a memcached host name that does not resolve) and derive the addresses."""
         for opt in OPTIONS:
             opt.check(getattr(self, opt.attr))
         self.listen_addr = parse_listen(self.listen)
@@ -225,12 +251,12 @@ class Options:
         if not 0 < len(self.memcached) <= 64:
             raise ConfigurationError("--memcached needs 1..64 host:port servers")
         parsed = [parse_address(s, "--memcached server") for s in self.memcached]
-        # node names as pymemcache spells them (v6 host without brackets); connect addresses
-        # as libevent parses them (v6 in brackets)
+        # node names as pymemcache spells them (v6 host without brackets, a host name as
+        # written: it hashes the name), so keys land where Django puts them
         self.node_names = [f"{h}:{p}" for h, p in parsed]
         if len(set(self.node_names)) != len(self.node_names):
             raise ConfigurationError("--memcached lists a server twice")
-        self.node_addrs = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
+        self.node_addrs = [connect_address(h, p) for h, p in parsed]
         if self.secret is None:
             self.secret = read_secret(self.secret_file)
         elif not _SECRET_MIN <= len(self.secret) <= _SECRET_MAX:

@@ -2,6 +2,8 @@
 must agree with it: C's FP_CONFIG_SCALARS (field names and defaults), --help, the runner's
 command line (plurksite.services.fastpath_command), and the round trip
 command line -> Options -> fp_config_t."""
+import socket
+
 import pytest
 
 import fastpath
@@ -135,6 +137,29 @@ def test_options_are_typed():
         opts.idle_timeout = "10"
     with pytest.raises(AttributeError):
         opts.idle_timout = 10                   # a misspelt attribute is an error, not a no-op
+
+
+def test_memcached_host_name_keeps_its_name_and_connects_to_its_address():
+    """Rendezvous hashing scores the node name as written (pymemcache does); C connects to the
+    first address the name resolves to, the one pymemcache connects to."""
+    first = socket.getaddrinfo("localhost", 11211, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                               socket.IPPROTO_TCP)[0][4][0]
+    opts = Options(memcached="localhost:11211,127.0.0.1:11212", secret=SECRET).validate()
+    assert opts.node_names == ["localhost:11211", "127.0.0.1:11212"]
+    assert opts.node_addrs == [f"[{first}]:11211" if ":" in first else f"{first}:11211", "127.0.0.1:11212"]
+    assert _server._testhelper_config(opts)["node_names"][0] == "localhost:11211"
+    keys = [f"p1:getMessages:{uid}:0" for uid in range(200)]
+    picks = {_server._testhelper_pick(opts.node_names, k.encode()) for k in keys}
+    assert picks == {0, 1}
+
+
+def test_memcached_host_name_that_does_not_resolve_is_refused_naming_the_fix():
+    with pytest.raises(fastpath.FastpathError) as info:
+        Options(memcached="nohost.invalid:11211", secret=SECRET).validate()
+    assert str(info.value).startswith("--memcached server nohost.invalid:11211: cannot resolve "
+                                      "'nohost.invalid' (")
+    assert str(info.value).endswith("); give a numeric address such as 127.0.0.1:11211")
+    assert not isinstance(info.value, fastpath.ConfigurationError)   # exit 1: the name, not the usage
 
 
 def test_options_module_works_without_the_extension_loaded():
