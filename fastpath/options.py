@@ -99,7 +99,9 @@ OPTIONS = (
            0, 600, c_field="drain_timeout_s"),
     Option("--max-body", "max_body", int, 65536, "largest request body, bytes (413 beyond)",
            0, 1 << 24, c_field="max_body"),
-    Option("--max-headers", "max_headers", int, 8192, "largest request head, bytes (431 beyond)",
+    # nginx forwards a request line of up to 8 KiB and header lines of up to 8 KiB each
+    # (large_client_header_buffers 4 8k): fastpath must never refuse what nginx forwards
+    Option("--max-headers", "max_headers", int, 32768, "largest request head, bytes (431 beyond)",
            512, 1 << 20, c_field="max_headers"),
     Option("--max-connections", "max_connections", int, 16384,
            "open connections per worker; more are closed at once so nginx falls back",

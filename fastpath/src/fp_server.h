@@ -46,7 +46,7 @@ extern const double fp_lat_bounds[FP_LAT_BUCKETS];   /* seconds; last is +Inf */
     X(int, max_connections, 16384)    /* per worker; beyond it new connections are closed */       \
     X(int, drain_timeout_s, 5)        /* SIGTERM waits this long for in-flight requests */         \
     X(size_t, max_body, 65536)        /* largest request body (413 beyond) */                      \
-    X(size_t, max_headers, 8192)      /* largest request head (431 beyond) */
+    X(size_t, max_headers, 32768)     /* largest request head (431 beyond): >= what nginx forwards */
 
 #define FP_CONFIG_FIELD_(type, field, dflt) type field;
 #define FP_CONFIG_COUNT_(type, field, dflt) +1

@@ -11,7 +11,7 @@ from fastpath import _server  # a build that does not import fails here, never s
 from fastpath.options import OPTIONS, Options, build_parser, command_line
 from plurksite import services
 from plurksite.config import StackConfig
-from tests.fastpath.conftest import SECRET
+from tests.fastpath.conftest import SECRET, token
 
 C_OPTIONS = [opt for opt in OPTIONS if opt.c_field is not None]
 
@@ -53,6 +53,12 @@ def test_c_config_fields_are_the_tables():
 def test_c_defaults_are_the_tables(opt):
     """fp_config_defaults (what the fuzz targets run with) and the CLI agree on every default."""
     assert _server._testhelper_config()[opt.c_field] == opt.default
+
+
+def test_defaults_nginx_forwards_are_accepted():
+    """nginx forwards a request line of up to 8 KiB and header lines of up to 8 KiB each
+    (large_client_header_buffers 4 8k): the default head limit takes all four."""
+    assert Options().max_headers == _server._testhelper_config()["max_headers"] >= 4 * 8192
 
 
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.flag)
@@ -169,3 +175,16 @@ def test_options_module_works_without_the_extension_loaded():
     code = ("import sys, fastpath.options as o; o.command_line(workers=2); "
             "assert not [m for m in sys.modules if m.startswith('fastpath._')], sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+def test_a_head_as_large_as_nginx_forwards_is_answered(fastpath_factory, memcached):
+    """Two 8 KiB header lines and more (under nginx's large_client_header_buffers 4 8k) get an
+    answer from fastpath with its default limits, never 431."""
+    from pymemcache.client.hash import HashClient
+    import requests
+    HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:7:0", b'{"big":1}')
+    fp = fastpath_factory([memcached])
+    headers = {"Authorization": f"Bearer {token(7)}", "Cookie": "a=" + "c" * 8000,
+               "X-Forwarded-For": "1" * 8000, "X-Other": "o" * 8000}
+    resp = requests.get(f"{fp.url}/Poll/getMessages", headers=headers, timeout=5)
+    assert (resp.status_code, resp.content) == (200, b'{"big":1}')
