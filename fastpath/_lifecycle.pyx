@@ -1,8 +1,8 @@
 # cython: language_level=3
-"""Configuration and lifecycle: validate options, open sockets, fork the workers, restart any that
-fails, drain on SIGTERM.  The supervisor takes its signals synchronously (blocked, then
-sigtimedwait without the GIL) and forks the way os.fork() does; each worker runs the C event
-loop of ``fastpath._server``.  Python (``fastpath/__main__.py``) owns only the CLI."""
+"""Lifecycle: open sockets, fork the workers, restart any that fails, drain on SIGTERM.  The
+supervisor takes its signals synchronously (blocked, then sigtimedwait without the GIL) and forks
+the way os.fork() does; each worker runs the C event loop of ``fastpath._server``.  The options
+and their validation are pure Python (``fastpath/options.py``), and so is the CLI."""
 from libc.errno cimport errno, EINTR
 from libc.string cimport strerror
 from posix.signal cimport kill, sigemptyset, sigaddset, siginfo_t
@@ -15,144 +15,12 @@ cimport fastpath.includes.process as proc
 import errno as errno_names
 import mmap
 import os
-import re
 import signal
 import socket
 import sys
 
 from fastpath.errors import ConfigurationError, FastpathError
-
-DEFAULT_RESOURCES = ("getMessages", "getUnreadCount")
-_RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
-_SECRET_MIN, _SECRET_MAX = 32, 1024
-_BACKENDS = ("epoll", "poll", "select")
-
-
-def parse_address(text, what="address"):
-    """``host:port`` / ``[v6]:port`` -> (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-    else:
-        host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigurationError(f"bad {what} {text!r}: expected host:port")
-    return host, int(port)
-
-
-def parse_listen(text):
-    """``host:port``, or ``unix:/path`` for a unix-domain socket (nginx on the same host)."""
-    if text.startswith("unix:"):
-        path = text[5:]
-        if not path or len(os.fsencode(path)) > 107:
-            raise ConfigurationError(f"bad --listen {text!r}: unix:<path of at most 107 bytes>")
-        return ("unix", os.path.abspath(path))
-    return parse_address(text, "--listen")
-
-
-def read_secret(path):
-    """The key bytes of docs/contract.md section 1."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(_SECRET_MAX + 64)
-    except OSError as exc:
-        raise FastpathError(f"cannot read secret file {path}: {exc.strerror}") from None
-    key = raw.strip(b" \t\r\n")
-    if not _SECRET_MIN <= len(key) <= _SECRET_MAX:
-        raise FastpathError(f"secret file {path} must hold {_SECRET_MIN}..{_SECRET_MAX} bytes, has {len(key)}")
-    return key
-
-
-cdef class Options:
-    """Every setting of a fastpath run; ``validate()`` checks them and derives the addresses."""
-    cdef public str listen
-    cdef public tuple memcached
-    cdef public str secret_file
-    cdef public bytes secret             # overrides secret_file when given
-    cdef public str admin                # loopback host:port serving /metrics
-    cdef public int workers              # 0: one per CPU
-    cdef public int timeout_ms
-    cdef public int idle_timeout
-    cdef public int drain_timeout
-    cdef public int max_body
-    cdef public int max_headers
-    cdef public int max_connections      # per worker
-    cdef public tuple resources
-    cdef public str backend              # epoll | poll | select (None: libevent's choice)
-    # derived by validate()
-    cdef public object listen_addr, admin_addr
-    cdef public list node_names, node_addrs
-
-    def __init__(self, listen="127.0.0.1:8001", memcached=("127.0.0.1:11211",),
-                 secret_file="var/secret.key", secret=None, admin=None, workers=1, timeout_ms=50,
-                 idle_timeout=10, drain_timeout=5, max_body=65536, max_headers=8192,
-                 max_connections=16384, resources=DEFAULT_RESOURCES, backend=None):
-        if isinstance(memcached, str):           # "host:port,host:port" as on the command line
-            memcached = memcached.split(",")
-        if isinstance(resources, str):
-            resources = resources.split(",")
-        self.listen, self.memcached, self.secret_file = listen, tuple(memcached), secret_file
-        self.secret, self.admin, self.workers, self.timeout_ms = secret, admin, workers, timeout_ms
-        self.idle_timeout, self.drain_timeout = idle_timeout, drain_timeout
-        self.max_body, self.max_headers, self.max_connections = max_body, max_headers, max_connections
-        self.resources, self.backend = tuple(resources), backend
-
-    def __repr__(self):
-        return (f"Options(listen={self.listen!r}, memcached={self.memcached!r}, "
-                f"workers={self.workers}, admin={self.admin!r})")
-
-    def validate(self):
-        self.listen_addr = parse_listen(self.listen)
-        self.admin_addr = parse_address(self.admin, "--admin") if self.admin else None
-        if self.admin_addr and not _is_loopback(self.admin_addr[0]):
-            raise ConfigurationError("--admin must be a loopback address (stats are not public)")
-        servers = [s for s in self.memcached if s.strip()]
-        if not 0 < len(servers) <= 64:
-            raise ConfigurationError("--memcached needs 1..64 host:port servers")
-        parsed = [parse_address(s, "--memcached server") for s in servers]
-        # node names as pymemcache spells them (v6 host without brackets); connect addresses
-        # as libevent parses them (v6 in brackets)
-        self.node_names = [f"{h}:{p}" for h, p in parsed]
-        self.node_addrs = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed]
-        if len(set(self.node_names)) != len(self.node_names):
-            raise ConfigurationError("--memcached lists a server twice")
-        for res in self.resources:
-            if not _RESOURCE_RE.match(res):
-                raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
-        if not 0 < len(self.resources) <= 16:
-            raise ConfigurationError("--resources needs 1..16 names")
-        for name, value, low, high in [("--workers", self.workers, 0, 256),
-                                       ("--timeout-ms", self.timeout_ms, 1, 60000),
-                                       ("--idle-timeout", self.idle_timeout, 1, 3600),
-                                       ("--drain-timeout", self.drain_timeout, 0, 600),
-                                       ("--max-body", self.max_body, 0, 1 << 24),
-                                       ("--max-headers", self.max_headers, 512, 1 << 20),
-                                       ("--max-connections", self.max_connections, 1, 1 << 20)]:
-            if not low <= value <= high:
-                raise ConfigurationError(f"{name} must be in {low}..{high}, got {value}")
-        if self.backend not in (None,) + _BACKENDS:
-            raise ConfigurationError(f"--backend must be one of {', '.join(_BACKENDS)}")
-        if self.secret is None:
-            self.secret = read_secret(self.secret_file)
-        elif not _SECRET_MIN <= len(self.secret) <= _SECRET_MAX:
-            raise ConfigurationError("secret must be 32..1024 bytes")
-        if self.workers == 0:
-            self.workers = os.cpu_count() or 1
-        return self
-
-    def avoid_backends(self):
-        return [b for b in _BACKENDS if self.backend and b != self.backend]
-
-
-def _is_loopback(host):
-    import ipaddress
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
+from fastpath.options import Options
 
 def _listen_socket(addr, what, reuse_port=True):
     host, port = addr
@@ -227,7 +95,7 @@ def _log(message):
     print(f"fastpath[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
 
-def _run_worker(Options opts, int index, stats, shared_listener=None):
+def _run_worker(opts, int index, stats, shared_listener=None):
     """The body of one worker process: its own SO_REUSEPORT socket (or the shared unix one),
     then the C event loop until SIGTERM/SIGINT."""
     from fastpath import _server
@@ -235,11 +103,7 @@ def _run_worker(Options opts, int index, stats, shared_listener=None):
     listener = shared_listener or _listen_socket(opts.listen_addr, "--listen")
     admin = _listen_socket(opts.admin_addr, "--admin") if opts.admin_addr else None
     try:
-        _server.run_worker(listener.fileno(), admin.fileno() if admin else -1,
-                           opts.node_names, opts.node_addrs, opts.secret, opts.timeout_ms,
-                           opts.idle_timeout, opts.drain_timeout, opts.max_body, opts.max_headers,
-                           list(opts.resources), opts.avoid_backends(), stats, opts.workers, index,
-                           opts.max_connections)
+        _server.run_worker(opts, index, listener.fileno(), admin.fileno() if admin else -1, stats)
     finally:
         listener.close()
         if admin:
@@ -489,7 +353,7 @@ def serve(options=None, **kwargs):
     from fastpath import _server
     import threading
 
-    cdef Options opts = (options or Options(**kwargs)).validate()
+    opts = (options or Options(**kwargs)).validate()
     if threading.current_thread() is not threading.main_thread():
         # the supervisor blocks its signals in the calling thread only: anywhere else, SIGTERM
         # would reach the main thread's default handler and kill the process instead

@@ -1,8 +1,9 @@
 # cython: language_level=3
 """Thin Cython layer over fastpath/src: configuration in, C event loop (without the GIL), errors out.
 
-fastpath/_lifecycle.pyx validates the options and supervises the worker processes; this module
-turns a validated configuration into ``fp_config_t``, runs one worker's loop and renders stats.
+fastpath/options.py validates the options and fastpath/_lifecycle.pyx supervises the worker
+processes; this module turns validated Options into ``fp_config_t`` (row by row of the option
+table), runs one worker's loop and renders stats.
 """
 from libc.string cimport memset
 from libc.stdint cimport uint64_t
@@ -10,37 +11,39 @@ from libc.stdint cimport uint64_t
 cimport fastpath.includes.fastpath as fp
 
 from fastpath.errors import FastpathError
+from fastpath.options import OPTIONS
 
 STATS_SLOT_SIZE = sizeof(fp.fp_stats_t)
 MAX_SERVERS = fp.FP_MAX_SERVERS
 MAX_RESOURCES = fp.FP_MAX_RESOURCES
 
 
-def run_worker(int listen_fd, int admin_fd, list node_names, list node_addrs, bytes secret,
-               int timeout_ms, int idle_timeout_s, int drain_timeout_s, size_t max_body,
-               size_t max_headers, list resources, list avoid_backends, stats, int n_workers,
-               int worker_index, int max_connections=16384):
-    """Run one worker's event loop until SIGTERM/SIGINT; raise FastpathError on failure."""
-    cdef fp.fp_config_t cfg
-    cdef char err[256]
-    cdef int rc, i
-    cdef unsigned char[::1] stats_view = stats
-    # Keep every bytes object alive for as long as the C side holds pointers into it.
-    cdef list keep = []
-    cdef bytes b
+# the fp_config_t scalars FP_CONFIG_SCALARS generates, by name (the c_field of OPTIONS rows)
+CONFIG_FIELDS = tuple(fp.fp_config_fields[i].decode("ascii") for i in range(fp.FP_CONFIG_N_SCALARS))
 
+
+cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
+    """``cfg`` from validated Options: the C defaults, each OPTIONS row that has a c_field set
+    by name, then the servers, the secret, the resources and the backends.  ``keep`` holds every
+    bytes object the C side points into, for as long as it does."""
+    cdef int i
+    cdef bytes b
+    node_names, node_addrs, resources = opts.node_names, opts.node_addrs, opts.resources
+    avoid_backends = opts.avoid_backends()
     if not 0 < len(node_names) == len(node_addrs) <= fp.FP_MAX_SERVERS:
         raise FastpathError(f"need 1..{fp.FP_MAX_SERVERS} memcached servers")
     if not 0 < len(resources) <= fp.FP_MAX_RESOURCES:
         raise FastpathError(f"need 1..{fp.FP_MAX_RESOURCES} poll resources")
     if len(avoid_backends) > 3:
         raise FastpathError("too many backends to avoid")
-    if len(stats) < STATS_SLOT_SIZE * n_workers or not 0 <= worker_index < n_workers:
-        raise FastpathError("stats region too small")
-    memset(&cfg, 0, sizeof(cfg))
-    memset(err, 0, sizeof(err))
-    cfg.listen_fd = listen_fd
-    cfg.admin_fd = admin_fd
+    fp.fp_config_defaults(cfg)
+    for opt in OPTIONS:
+        if opt.c_field is not None:
+            value = getattr(opts, opt.attr)
+            b = opt.c_field.encode("ascii")
+            if fp.fp_config_set(cfg, b, len(b), value) != 0:
+                raise FastpathError(f"{opt.flag} {value}: fp_config_t has no field "
+                                    f"{opt.c_field} that holds it")
     cfg.n_nodes = len(node_names)
     for i in range(cfg.n_nodes):
         b = node_names[i].encode("ascii")
@@ -50,15 +53,10 @@ def run_worker(int listen_fd, int admin_fd, list node_names, list node_addrs, by
         b = node_addrs[i].encode("ascii")
         keep.append(b)
         cfg.node_addr[i] = b
-    keep.append(secret)
-    cfg.secret = <const unsigned char *><char *>secret
-    cfg.secret_len = len(secret)
-    cfg.timeout_ms = timeout_ms
-    cfg.idle_timeout_s = idle_timeout_s
-    cfg.max_connections = max_connections
-    cfg.drain_timeout_s = drain_timeout_s
-    cfg.max_body = max_body
-    cfg.max_headers = max_headers
+    b = opts.secret
+    keep.append(b)
+    cfg.secret = <const unsigned char *><char *>b
+    cfg.secret_len = len(b)
     cfg.n_resources = len(resources)
     for i in range(cfg.n_resources):
         b = resources[i].encode("ascii")
@@ -69,8 +67,26 @@ def run_worker(int listen_fd, int admin_fd, list node_names, list node_addrs, by
         b = avoid_backends[i].encode("ascii")
         keep.append(b)
         cfg.backend_avoid[i] = b
+    cfg.n_workers = opts.workers
+    return 0
+
+
+def run_worker(opts, int worker_index, int listen_fd, int admin_fd, stats):
+    """Run worker ``worker_index``'s event loop for validated Options until SIGTERM/SIGINT; raise
+    FastpathError on failure."""
+    cdef fp.fp_config_t cfg
+    cdef char err[256]
+    cdef int rc
+    cdef unsigned char[::1] stats_view = stats
+    cdef list keep = []
+
+    _fill_config(&cfg, opts, keep)
+    if len(stats) < STATS_SLOT_SIZE * cfg.n_workers or not 0 <= worker_index < cfg.n_workers:
+        raise FastpathError("stats region too small")
+    memset(err, 0, sizeof(err))
+    cfg.listen_fd = listen_fd
+    cfg.admin_fd = admin_fd
     cfg.stats = <fp.fp_stats_t *>&stats_view[0]
-    cfg.n_workers = n_workers
     cfg.worker_index = worker_index
     with nogil:
         rc = fp.fp_server_run(&cfg, err, sizeof(err))
@@ -128,3 +144,34 @@ def _testhelper_token(bytes secret, bytes token, long long now, str resource="ge
         return fp.fp_token_strerror(r).decode("ascii")
     n = fp.fp_make_key(key, sizeof(key), res, len(res), &t)
     return (t.uid, t.epoch, t.expires, key[:n].decode("ascii"))
+
+
+def _testhelper_config(opts=None, int worker_index=0):
+    """fp_config_t as run_worker fills it for validated ``opts`` (None: fp_config_defaults) and
+    ``worker_index``, as a dict: every scalar by its C name, and the other fields."""
+    cdef fp.fp_config_t cfg
+    cdef list keep = []
+    cdef long long value
+    cdef bytes b
+    cdef int i
+    if opts is None:
+        fp.fp_config_defaults(&cfg)
+    else:
+        _fill_config(&cfg, opts, keep)
+        cfg.worker_index = worker_index
+    out = {}
+    for name in CONFIG_FIELDS:
+        b = name.encode("ascii")
+        if fp.fp_config_get(&cfg, b, len(b), &value) != 0:
+            raise FastpathError(f"fp_config_get does not know {name}")
+        out[name] = value
+    out.update(
+        listen_fd=cfg.listen_fd, admin_fd=cfg.admin_fd, n_workers=cfg.n_workers,
+        worker_index=cfg.worker_index,
+        node_names=[cfg.nodes[i].name[:cfg.nodes[i].name_len].decode("ascii") for i in range(cfg.n_nodes)],
+        node_addrs=[(<bytes>cfg.node_addr[i]).decode("ascii") for i in range(cfg.n_nodes)],
+        secret=cfg.secret[:cfg.secret_len] if cfg.secret != NULL else b"",
+        resources=[cfg.resources[i][:cfg.resource_len[i]].decode("ascii") for i in range(cfg.n_resources)],
+        backend_avoid=[(<bytes>cfg.backend_avoid[i]).decode("ascii")
+                       for i in range(4) if cfg.backend_avoid[i] != NULL])
+    return out

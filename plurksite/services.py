@@ -116,17 +116,20 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 
 
-def fastpath_command(config, resources=None):
-    extra = ["--resources", ",".join(resources)] if resources else []
-    return [sys.executable, "-m", "fastpath", *extra,
-            "--listen", format_hostport(*config.fastpath),
-            "--admin", format_hostport(*config.fastpath_admin),
-            "--memcached", ",".join(config.memcached_specs),
-            "--secret-file", config.secret_file,
-            "--workers", str(config.fastpath_workers),
-            "--timeout-ms", str(config.memcached_timeout_ms),
-            "--idle-timeout", str(FASTPATH_IDLE_TIMEOUT_S),
-            "--max-body", str(config.max_body_bytes)]
+def fastpath_command(config, resources=None, **options):
+    """``python -m fastpath`` with the stack's settings; ``options`` (fastpath.Options names, as
+    fastpath.serve() takes them) add to or override them.  The flags come from fastpath's own
+    option table, which is pure Python: this works before the extension is built."""
+    from fastpath.options import command_line
+
+    values = dict(listen=format_hostport(*config.fastpath),
+                  admin=format_hostport(*config.fastpath_admin),
+                  memcached=config.memcached_specs, secret_file=config.secret_file,
+                  workers=config.fastpath_workers, timeout_ms=config.memcached_timeout_ms,
+                  idle_timeout=FASTPATH_IDLE_TIMEOUT_S, max_body=config.max_body_bytes,
+                  resources=resources)
+    values.update(options)
+    return [sys.executable, "-m", "fastpath", *command_line(**values)]
 
 
 def nginx_command(conf_path, prefix):

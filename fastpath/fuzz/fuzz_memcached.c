@@ -42,8 +42,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         abort();
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.listen_fd = cfg.admin_fd = -1;
+    fp_config_defaults(&cfg);            /* no listener: the target adopts its sockets */
     cfg.n_nodes = 1;
     cfg.nodes[0].name = node;
     cfg.nodes[0].name_len = sizeof(node) - 1;

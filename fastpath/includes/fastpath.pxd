@@ -45,12 +45,7 @@ cdef extern from "fp_server.h" nogil:
         const char *node_addr[64]
         const unsigned char *secret
         size_t secret_len
-        int timeout_ms
-        int idle_timeout_s
-        int max_connections
-        int drain_timeout_s
-        size_t max_body
-        size_t max_headers
+        # the scalar settings (FP_CONFIG_SCALARS) are set by name: fp_config_set
         int n_resources
         const char *resources[16]
         size_t resource_len[16]
@@ -58,5 +53,11 @@ cdef extern from "fp_server.h" nogil:
         fp_stats_t *stats
         int n_workers
         int worker_index
+    enum:
+        FP_CONFIG_N_SCALARS
+    const char *const fp_config_fields[]
+    void fp_config_defaults(fp_config_t *cfg)
+    int fp_config_set(fp_config_t *cfg, const char *field, size_t field_len, long long value)
+    int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, long long *value)
     int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
     size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)

@@ -12,20 +12,33 @@
 #define FP_MAX_RESOURCES 16
 #define FP_MAX_RESOURCE_LEN 32
 
+/* The scalar settings of fp_config_t, one row each: X(type, field, default).  Every row is an
+ * option of fastpath/options.py (OPTIONS, its c_field), which names the same fields with the same
+ * defaults (tests/fastpath/test_options.py fails when the two drift).  The Cython layer sets them
+ * by name through fp_config_set, so a new option needs no edit there.  A type is one token
+ * (int, size_t) with an FP_CONFIG_MAX_<type> in fp_config.c. */
+#define FP_CONFIG_SCALARS(X)                                                                      \
+    X(int, timeout_ms, 50)            /* memcached answer deadline */                             \
+    X(int, idle_timeout_s, 10)        /* whole-request read, slow-reader and keep-alive idle */    \
+    X(int, max_connections, 16384)    /* per worker; beyond it new connections are closed */       \
+    X(int, drain_timeout_s, 5)        /* SIGTERM waits this long for in-flight requests */         \
+    X(size_t, max_body, 65536)        /* largest request body (413 beyond) */                      \
+    X(size_t, max_headers, 32768)     /* largest request head (431 beyond): >= what nginx forwards */
+
+#define FP_CONFIG_FIELD_(type, field, dflt) type field;
+#define FP_CONFIG_COUNT_(type, field, dflt) +1
+
+enum { FP_CONFIG_N_SCALARS = 0 FP_CONFIG_SCALARS(FP_CONFIG_COUNT_) };
+
 typedef struct {
     int listen_fd;                 /* bound, listening, non-blocking */
     int admin_fd;                  /* -1: no admin listener in this worker */
     int n_nodes;
     fp_node_t nodes[FP_MAX_SERVERS];
-    const char *node_addr[FP_MAX_SERVERS];    /* "host:port" / "[v6]:port" for connect */
+    const char *node_addr[FP_MAX_SERVERS];    /* numeric "host:port" / "[v6]:port" for connect */
     const unsigned char *secret;
     size_t secret_len;
-    int timeout_ms;                /* memcached answer deadline */
-    int idle_timeout_s;            /* whole-request read, slow-reader and keep-alive idle timeout */
-    int max_connections;           /* per worker; beyond it new connections are closed at once */
-    int drain_timeout_s;
-    size_t max_body;
-    size_t max_headers;
+    FP_CONFIG_SCALARS(FP_CONFIG_FIELD_)
     int n_resources;
     const char *resources[FP_MAX_RESOURCES];
     size_t resource_len[FP_MAX_RESOURCES];
@@ -34,6 +47,20 @@ typedef struct {
     int n_workers;
     int worker_index;
 } fp_config_t;
+
+/* The names of the scalar fields, in FP_CONFIG_SCALARS order (FP_CONFIG_N_SCALARS of them). */
+extern const char *const fp_config_fields[FP_CONFIG_N_SCALARS];
+
+/* Every scalar at its default, no listener (-1), one worker, everything else empty. */
+void fp_config_defaults(fp_config_t *cfg);
+
+/* Sets the scalar named by field (field_len bytes).  Returns 0, or -1 when no scalar has that
+ * name or value does not fit it (scalars are counts and durations: 0..the type's maximum). */
+int fp_config_set(fp_config_t *cfg, const char *field, size_t field_len, long long value);
+
+/* Reads the scalar named by field (field_len bytes) into *value.  Returns 0, or -1 when no
+ * scalar has that name. */
+int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, long long *value);
 
 /* Runs the event loop until SIGTERM/SIGINT (draining in-flight requests).  Returns 0, or -1 with
  * a message in err. */

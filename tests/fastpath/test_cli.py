@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import requests
@@ -14,12 +15,11 @@ from pymemcache.client.hash import HashClient
 
 import fastpath
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from fastpath.options import OPTIONS
 from plurksite.services import free_port, wait_for_port
 from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, python_script, token
 
-FLAGS = ["--listen", "--admin", "--memcached", "--secret-file", "--workers", "--timeout-ms",
-         "--idle-timeout", "--drain-timeout", "--max-body", "--max-headers", "--max-connections",
-         "--resources", "--backend"]
+FLAGS = [opt.flag for opt in OPTIONS]
 
 
 def _run(tmp_path, *args, timeout=30):
@@ -120,16 +120,21 @@ def test_serve_rejects_bad_options_before_starting_anything(tmp_path):
         fastpath.serve(secret=b"short")
     with pytest.raises(fastpath.FastpathError, match="cannot read secret file"):
         fastpath.serve(secret_file=str(tmp_path / "missing.key"))
+    with pytest.raises(fastpath.FastpathError, match=r"cannot resolve 'nohost.invalid' \(.*\); give a "
+                                                     r"numeric address such as 127.0.0.1:11211"):
+        fastpath.serve(memcached=["127.0.0.1:11211", "nohost.invalid:11211"], secret=SECRET)
 
 
 def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached, secret_file):
     """fastpath.serve(...) runs in the foreground until SIGTERM (it forks workers and installs
-    signal handlers, so it runs in a process of its own here), then returns."""
+    signal handlers, so it runs in a process of its own here), then returns.  The memcached
+    server is given by host name, as Django may name it."""
     port, admin = free_port(), free_port()
-    HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:5:0", b'{"from":"serve"}')
+    spec = f"localhost:{memcached.port}"
+    HashClient([spec], default_noreply=False).set("p1:getMessages:5:0", b'{"from":"serve"}')
     script = (
         "import fastpath\n"
-        f"fastpath.serve(listen='127.0.0.1:{port}', memcached=['{memcached.spec}'],\n"
+        f"fastpath.serve(listen='127.0.0.1:{port}', memcached=['{spec}'],\n"
         f"               secret_file={str(secret_file)!r}, workers=2, admin='127.0.0.1:{admin}')\n"
         "print('serve returned', flush=True)\n")
     with python_script(tmp_path, script) as proc:
@@ -153,9 +158,32 @@ def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached,
     asan_reports(tmp_path)
 
 
+def test_memcached_host_names_are_resolved_at_start_and_hashed_as_written(fastpath_factory, memcached3):
+    """--memcached localhost:P,...: C connects to the address the name resolves to, and keys are
+    mapped over the names as written, as pymemcache (Django's side) maps them."""
+    named = [types.SimpleNamespace(spec=f"localhost:{m.port}") for m in memcached3]
+    client = HashClient([n.spec for n in named], default_noreply=False)
+    for uid in range(1, 31):
+        client.set(f"p1:getMessages:{uid}:0", b'{"uid":%d}' % uid)
+    fp = fastpath_factory(named)
+    with requests.Session() as session:
+        for uid in range(1, 31):
+            resp = session.get(f"{fp.url}/Poll/getMessages", timeout=5,
+                               headers={"Authorization": f"Bearer {token(uid)}"})
+            assert (resp.status_code, resp.json()) == (200, {"uid": uid}), uid
+
+
+def test_memcached_host_name_that_does_not_resolve_exits_1_naming_the_fix(tmp_path, secret_file):
+    line = _one_error_line(_run(tmp_path, "--secret-file", str(secret_file),
+                                "--memcached", "127.0.0.1:11211,nohost.invalid:11311"), 1)
+    assert line.startswith("fastpath: error: --memcached server nohost.invalid:11311: cannot resolve "
+                           "'nohost.invalid' ("), line
+    assert line.endswith("); give a numeric address such as 127.0.0.1:11311"), line
+
+
 def test_options_take_server_lists_as_on_the_command_line_or_as_sequences():
-    """fastpath.Options is a Cython class: typed fields, and a comma-separated string is split
-    the way --memcached and --resources are (never iterated character by character)."""
+    """fastpath.Options has typed fields, and a comma-separated string is split the way
+    --memcached and --resources are (never iterated character by character)."""
     a = fastpath.Options(memcached="127.0.0.1:11211,127.0.0.1:11212", resources="getMessages",
                          secret=SECRET).validate()
     b = fastpath.Options(memcached=["127.0.0.1:11211", "127.0.0.1:11212"], resources=("getMessages",),

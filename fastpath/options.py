@@ -1,0 +1,271 @@
+"""fastpath's options, declared once (pure Python: the runner imports it without the extension).
+
+``OPTIONS`` is the table: one row per option with its flag, the ``Options`` attribute, its type,
+default, range or choices, help text and the ``fp_config_t`` field it fills in C (``None``: it
+stays in Python).  Generated from it: the CLI (``build_parser``), ``Options`` (defaults, types,
+``validate()``), ``fastpath.serve(**kwargs)``, the runner's command line (``command_line``) and
+the C configuration (``_server.run_worker`` sets each ``c_field`` through ``fp_config_set``).
+tests/fastpath/test_options.py fails when the table and C's ``FP_CONFIG_SCALARS`` drift apart.
+
+A new option is one row here; if it reaches C, also one ``X(type, field, default)`` row of
+``FP_CONFIG_SCALARS`` in src/fp_server.h, with the same default.
+"""
+import argparse
+import dataclasses
+import ipaddress
+import os
+import re
+import socket
+
+from .errors import ConfigurationError, FastpathError
+
+DEFAULT_RESOURCES = ("getMessages", "getUnreadCount")
+BACKENDS = ("epoll", "poll", "select")
+_RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
+_SECRET_MIN, _SECRET_MAX = 32, 1024
+
+
+def comma_separated(text):
+    """``"a, b,,c"`` -> ``("a", "b", "c")`` (the form of --memcached and --resources)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    flag: str
+    attr: str
+    type: object                 # int, str or comma_separated (a tuple of str)
+    default: object
+    help: str
+    low: int = None              # inclusive range of an int option
+    high: int = None
+    choices: tuple = None
+    c_field: str = None          # the fp_config_t scalar it fills; None: used in Python only
+
+    def coerce(self, value):
+        """``value`` in this option's type, or TypeError (a serve() keyword of the wrong type
+        is a programming error, as for any typed Python argument)."""
+        if value is None and self.default is None:
+            return None
+        if self.type is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{self.attr} must be an int, not {type(value).__name__}")
+            return value
+        if self.type is comma_separated:
+            if isinstance(value, str):
+                return comma_separated(value)
+            value = tuple(value)
+            if not all(isinstance(v, str) for v in value):
+                raise TypeError(f"{self.attr} must be a comma-separated str or a sequence of str")
+            return value
+        if not isinstance(value, str):
+            raise TypeError(f"{self.attr} must be a str, not {type(value).__name__}")
+        return value
+
+    def check(self, value):
+        """The range or choices of the table (anything more is in Options.validate)."""
+        if self.low is not None and not self.low <= value <= self.high:
+            raise ConfigurationError(f"{self.flag} must be in {self.low}..{self.high}, got {value}")
+        if self.choices is not None and value is not None and value not in self.choices:
+            raise ConfigurationError(f"{self.flag} must be one of {', '.join(self.choices)}")
+
+    def format(self, value):
+        """``value`` as it is written on the command line."""
+        return ",".join(value) if self.type is comma_separated else str(value)
+
+    def help_text(self):
+        extra = [] if self.default is None else [f"default {self.format(self.default)}"]
+        if self.low is not None:
+            extra.append(f"{self.low}..{self.high}")
+        text = f"{self.help} [{', '.join(extra)}]" if extra else self.help
+        return text.replace("%", "%%")             # argparse formats help with %
+
+
+OPTIONS = (
+    Option("--listen", "listen", str, "127.0.0.1:8001",
+           "host:port to serve polls on, or unix:/path (nginx on this host)"),
+    Option("--admin", "admin", str, None, "loopback host:port serving /metrics (Prometheus)"),
+    Option("--memcached", "memcached", comma_separated, ("127.0.0.1:11211",),
+           "comma-separated memcached host:port list, mapped as pymemcache's HashClient maps it; "
+           "a host name is resolved once at start"),
+    Option("--secret-file", "secret_file", str, "var/secret.key", "the HMAC secret shared with Django"),
+    Option("--workers", "workers", int, 1, "worker processes (0: one per CPU)", 0, 256),
+    Option("--timeout-ms", "timeout_ms", int, 50, "memcached answer deadline, ms (503 after)",
+           1, 60000, c_field="timeout_ms"),
+    Option("--idle-timeout", "idle_timeout", int, 10,
+           "seconds a request may take to arrive, a response to be read, or a keep-alive "
+           "connection to stay idle", 1, 3600, c_field="idle_timeout_s"),
+    Option("--drain-timeout", "drain_timeout", int, 5, "seconds SIGTERM waits for in-flight requests",
+           0, 600, c_field="drain_timeout_s"),
+    Option("--max-body", "max_body", int, 65536, "largest request body, bytes (413 beyond)",
+           0, 1 << 24, c_field="max_body"),
+    # nginx forwards a request line of up to 8 KiB and header lines of up to 8 KiB each
+    # (large_client_header_buffers 4 8k): fastpath must never refuse what nginx forwards
+    Option("--max-headers", "max_headers", int, 32768, "largest request head, bytes (431 beyond)",
+           512, 1 << 20, c_field="max_headers"),
+    Option("--max-connections", "max_connections", int, 16384,
+           "open connections per worker; more are closed at once so nginx falls back",
+           1, 1 << 20, c_field="max_connections"),
+    Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
+           "poll resources served (others: 404, so Django answers)"),
+    Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
+           choices=BACKENDS),
+)
+_BY_ATTR = {opt.attr: opt for opt in OPTIONS}
+
+
+def build_parser():
+    """The argparse parser of ``python -m fastpath``.  Only the flags given end up in the
+    namespace, so ``Options(**vars(args))`` takes every default from the table."""
+    p = argparse.ArgumentParser(
+        prog="python -m fastpath", argument_default=argparse.SUPPRESS,
+        description="Answer /Poll/<resource> requests straight from memcached; 404 on a miss so "
+                    "that nginx falls back to Django.")
+    for opt in OPTIONS:
+        p.add_argument(opt.flag, dest=opt.attr, type=opt.type, choices=opt.choices,
+                       help=opt.help_text())
+    return p
+
+
+def command_line(**values):
+    """The flags that run ``python -m fastpath`` with ``values`` (Options attribute names, as
+    serve() takes them); a value of None is left out (fastpath's default applies)."""
+    argv = []
+    for attr in values:
+        if attr not in _BY_ATTR:
+            raise TypeError(f"command_line() got an unexpected keyword argument {attr!r}")
+    for opt in OPTIONS:
+        value = values.get(opt.attr)
+        if value is not None:
+            argv += [opt.flag, opt.format(opt.coerce(value))]
+    return argv
+
+
+def parse_address(text, what="address"):
+    """``host:port`` / ``[v6]:port`` -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigurationError(f"bad {what} {text!r}: expected host:port")
+    return host, int(port)
+
+
+def parse_listen(text):
+    """``host:port``, or ``unix:/path`` for a unix-domain socket (nginx on the same host)."""
+    if text.startswith("unix:"):
+        path = text[5:]
+        if not path or len(os.fsencode(path)) > 107:
+            raise ConfigurationError(f"bad --listen {text!r}: unix:<path of at most 107 bytes>")
+        return ("unix", os.path.abspath(path))
+    return parse_address(text, "--listen")
+
+
+def read_secret(path):
+    """The key bytes of docs/contract.md section 1."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_SECRET_MAX + 64)
+    except OSError as exc:
+        raise FastpathError(f"cannot read secret file {path}: {exc.strerror}") from None
+    key = raw.strip(b" \t\r\n")
+    if not _SECRET_MIN <= len(key) <= _SECRET_MAX:
+        raise FastpathError(f"secret file {path} must hold {_SECRET_MIN}..{_SECRET_MAX} bytes, has {len(key)}")
+    return key
+
+
+def _is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_numeric(host):
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def connect_address(host, port):
+    """The numeric ``host:port`` (``[v6]:port``) C connects to for a memcached server.  A host
+    name is resolved here, once, to the first address getaddrinfo gives: the one pymemcache
+    connects to for the same name."""
+    if not _is_numeric(host):
+        try:
+            infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                                       socket.IPPROTO_TCP)
+        except (socket.gaierror, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+            raise FastpathError(f"--memcached server {host}:{port}: cannot resolve {host!r} "
+                                f"({reason}); give a numeric address such as 127.0.0.1:{port}") from None
+        host = infos[0][4][0]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Options:
+    """Every setting of a fastpath run: one typed attribute per row of OPTIONS (its default when
+    not given), plus ``secret`` (bytes; overrides ``secret_file``; Python only).  ``validate()``
+    checks them and derives ``listen_addr``, ``admin_addr``, ``node_names`` and ``node_addrs``."""
+    __slots__ = tuple(_BY_ATTR) + ("secret", "listen_addr", "admin_addr", "node_names", "node_addrs")
+
+    def __init__(self, **kwargs):
+        for name in kwargs:
+            if name not in _BY_ATTR and name != "secret":
+                raise TypeError(f"Options() got an unexpected keyword argument {name!r}")
+        for opt in OPTIONS:
+            setattr(self, opt.attr, kwargs.get(opt.attr, opt.default))
+        self.secret = kwargs.get("secret")
+        self.listen_addr = self.admin_addr = self.node_names = self.node_addrs = None
+
+    def __setattr__(self, name, value):
+        opt = _BY_ATTR.get(name)
+        if opt is not None:
+            value = opt.coerce(value)
+        elif name == "secret" and value is not None and not isinstance(value, bytes):
+            raise TypeError(f"secret must be bytes, not {type(value).__name__}")
+        object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        return (f"Options(listen={self.listen!r}, memcached={self.memcached!r}, "
+                f"workers={self.workers}, admin={self.admin!r})")
+
+    def validate(self):
+        """Check every option (ConfigurationError; FastpathError for a secret file that cannot
+        be read or a memcached host name that does not resolve) and derive the addresses."""
+        for opt in OPTIONS:
+            opt.check(getattr(self, opt.attr))
+        self.listen_addr = parse_listen(self.listen)
+        self.admin_addr = parse_address(self.admin, "--admin") if self.admin else None
+        if self.admin_addr and not _is_loopback(self.admin_addr[0]):
+            raise ConfigurationError("--admin must be a loopback address (stats are not public)")
+        for res in self.resources:
+            if not _RESOURCE_RE.match(res):
+                raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
+        if not 0 < len(self.resources) <= 16:
+            raise ConfigurationError("--resources needs 1..16 names")
+        if not 0 < len(self.memcached) <= 64:
+            raise ConfigurationError("--memcached needs 1..64 host:port servers")
+        parsed = [parse_address(s, "--memcached server") for s in self.memcached]
+        # node names as pymemcache spells them (v6 host without brackets, a host name as
+        # written: it hashes the name), so keys land where Django puts them
+        self.node_names = [f"{h}:{p}" for h, p in parsed]
+        if len(set(self.node_names)) != len(self.node_names):
+            raise ConfigurationError("--memcached lists a server twice")
+        self.node_addrs = [connect_address(h, p) for h, p in parsed]
+        if self.secret is None:
+            self.secret = read_secret(self.secret_file)
+        elif not _SECRET_MIN <= len(self.secret) <= _SECRET_MAX:
+            raise ConfigurationError("secret must be 32..1024 bytes")
+        if self.workers == 0:
+            self.workers = os.cpu_count() or 1
+        return self
+
+    def avoid_backends(self):
+        return [b for b in BACKENDS if self.backend and b != self.backend]

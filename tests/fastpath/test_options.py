@@ -1,0 +1,190 @@
+"""The option table (fastpath/options.py, OPTIONS) against everything generated from it or that
+must agree with it: C's FP_CONFIG_SCALARS (field names and defaults), --help, the runner's
+command line (plurksite.services.fastpath_command), and the round trip
+command line -> Options -> fp_config_t."""
+import socket
+
+import pytest
+
+import fastpath
+from fastpath import _server  # a build that does not import fails here, never skips
+from fastpath.options import OPTIONS, Options, build_parser, command_line
+from plurksite import services
+from plurksite.config import StackConfig
+from tests.fastpath.conftest import SECRET, token
+
+C_OPTIONS = [opt for opt in OPTIONS if opt.c_field is not None]
+
+# non-default values for the options a range or choices cannot give one for; a new option of
+# that kind needs a line here
+SAMPLES = {
+    "listen": "127.0.0.1:9",
+    "admin": "127.0.0.1:10",
+    "memcached": ("127.0.0.1:11", "[::1]:12"),
+    "secret_file": "/nonexistent/secret.key",
+    "resources": ("getMentions",),
+}
+
+
+def _sample(opt):
+    """A valid value of ``opt`` that is not its default."""
+    if opt.attr in SAMPLES:
+        return SAMPLES[opt.attr]
+    if opt.choices:
+        return next(c for c in opt.choices if c != opt.default)
+    if opt.low is not None:
+        return opt.high if opt.default != opt.high else opt.low
+    raise AssertionError(f"add a non-default value of {opt.flag} to SAMPLES")
+
+
+def test_the_table_has_one_row_per_flag_attribute_and_c_field():
+    for column in ("flag", "attr", "c_field"):
+        values = [getattr(opt, column) for opt in OPTIONS if getattr(opt, column) is not None]
+        assert len(values) == len(set(values)), column
+
+
+def test_c_config_fields_are_the_tables():
+    """FP_CONFIG_SCALARS (fp_server.h) and the c_field column name the same fields: a field
+    only C knows would keep its C default whatever the command line says."""
+    assert set(_server.CONFIG_FIELDS) == {opt.c_field for opt in C_OPTIONS}
+
+
+@pytest.mark.parametrize("opt", C_OPTIONS, ids=lambda opt: opt.flag)
+def test_c_defaults_are_the_tables(opt):
+    """fp_config_defaults (what the fuzz targets run with) and the CLI agree on every default."""
+    assert _server._testhelper_config()[opt.c_field] == opt.default
+
+
+def test_defaults_nginx_forwards_are_accepted():
+    """nginx forwards a request line of up to 8 KiB and header lines of up to 8 KiB each
+    (large_client_header_buffers 4 8k): the default head limit takes all four."""
+    assert Options().max_headers == _server._testhelper_config()["max_headers"] >= 4 * 8192
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.flag)
+def test_help_shows_every_option_with_its_default_and_range(opt):
+    text = " ".join(build_parser().format_help().split())     # undo argparse's wrapping
+    assert opt.flag in text
+    if opt.default is not None:
+        assert f"default {opt.format(opt.default)}" in text
+    if opt.low is not None:
+        assert f"{opt.low}..{opt.high}" in text
+    if opt.choices:
+        assert "{" + ",".join(opt.choices) + "}" in text
+
+
+def test_options_defaults_are_the_tables():
+    opts = Options()
+    for opt in OPTIONS:
+        assert getattr(opts, opt.attr) == opt.default, opt.attr
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.flag)
+def test_runner_command_line_carries_every_option(opt):
+    """services.fastpath_command passes any option through, as the table spells it."""
+    value = _sample(opt)
+    argv = services.fastpath_command(StackConfig.from_env({}), **{opt.attr: value})
+    assert argv[argv.index(opt.flag) + 1] == opt.format(value)
+    assert argv.count(opt.flag) == 1
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.flag)
+def test_every_option_round_trips_from_the_command_line_to_c(opt):
+    value = _sample(opt)
+    args = build_parser().parse_args(command_line(**{opt.attr: value}))
+    opts = Options(**vars(args))
+    assert getattr(opts, opt.attr) == value
+    for other in OPTIONS:
+        if other is not opt:
+            assert getattr(opts, other.attr) == other.default, other.attr
+    opts.secret = SECRET
+    config = _server._testhelper_config(opts.validate(), 3 if opt.attr == "workers" else 0)
+    for c_opt in C_OPTIONS:
+        assert config[c_opt.c_field] == (value if c_opt is opt else c_opt.default), c_opt.c_field
+    # the options that stay in Python, where C sees them
+    assert config["node_names"] == opts.node_names and config["node_addrs"] == opts.node_addrs
+    assert config["resources"] == list(opts.resources)
+    assert config["n_workers"] == opts.workers and config["secret"] == SECRET
+    assert config["backend_avoid"] == opts.avoid_backends()
+    if opt.attr == "memcached":
+        assert config["node_names"] == ["127.0.0.1:11", "::1:12"]        # as pymemcache names them
+        assert config["node_addrs"] == ["127.0.0.1:11", "[::1]:12"]      # as libevent parses them
+    elif opt.attr == "backend":
+        assert config["backend_avoid"] == [b for b in opt.choices if b != value]
+    elif opt.attr == "workers":
+        assert config["n_workers"] == value and config["worker_index"] == 3
+
+
+def test_fp_config_set_refuses_what_its_field_cannot_hold():
+    """C checks each value against its field's type: an option table with a wider range than
+    the C field fails loudly instead of truncating."""
+    opts = Options(secret=SECRET).validate()
+    opts.timeout_ms = 2 ** 31
+    with pytest.raises(fastpath.FastpathError, match="--timeout-ms 2147483648: fp_config_t"):
+        _server._testhelper_config(opts)
+    opts.timeout_ms = -1
+    with pytest.raises(fastpath.FastpathError, match="--timeout-ms -1: fp_config_t"):
+        _server._testhelper_config(opts)
+
+
+def test_options_are_typed():
+    with pytest.raises(TypeError):
+        Options(workers="2")
+    with pytest.raises(TypeError):
+        Options(max_body=True)
+    with pytest.raises(TypeError):
+        Options(resources=[1, 2])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_header'"):
+        Options(max_header=1024)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_header'"):
+        command_line(max_header=1024)
+    opts = Options()
+    with pytest.raises(TypeError):
+        opts.idle_timeout = "10"
+    with pytest.raises(AttributeError):
+        opts.idle_timout = 10                   # a misspelt attribute is an error, not a no-op
+
+
+def test_memcached_host_name_keeps_its_name_and_connects_to_its_address():
+    """Rendezvous hashing scores the node name as written (pymemcache does); C connects to the
+    first address the name resolves to, the one pymemcache connects to."""
+    first = socket.getaddrinfo("localhost", 11211, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                               socket.IPPROTO_TCP)[0][4][0]
+    opts = Options(memcached="localhost:11211,127.0.0.1:11212", secret=SECRET).validate()
+    assert opts.node_names == ["localhost:11211", "127.0.0.1:11212"]
+    assert opts.node_addrs == [f"[{first}]:11211" if ":" in first else f"{first}:11211", "127.0.0.1:11212"]
+    assert _server._testhelper_config(opts)["node_names"][0] == "localhost:11211"
+    keys = [f"p1:getMessages:{uid}:0" for uid in range(200)]
+    picks = {_server._testhelper_pick(opts.node_names, k.encode()) for k in keys}
+    assert picks == {0, 1}
+
+
+def test_memcached_host_name_that_does_not_resolve_is_refused_naming_the_fix():
+    with pytest.raises(fastpath.FastpathError) as info:
+        Options(memcached="nohost.invalid:11211", secret=SECRET).validate()
+    assert str(info.value).startswith("--memcached server nohost.invalid:11211: cannot resolve "
+                                      "'nohost.invalid' (")
+    assert str(info.value).endswith("); give a numeric address such as 127.0.0.1:11211")
+    assert not isinstance(info.value, fastpath.ConfigurationError)   # exit 1: the name, not the usage
+
+
+def test_options_module_works_without_the_extension_loaded():
+    """The runner builds fastpath's command line before it checks the extension is built."""
+    import subprocess
+    import sys
+    code = ("import sys, fastpath.options as o; o.command_line(workers=2); "
+            "assert not [m for m in sys.modules if m.startswith('fastpath._')], sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+def test_a_head_as_large_as_nginx_forwards_is_answered(fastpath_factory, memcached):
+    """Two 8 KiB header lines and more (under nginx's large_client_header_buffers 4 8k) get an
+    answer from fastpath with its default limits, never 431."""
+    from pymemcache.client.hash import HashClient
+    import requests
+    HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:7:0", b'{"big":1}')
+    fp = fastpath_factory([memcached])
+    headers = {"Authorization": f"Bearer {token(7)}", "Cookie": "a=" + "c" * 8000,
+               "X-Forwarded-For": "1" * 8000, "X-Other": "o" * 8000}
+    resp = requests.get(f"{fp.url}/Poll/getMessages", headers=headers, timeout=5)
+    assert (resp.status_code, resp.content) == (200, b'{"big":1}')
