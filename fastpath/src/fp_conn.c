@@ -430,66 +430,6 @@ void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size
 
 /* ---- deciding what a request gets ---------------------------------------------------- */
 
-/* Credentials are read exactly as Django reads them (docs/contract.md, section 2); where the two
- * could disagree -- a repeated header, a repeated or quoted plurk_token cookie -- fastpath does
- * not guess: it answers MISS and nginx lets Django decide. */
-enum { CRED_NONE = -1, CRED_FOUND = 0, CRED_AMBIGUOUS = -2 };
-
-static int _is_ows(char ch)
-{
-    return ch == ' ' || ch == '\t';
-}
-
-/* credentials = "Bearer" 1SP token  (scheme case-insensitive; trailing OWS is not part of the
- * value, so "Bearer " alone is no Bearer credential, as for Django) */
-static int _bearer_token(const char *value, size_t len, const char **tok, size_t *tok_len)
-{
-    while (len > 0 && _is_ows(value[len - 1]))
-        len--;
-    if (len < 7 || strncasecmp(value, "bearer ", 7) != 0)
-        return CRED_NONE;
-    *tok = value + 7;
-    *tok_len = len - 7;
-    return CRED_FOUND;
-}
-
-/* cookie-string = cookie-pair *( ";" cookie-pair ); each pair is name "=" value with optional
- * whitespace around both, the last pair of a name wins (Django's parse_cookie).  We want
- * plurk_token; a quoted value (Django would unquote it) or a second plurk_token is ambiguous. */
-static int _cookie_token(const char *value, size_t len, const char **tok, size_t *tok_len)
-{
-    static const char name[] = "plurk_token";
-    const size_t name_len = sizeof(name) - 1;
-    int found = CRED_NONE;
-    size_t i = 0;
-
-    while (i < len) {
-        const char *pair = value + i;
-        const char *semi = memchr(pair, ';', len - i);
-        size_t pair_len = semi ? (size_t)(semi - pair) : len - i;
-        const char *eq = memchr(pair, '=', pair_len);
-        i += pair_len + 1;
-        if (eq == NULL)
-            continue;
-        const char *key = pair, *val = eq + 1;
-        size_t key_len = (size_t)(eq - pair), val_len = pair_len - key_len - 1;
-        while (key_len > 0 && _is_ows(*key)) { key++; key_len--; }
-        while (key_len > 0 && _is_ows(key[key_len - 1])) key_len--;
-        if (key_len != name_len || memcmp(key, name, name_len) != 0)
-            continue;
-        if (found == CRED_FOUND)
-            return CRED_AMBIGUOUS;
-        while (val_len > 0 && _is_ows(*val)) { val++; val_len--; }
-        while (val_len > 0 && _is_ows(val[val_len - 1])) val_len--;
-        if (val_len > 0 && val[0] == '"')
-            return CRED_AMBIGUOUS;
-        *tok = val;
-        *tok_len = val_len;
-        found = CRED_FOUND;
-    }
-    return found;
-}
-
 /* path = "/Poll/" resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources */
 static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
 {
@@ -541,18 +481,15 @@ static void _examine(fp_conn_t *c)
         _decide(c, 404, "unknown poll resource", "MISS");
         return;
     }
-    int found = CRED_NONE;
-    if (c->have_auth > 1 || c->have_cookie > 1)
-        found = CRED_AMBIGUOUS;      /* a repeated header: Django sees them joined */
-    if (found == CRED_NONE && c->have_auth)
-        found = _bearer_token(data + c->auth_off, c->auth_len, &tok, &tok_len);
-    if (found == CRED_NONE && c->have_cookie)
-        found = _cookie_token(data + c->cookie_off, c->cookie_len, &tok, &tok_len);
-    if (found == CRED_AMBIGUOUS) {
+    fp_header_span_t auth = { c->have_auth ? data + c->auth_off : NULL, c->auth_len };
+    fp_header_span_t cookie = { c->have_cookie ? data + c->cookie_off : NULL, c->cookie_len };
+    fp_cred_result_t found = fp_credentials(&auth, c->have_auth, &cookie, c->have_cookie,
+                                            &tok, &tok_len);
+    if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
         _decide(c, 404, "ambiguous credentials", "MISS");
         return;
     }
-    if (found != CRED_FOUND) {
+    if (found != FP_CRED_FOUND) {
         _decide(c, 401, "authentication required", NULL);
         return;
     }
