@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -601,16 +600,16 @@ static int _on_header_value(llhttp_t *p, const char *at, size_t len)
 static int _on_header_value_complete(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
-    const char *field = c->in->data + c->field_off;
+    fp_cred_header_t kind = fp_cred_header(c->in->data + c->field_off, c->field_len);
     /* a second Authorization or Cookie header only marks the request ambiguous (have_* = 2) */
-    if (c->field_len == 13 && strncasecmp(field, "authorization", 13) == 0) {
+    if (kind == FP_CRED_AUTHORIZATION) {
         if (c->have_auth++ == 0) {
             c->auth_off = c->value_off;
             c->auth_len = c->value_len;
         } else {
             c->have_auth = 2;
         }
-    } else if (c->field_len == 6 && strncasecmp(field, "cookie", 6) == 0) {
+    } else if (kind == FP_CRED_COOKIE) {
         if (c->have_cookie++ == 0) {
             c->cookie_off = c->value_off;
             c->cookie_len = c->value_len;

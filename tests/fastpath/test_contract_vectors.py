@@ -225,3 +225,14 @@ def test_empty_cookie_is_authentication_required(fastpath_factory, memcached, se
     assert django_response(raw)[::2] == expected
     assert _raw_request(fp.port, raw)[::2] == expected
 
+
+def test_header_names_fold_ascii_only(fastpath_factory, memcached, tmp_path):
+    """Under tr_TR.UTF-8 strncasecmp("AUTHORIZATION", "authorization") is not 0: gunicorn
+    upper-cases names, so Django reads these headers and fastpath must too."""
+    fp = fastpath_factory([memcached], env=_turkish_locale(tmp_path))
+    from pymemcache.client.base import Client
+    from tests.support.wsgi import request_bytes
+
+    Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}')
+    for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"plurk_token={token(5)}")]):
+        assert _raw_request(fp.port, request_bytes(headers))[::2] == (200, b'{"count":5}'), headers
