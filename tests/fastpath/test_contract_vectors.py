@@ -236,3 +236,52 @@ def test_header_names_fold_ascii_only(fastpath_factory, memcached, tmp_path):
     Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}')
     for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"plurk_token={token(5)}")]):
         assert _raw_request(fp.port, request_bytes(headers))[::2] == (200, b'{"count":5}'), headers
+
+
+# Edges Django's reading could treat differently: gunicorn's OWS, str.strip()'s ASCII and
+# Unicode whitespace (as UTF-8 and as lone bytes), quotes, and a non-whitespace letter.
+_PADS = ["", "", " ", "\t", "  ", "\x0b", "\x0c", "\x1c", "\x1f", "\xa0", "\x85", "\xc2\xa0", "\xc2\x85",
+         "\xe2\x80\x83", "\xc3\xa9", '"']
+_VALUES = ["T", "v1.x", "", "a b", "a=b", '"T"', "T,x", "\xc3\xa9"]
+_SCHEMES = ["Bearer ", "bearer ", "BeArEr ", "Bearer", "Bearer  ", "Bearer\t", "Basic ", ""]
+
+
+def _random_headers(rng):
+    def pad():
+        return rng.choice(_PADS)
+
+    headers = []
+    for _ in range(rng.choice([1, 1, 2, 2, 3])):
+        if rng.random() < 0.6:
+            pairs = [pad() + rng.choice(["plurk_token", "plurk_token", "a", "PLURK_TOKEN", ""]) + pad() +
+                     rng.choice(["=", "=", ""]) + pad() + rng.choice(_VALUES) + pad()
+                     for _ in range(rng.randint(1, 3))]
+            headers.append((rng.choice(["Cookie", "COOKIE"]), ";".join(pairs)))
+        else:
+            headers.append((rng.choice(["Authorization", "AUTHORIZATION"]),
+                            pad() + rng.choice(_SCHEMES) + pad() + rng.choice(_VALUES) + pad()))
+    return headers
+
+
+def test_random_credentials_read_as_django_or_ambiguous():
+    """Seeded header sets, beyond the vectors: where the C is sure, Django (behind gunicorn's
+    parser) reads no token when it reads none, and the same token (or one malformed on both
+    sides: non-ASCII) when it reads one."""
+    from plurkcore import auth
+    from tests.support.wsgi import django_request, request_bytes
+
+    rng = random.Random(13)
+    seen = {"ambiguous": 0, "none": 0, "token": 0}
+    for _ in range(2000):
+        headers = _random_headers(rng)
+        got = _server._testhelper_credentials(_header_bytes(headers))
+        django, _ = auth.token_from_request(django_request(request_bytes(headers)))
+        if isinstance(got, str):
+            seen[got] += 1
+            assert got == "ambiguous" or django is None, (headers, django)
+            continue
+        seen["token"] += 1
+        got = got.decode("latin-1")
+        assert django is not None and (got == django or not (got.isascii() or django.isascii())), \
+            (headers, got, django)
+    assert min(seen.values()) > 100, seen
