@@ -7,11 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from pymemcache.client.base import Client
 from pymemcache.client.murmur3 import murmur3_32
 from pymemcache.client.rendezvous import RendezvousHash
 
 from fastpath import _server   # a build that does not import fails here, never skips
 from tests.fastpath.conftest import fastpath_env, token
+from tests.support.wsgi import django_request, django_response, request_bytes
 
 VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))
 SECRET = VECTORS["secret"].encode()
@@ -182,17 +184,13 @@ def _raw_request(port, raw):
 # llhttp refuses control bytes other than tab in a header value (400) before credentials are
 # read; the pure function above covers those vectors.
 _ON_THE_WIRE = [c for c in CREDENTIALS
-                if not any(ch < " " and ch != "\t" or ch == "\x7f" for _, v in c["headers"] for ch in v)]
+                if not any((ch < " " and ch != "\t") or ch == "\x7f" for _, v in c["headers"] for ch in v)]
 
 
 def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcached, settings):
     """Every vector the parser lets through, over a socket, with fresh tokens: the vector's token
     gets the cached answer; no credential or a bad token gets Django's own 401, byte for byte
     (Django run on the same bytes through gunicorn's parser); ambiguous gets 404 MISS."""
-    from plurkcore import tokens
-    from pymemcache.client.base import Client
-    from tests.support.wsgi import django_response, request_bytes
-
     fp = fastpath_factory([memcached])
     settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
     Client(memcached.spec).set("p1:getUnreadCount:42:3", b'{"count":42}')
@@ -216,8 +214,6 @@ def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcach
 
 def test_empty_cookie_is_authentication_required(fastpath_factory, memcached, settings):
     """Django treats an empty plurk_token as no cookie; fastpath said "malformed token"."""
-    from tests.support.wsgi import django_response, request_bytes
-
     fp = fastpath_factory([memcached])
     settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
     raw = request_bytes([("Cookie", "plurk_token=")])
@@ -230,9 +226,6 @@ def test_header_names_fold_ascii_only(fastpath_factory, memcached, tmp_path):
     """Under tr_TR.UTF-8 strncasecmp("AUTHORIZATION", "authorization") is not 0: gunicorn
     upper-cases names, so Django reads these headers and fastpath must too."""
     fp = fastpath_factory([memcached], env=_turkish_locale(tmp_path))
-    from pymemcache.client.base import Client
-    from tests.support.wsgi import request_bytes
-
     Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}')
     for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"plurk_token={token(5)}")]):
         assert _raw_request(fp.port, request_bytes(headers))[::2] == (200, b'{"count":5}'), headers
@@ -268,7 +261,6 @@ def test_random_credentials_read_as_django_or_ambiguous():
     parser) reads no token when it reads none, and the same token (or one malformed on both
     sides: non-ASCII) when it reads one."""
     from plurkcore import auth
-    from tests.support.wsgi import django_request, request_bytes
 
     rng = random.Random(13)
     seen = {"ambiguous": 0, "none": 0, "token": 0}
