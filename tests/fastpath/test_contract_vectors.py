@@ -193,7 +193,7 @@ def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcach
     (Django run on the same bytes through gunicorn's parser); ambiguous gets 404 MISS."""
     fp = fastpath_factory([memcached])
     settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
-    Client(memcached.spec).set("p1:getUnreadCount:42:3", b'{"count":42}')
+    Client(memcached.spec).set("p1:getUnreadCount:42:3", b'{"count":42}', noreply=False)
     t_old, u_old = VECTORS["credentials"]["token"], VECTORS["credentials"]["other_token"]
     t_new, u_new = token(42, epoch=3), token(7)
     for case in _ON_THE_WIRE:
@@ -226,7 +226,7 @@ def test_header_names_fold_ascii_only(fastpath_factory, memcached, tmp_path):
     """Under tr_TR.UTF-8 strncasecmp("AUTHORIZATION", "authorization") is not 0: gunicorn
     upper-cases names, so Django reads these headers and fastpath must too."""
     fp = fastpath_factory([memcached], env=_turkish_locale(tmp_path))
-    Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}')
+    Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}', noreply=False)
     for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"plurk_token={token(5)}")]):
         assert _raw_request(fp.port, request_bytes(headers))[::2] == (200, b'{"count":5}'), headers
 
