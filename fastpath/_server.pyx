@@ -175,3 +175,28 @@ def _testhelper_config(opts=None, int worker_index=0):
         backend_avoid=[(<bytes>cfg.backend_avoid[i]).decode("ascii")
                        for i in range(4) if cfg.backend_avoid[i] != NULL])
     return out
+
+
+def _testhelper_credentials(list headers):
+    """The token of a request with these (name, value) header pairs (bytes), as the request path
+    reads it: the token's bytes, or "none" or "ambiguous".  Like fp_conn.c it keeps the first
+    Authorization and Cookie value and counts repeats (up to 2)."""
+    cdef fp.fp_header_span_t spans[2]
+    cdef int counts[2]
+    cdef const char *tok = NULL
+    cdef size_t tok_len = 0
+    cdef bytes name, value
+    cdef int slot
+    counts[0] = counts[1] = 0
+    for name, value in headers:
+        kind = fp.fp_cred_header(name, len(name))
+        if kind == fp.FP_CRED_OTHER:
+            continue
+        slot = 0 if kind == fp.FP_CRED_AUTHORIZATION else 1
+        if counts[slot] == 0:
+            spans[slot].data, spans[slot].len = value, len(value)   # headers keeps value alive
+        counts[slot] = min(counts[slot] + 1, 2)
+    r = fp.fp_credentials(&spans[0], counts[0], &spans[1], counts[1], &tok, &tok_len)
+    if r == fp.FP_CRED_FOUND:
+        return tok[:tok_len]
+    return "none" if r == fp.FP_CRED_NONE else "ambiguous"

@@ -29,6 +29,21 @@ cdef extern from "fp_token.h" nogil:
                                      int64_t now, fp_token_t *out)
     const char *fp_token_strerror(fp_token_result_t r)
     size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
+    ctypedef struct fp_header_span_t:
+        const char *data
+        size_t len
+    ctypedef enum fp_cred_result_t:
+        FP_CRED_FOUND
+        FP_CRED_NONE
+        FP_CRED_AMBIGUOUS
+    ctypedef enum fp_cred_header_t:
+        FP_CRED_OTHER
+        FP_CRED_AUTHORIZATION
+        FP_CRED_COOKIE
+    fp_cred_header_t fp_cred_header(const char *name, size_t len)
+    fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
+                                    const fp_header_span_t *cookie, int n_cookie,
+                                    const char **tok, size_t *tok_len)
 
 cdef extern from "fp_server.h" nogil:
     enum:

@@ -488,66 +488,6 @@ static void _decide(fp_conn_t *c, int code, const char *message, const char *cac
     c->answer_cache = cache;
 }
 
-/* Credentials are read exactly as Django reads them (docs/contract.md, section 2); where the two
- * could disagree -- a repeated header, a repeated or quoted plurk_token cookie -- fastpath does
- * not guess: it answers MISS and nginx lets Django decide. */
-enum { CRED_NONE = -1, CRED_FOUND = 0, CRED_AMBIGUOUS = -2 };
-
-static int _is_ows(char ch)
-{
-    return ch == ' ' || ch == '\t';
-}
-
-/* credentials = "Bearer" 1SP token  (scheme case-insensitive; trailing OWS is not part of the
- * value, so "Bearer " alone is no Bearer credential, as for Django) */
-static int _bearer_token(const char *value, size_t len, const char **tok, size_t *tok_len)
-{
-    while (len > 0 && _is_ows(value[len - 1]))
-        len--;
-    if (len < 7 || fp_ascii_casecmp(value, "bearer ", 7) != 0)
-        return CRED_NONE;
-    *tok = value + 7;
-    *tok_len = len - 7;
-    return CRED_FOUND;
-}
-
-/* cookie-string = cookie-pair *( ";" cookie-pair ); each pair is name "=" value with optional
- * whitespace around both, the last pair of a name wins (Django's parse_cookie).  We want
- * plurk_token; a quoted value (Django would unquote it) or a second plurk_token is ambiguous. */
-static int _cookie_token(const char *value, size_t len, const char **tok, size_t *tok_len)
-{
-    static const char name[] = "plurk_token";
-    const size_t name_len = sizeof(name) - 1;
-    int found = CRED_NONE;
-    size_t i = 0;
-
-    while (i < len) {
-        const char *pair = value + i;
-        const char *semi = memchr(pair, ';', len - i);
-        size_t pair_len = semi ? (size_t)(semi - pair) : len - i;
-        const char *eq = memchr(pair, '=', pair_len);
-        i += pair_len + 1;
-        if (eq == NULL)
-            continue;
-        const char *key = pair, *val = eq + 1;
-        size_t key_len = (size_t)(eq - pair), val_len = pair_len - key_len - 1;
-        while (key_len > 0 && _is_ows(*key)) { key++; key_len--; }
-        while (key_len > 0 && _is_ows(key[key_len - 1])) key_len--;
-        if (key_len != name_len || memcmp(key, name, name_len) != 0)
-            continue;
-        if (found == CRED_FOUND)
-            return CRED_AMBIGUOUS;
-        while (val_len > 0 && _is_ows(*val)) { val++; val_len--; }
-        while (val_len > 0 && _is_ows(val[val_len - 1])) val_len--;
-        if (val_len > 0 && val[0] == '"')
-            return CRED_AMBIGUOUS;
-        *tok = val;
-        *tok_len = val_len;
-        found = CRED_FOUND;
-    }
-    return found;
-}
-
 /* path = "/Poll/" resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources */
 static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
 {
@@ -570,18 +510,16 @@ static void _authenticate(fp_conn_t *c, int res)
     fp_token_t token;
     int64_t now;
 
-    int found = CRED_NONE;
-    if (c->have_auth > 1 || c->have_cookie > 1)
-        found = CRED_AMBIGUOUS;      /* a repeated header: Django sees them joined */
-    if (found == CRED_NONE && c->have_auth)
-        found = _bearer_token(data + c->auth_off, c->auth_len, &tok, &tok_len);
-    if (found == CRED_NONE && c->have_cookie)
-        found = _cookie_token(data + c->cookie_off, c->cookie_len, &tok, &tok_len);
-    if (found == CRED_AMBIGUOUS) {
+    /* read exactly as Django reads them (docs/contract.md, section 2) */
+    fp_header_span_t auth = {c->have_auth ? data + c->auth_off : NULL, c->auth_len};
+    fp_header_span_t cookie = {c->have_cookie ? data + c->cookie_off : NULL, c->cookie_len};
+    fp_cred_result_t found = fp_credentials(&auth, c->have_auth, &cookie, c->have_cookie,
+                                            &tok, &tok_len);
+    if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
         _decide(c, 404, "ambiguous credentials", "MISS");
         return;
     }
-    if (found != CRED_FOUND) {
+    if (found != FP_CRED_FOUND) {
         _decide(c, 401, "authentication required", NULL);
         return;
     }
@@ -750,6 +688,8 @@ static int _on_header_value(llhttp_t *p, const char *at, size_t len)
         return _count_body(c, len);
     if (_head_too_big(c, at, len))
         return _head_too_big_fail(c);
+    if (len == 0)
+        return 0;                    /* an empty value: llhttp points it at the next line */
     if (_is_folded(c, at))
         return _http_fail(c, 400, "obsolete header line folding", NULL);
     if (c->value_len == 0)
@@ -765,15 +705,15 @@ static int _on_header_value_complete(llhttp_t *p)
     fp_conn_t *c = p->data;
     if (!c->in_head)
         return 0;                    /* trailers carry no credentials */
-    const char *field = c->in->data + c->field_off;
-    if (c->field_len == 13 && fp_ascii_casecmp(field, "authorization", 13) == 0) {
+    fp_cred_header_t kind = fp_cred_header(c->in->data + c->field_off, c->field_len);
+    if (kind == FP_CRED_AUTHORIZATION) {
         if (c->have_auth++ == 0) {
             c->auth_off = c->value_off;
             c->auth_len = c->value_len;
         } else {
             c->have_auth = 2;
         }
-    } else if (c->field_len == 6 && fp_ascii_casecmp(field, "cookie", 6) == 0) {
+    } else if (kind == FP_CRED_COOKIE) {
         if (c->have_cookie++ == 0) {
             c->cookie_off = c->value_off;
             c->cookie_len = c->value_len;
@@ -861,11 +801,27 @@ static void _compact(fp_conn_t *c)
     }
 }
 
+/* A control byte in a header value: llhttp refuses it, but nginx forwards it and gunicorn and
+ * Django read it (Django strips some of them around a cookie), so it is Django's to answer.
+ * llhttp gives field and value characters one errno; its reason tells them apart.  A bare CR
+ * or LF is framing, not a value byte: that stays a 400 (nginx never forwards one). */
+static int _bad_value_char(const llhttp_t *p, llhttp_errno_t err)
+{
+    static const char reason[] = "Invalid header value char";
+    const char *r = llhttp_get_error_reason(p), *at = llhttp_get_error_pos(p);
+    return err == HPE_INVALID_HEADER_TOKEN && r != NULL && at != NULL && *at != '\r' && *at != '\n' &&
+           strnlen(r, sizeof(reason)) == sizeof(reason) - 1 && memcmp(r, reason, sizeof(reason) - 1) == 0;
+}
+
 /* A request we cannot parse or take in: answer it with the reason and close. */
 static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
 {
     int code = c->error_status;
     const char *message = c->error_message;
+    if (code == 0 && _bad_value_char(&c->parser, err))
+        (void)_http_fail(c, 404, "header value fastpath cannot read", "MISS");
+    code = c->error_status;
+    message = c->error_message;
     if (code == 0) {
         code = err == HPE_INVALID_VERSION ? 505 : 400;
         message = "bad request";

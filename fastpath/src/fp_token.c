@@ -154,3 +154,155 @@ size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const
     memcpy(buf + p, t->epoch_str, t->epoch_len); p += t->epoch_len;
     return p;
 }
+
+/* ---- credentials ------------------------------------------------------------------------ *
+ *
+ * Django is the reference (docs/contract.md, section 2): gunicorn strips " \t" around a header
+ * value and joins a repeated header with ","; plurkcore's token_from_request takes
+ * "Bearer " + the rest (scheme case-insensitive), else Django's parse_cookie() value of
+ * plurk_token.  parse_cookie splits on ';' and the first '=', strips name and value with
+ * str.strip() after decoding the bytes as UTF-8, keeps the last pair of a name and unquotes
+ * "..."; an empty value is no cookie.  Where fastpath cannot be sure to read the same, it
+ * answers FP_CRED_AMBIGUOUS and Django decides. */
+
+static const char _cookie_name[] = "plurk_token";
+#define FP_COOKIE_NAME_LEN (sizeof(_cookie_name) - 1)
+
+/* The header whitespace gunicorn (and nginx, llhttp) strip around a value. */
+static int _is_ows(unsigned char ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+/* The ASCII bytes Python's str.strip() removes: \t \n \v \f \r, \x1c-\x1f and space.  Its
+ * other whitespace (U+0085, U+00A0, U+2000...) is multi-byte in UTF-8; a lone \x85 or \xa0
+ * byte is not even whitespace to Django (it decodes to U+FFFD).  Bytes >= 0x80 at an edge are
+ * therefore left to Django rather than guessed. */
+static int _is_py_space(unsigned char ch)
+{
+    return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f);
+}
+
+static int _is_py_space_or_8bit(unsigned char ch)
+{
+    return ch >= 0x80 || _is_py_space(ch);
+}
+
+static void _strip(const char **s, size_t *len, int (*is_space)(unsigned char))
+{
+    while (*len > 0 && is_space((unsigned char)**s)) {
+        (*s)++;
+        (*len)--;
+    }
+    while (*len > 0 && is_space((unsigned char)(*s)[*len - 1]))
+        (*len)--;
+}
+
+/* s[0..n) equals the lowercase ASCII literal `lower`, folding A-Z only: strncasecmp() folds
+ * with the C locale, and under tr_TR 'I' is not 'i'. */
+static int _ascii_caseeq(const char *s, const char *lower, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 'A' && ch <= 'Z')
+            ch = (unsigned char)(ch - 'A' + 'a');
+        if (ch != (unsigned char)lower[i])
+            return 0;
+    }
+    return 1;
+}
+
+fp_cred_header_t fp_cred_header(const char *name, size_t len)
+{
+    if (len == 13 && _ascii_caseeq(name, "authorization", 13))
+        return FP_CRED_AUTHORIZATION;
+    if (len == 6 && _ascii_caseeq(name, "cookie", 6))
+        return FP_CRED_COOKIE;
+    return FP_CRED_OTHER;
+}
+
+/* credentials = "Bearer" SP token: Django's value[:7].lower() == "bearer ", the rest verbatim
+ * (so "Bearer  x" is the token " x", and "Bearer\tx" or "Bearer " alone is no Bearer). */
+static fp_cred_result_t _bearer(const fp_header_span_t *h, const char **tok, size_t *tok_len)
+{
+    const char *v = h->data;
+    size_t len = h->len;
+
+    _strip(&v, &len, _is_ows);
+    if (len < 7 || !_ascii_caseeq(v, "bearer ", 7))
+        return FP_CRED_NONE;
+    *tok = v + 7;
+    *tok_len = len - 7;
+    return FP_CRED_FOUND;
+}
+
+/* Could str.strip() of Django's decoded name make plurk_token of it, where the ASCII strip
+ * did not?  Only by removing bytes >= 0x80 (maybe U+00A0, U+3000...) left at an edge. */
+static int _may_be_cookie_name(const char *name, size_t len)
+{
+    _strip(&name, &len, _is_py_space_or_8bit);
+    return len == FP_COOKIE_NAME_LEN && memcmp(name, _cookie_name, len) == 0;
+}
+
+/* One pair of the Cookie header: name "=" value.  *found counts plurk_token pairs. */
+static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
+                                     const char **tok, size_t *tok_len)
+{
+    const char *eq = memchr(pair, '=', len);
+    if (eq == NULL)
+        return FP_CRED_NONE;         /* Django: a pair without '=' has the empty name */
+    const char *name = pair, *val = eq + 1;
+    size_t name_len = (size_t)(eq - pair), val_len = len - name_len - 1;
+
+    _strip(&name, &name_len, _is_py_space);
+    if (name_len != FP_COOKIE_NAME_LEN || memcmp(name, _cookie_name, name_len) != 0)
+        return _may_be_cookie_name(name, name_len) ? FP_CRED_AMBIGUOUS : FP_CRED_NONE;
+    if (++*found > 1)
+        return FP_CRED_AMBIGUOUS;    /* Django keeps the last one */
+    _strip(&val, &val_len, _is_py_space);
+    if (val_len > 0 && ((unsigned char)val[0] >= 0x80 || (unsigned char)val[val_len - 1] >= 0x80))
+        return FP_CRED_AMBIGUOUS;    /* maybe Unicode whitespace that Django strips */
+    if (val_len >= 2 && val[0] == '"' && val[val_len - 1] == '"')
+        return FP_CRED_AMBIGUOUS;    /* Django unquotes (and unescapes) "..." */
+    *tok = val;
+    *tok_len = val_len;
+    return FP_CRED_FOUND;
+}
+
+static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, size_t *tok_len)
+{
+    const char *p = h->data, *val = NULL;
+    size_t left = h->len, val_len = 0;
+    int found = 0;
+
+    for (;;) {
+        const char *semi = memchr(p, ';', left);
+        size_t pair_len = semi != NULL ? (size_t)(semi - p) : left;
+        if (_cookie_pair(p, pair_len, &found, &val, &val_len) == FP_CRED_AMBIGUOUS)
+            return FP_CRED_AMBIGUOUS;
+        if (semi == NULL)
+            break;
+        p = semi + 1;
+        left -= pair_len + 1;
+    }
+    if (found == 0 || val_len == 0)
+        return FP_CRED_NONE;         /* Django: an empty plurk_token is no cookie */
+    *tok = val;
+    *tok_len = val_len;
+    return FP_CRED_FOUND;
+}
+
+fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
+                                const fp_header_span_t *cookie, int n_cookie,
+                                const char **tok, size_t *tok_len)
+{
+    if (n_auth > 1)
+        return FP_CRED_AMBIGUOUS;    /* gunicorn hands Django the values joined with "," */
+    if (n_auth == 1 && _bearer(auth, tok, tok_len) == FP_CRED_FOUND)
+        return FP_CRED_FOUND;        /* Bearer wins over the cookie, even with a bad token */
+    if (n_cookie > 1)
+        return FP_CRED_AMBIGUOUS;    /* joined with "," (not ";"): one pair swallows the next */
+    if (n_cookie == 1)
+        return _cookie(cookie, tok, tok_len);
+    return FP_CRED_NONE;
+}

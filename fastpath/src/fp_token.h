@@ -1,4 +1,5 @@
-/* Poll tokens: "v1." uid "." epoch "." expires "." 64-hex HMAC-SHA256 (docs/contract.md s. 2). */
+/* Poll tokens: "v1." uid "." epoch "." expires "." 64-hex HMAC-SHA256, and where a request
+ * carries one (docs/contract.md s. 2). */
 #ifndef FP_TOKEN_H
 #define FP_TOKEN_H
 #include <stddef.h>
@@ -40,5 +41,35 @@ const char *fp_token_strerror(fp_token_result_t r);
 
 /* Build "p1:" resource ":" uid ":" epoch into buf; returns the length, or 0 if it does not fit. */
 size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t);
+
+/* ---- credentials: which bytes of a request are its token ---- */
+
+/* One header value as received (no NUL terminator). */
+typedef struct {
+    const char *data;
+    size_t len;
+} fp_header_span_t;
+
+typedef enum {
+    FP_CRED_FOUND = 0,               /* *tok is the token (maybe invalid: the token check says) */
+    FP_CRED_NONE = -1,               /* no credential: 401 "authentication required" */
+    FP_CRED_AMBIGUOUS = -2,          /* Django could read it otherwise: 404 MISS, Django decides */
+} fp_cred_result_t;
+
+typedef enum {
+    FP_CRED_OTHER = 0,
+    FP_CRED_AUTHORIZATION,
+    FP_CRED_COOKIE,
+} fp_cred_header_t;
+
+/* Which credential header a field name is; ASCII case folding only (never the C locale's). */
+fp_cred_header_t fp_cred_header(const char *name, size_t len);
+
+/* The token of a request, read as Django reads it.  auth and cookie are the first Authorization
+ * and Cookie values, n_auth and n_cookie how many times each header came (a span is read only
+ * when its count is 1).  Pure: *tok points into auth or cookie. */
+fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
+                                const fp_header_span_t *cookie, int n_cookie,
+                                const char **tok, size_t *tok_len);
 
 #endif

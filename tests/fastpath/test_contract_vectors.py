@@ -2,12 +2,18 @@
 import json
 import os
 import random
+import socket
+import subprocess
+import sys
 
 import pytest
+from pymemcache.client.base import Client
 from pymemcache.client.murmur3 import murmur3_32
 from pymemcache.client.rendezvous import RendezvousHash
 
 from fastpath import _server   # a build that does not import fails here, never skips
+from tests.fastpath.conftest import fastpath_env, token
+from tests.support.wsgi import django_request, django_response, request_bytes
 
 VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))
 SECRET = VECTORS["secret"].encode()
@@ -115,3 +121,159 @@ def test_hmac_for_every_key_length(key_len):
     tok = tokens.sign(key, 12345, 6, NOW + 10)
     assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == (12345, 6, NOW + 10)
     assert _server._testhelper_token(key[:-1] + b"\x00", tok.encode(), NOW) == "bad signature"
+
+
+# ---- credentials: which token a request carries (docs/contract.md, section 2) ----------------
+
+CREDENTIALS = VECTORS["credentials"]["vectors"]
+
+
+def _header_bytes(headers):
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+
+
+def _c_expected(case):
+    return case["fastpath"]["token"].encode("latin-1") if isinstance(case["fastpath"], dict) else case["fastpath"]
+
+
+@pytest.mark.parametrize("case", CREDENTIALS, ids=lambda c: c["why"])
+def test_credentials(case):
+    assert _server._testhelper_credentials(_header_bytes(case["headers"])) == _c_expected(case)
+
+
+def _turkish_locale(tmp_path):
+    """A tr_TR.UTF-8 locale of our own (LOCPATH): there strncasecmp() does not fold 'I' to 'i'."""
+    subprocess.run(["localedef", "-i", "tr_TR", "-f", "UTF-8", str(tmp_path / "tr_TR.UTF-8")],
+                   check=True, capture_output=True)
+    return {"LOCPATH": str(tmp_path), "LC_ALL": "tr_TR.UTF-8"}
+
+
+_LOCALE_SCRIPT = """
+import json, locale, sys
+from fastpath import _server
+assert locale.setlocale(locale.LC_CTYPE) == "tr_TR.UTF-8", locale.setlocale(locale.LC_CTYPE)
+for case in json.load(open(sys.argv[1]))["credentials"]["vectors"]:
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in case["headers"]]
+    got = _server._testhelper_credentials(headers)
+    want = case["fastpath"]["token"].encode("latin-1") if isinstance(case["fastpath"], dict) else case["fastpath"]
+    print("ok" if got == want else f"{case['why']}: {got!r} != {want!r}")
+"""
+
+
+def test_credentials_do_not_depend_on_the_locale(tmp_path):
+    """Python sets LC_CTYPE from the environment; the vectors must still hold under tr_TR."""
+    env, cwd = fastpath_env(tmp_path, env=_turkish_locale(tmp_path))
+    vectors = os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")
+    out = subprocess.run([sys.executable, "-c", _LOCALE_SCRIPT, os.path.abspath(vectors)], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:-1] == ["ok"] * len(CREDENTIALS), out.stdout
+
+
+def _raw_request(port, raw):
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(raw.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    return int(lines[0].split()[1]), dict(line.split(": ", 1) for line in lines[1:]), body
+
+
+# llhttp refuses control bytes other than tab in a header value (400) before credentials are
+# read; the pure function above covers those vectors.
+_ON_THE_WIRE = [c for c in CREDENTIALS
+                if not any((ch < " " and ch != "\t") or ch == "\x7f" for _, v in c["headers"] for ch in v)]
+
+
+def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcached, settings):
+    """Every vector the parser lets through, over a socket, with fresh tokens: the vector's token
+    gets the cached answer; no credential or a bad token gets Django's own 401, byte for byte
+    (Django run on the same bytes through gunicorn's parser); ambiguous gets 404 MISS."""
+    fp = fastpath_factory([memcached])
+    settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
+    Client(memcached.spec).set("p1:getUnreadCount:42:3", b'{"count":42}', noreply=False)
+    t_old, u_old = VECTORS["credentials"]["token"], VECTORS["credentials"]["other_token"]
+    t_new, u_new = token(42, epoch=3), token(7)
+    for case in _ON_THE_WIRE:
+        headers = [(n, v.replace(t_old, t_new).replace(u_old, u_new)) for n, v in case["headers"]]
+        raw = request_bytes(headers)
+        status, head, body = _raw_request(fp.port, raw)
+        expected = case["fastpath"]
+        if expected == "ambiguous":
+            assert (status, head.get("X-Cache")) == (404, "MISS"), case["why"]
+        elif expected != "none" and expected["token"] == t_old:
+            assert (status, body, head.get("X-Cache")) == (200, b'{"count":42}', "HIT"), case["why"]
+        else:
+            dj_status, dj_head, dj_body = django_response(raw)
+            assert (status, body) == (dj_status, dj_body) and status == 401, (case["why"], body, dj_body)
+            assert head["Content-Type"] == dj_head["Content-Type"], case["why"]
+    assert len(_ON_THE_WIRE) > 50
+
+
+def test_empty_cookie_is_authentication_required(fastpath_factory, memcached, settings):
+    """Django treats an empty plurk_token as no cookie; fastpath said "malformed token"."""
+    fp = fastpath_factory([memcached])
+    settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
+    raw = request_bytes([("Cookie", "plurk_token=")])
+    expected = (401, b'{"error":"authentication required"}')
+    assert django_response(raw)[::2] == expected
+    assert _raw_request(fp.port, raw)[::2] == expected
+
+
+def test_header_names_fold_ascii_only(fastpath_factory, memcached, tmp_path):
+    """Under tr_TR.UTF-8 strncasecmp("AUTHORIZATION", "authorization") is not 0: gunicorn
+    upper-cases names, so Django reads these headers and fastpath must too."""
+    fp = fastpath_factory([memcached], env=_turkish_locale(tmp_path))
+    Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}', noreply=False)
+    for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"plurk_token={token(5)}")]):
+        assert _raw_request(fp.port, request_bytes(headers))[::2] == (200, b'{"count":5}'), headers
+
+
+# Edges Django's reading could treat differently: gunicorn's OWS, str.strip()'s ASCII and
+# Unicode whitespace (as UTF-8 and as lone bytes), quotes, and a non-whitespace letter.
+_PADS = ["", "", " ", "\t", "  ", "\x0b", "\x0c", "\x1c", "\x1f", "\xa0", "\x85", "\xc2\xa0", "\xc2\x85",
+         "\xe2\x80\x83", "\xc3\xa9", '"']
+_VALUES = ["T", "v1.x", "", "a b", "a=b", '"T"', "T,x", "\xc3\xa9"]
+_SCHEMES = ["Bearer ", "bearer ", "BeArEr ", "Bearer", "Bearer  ", "Bearer\t", "Basic ", ""]
+
+
+def _random_headers(rng):
+    def pad():
+        return rng.choice(_PADS)
+
+    headers = []
+    for _ in range(rng.choice([1, 1, 2, 2, 3])):
+        if rng.random() < 0.6:
+            pairs = [pad() + rng.choice(["plurk_token", "plurk_token", "a", "PLURK_TOKEN", ""]) + pad() +
+                     rng.choice(["=", "=", ""]) + pad() + rng.choice(_VALUES) + pad()
+                     for _ in range(rng.randint(1, 3))]
+            headers.append((rng.choice(["Cookie", "COOKIE"]), ";".join(pairs)))
+        else:
+            headers.append((rng.choice(["Authorization", "AUTHORIZATION"]),
+                            pad() + rng.choice(_SCHEMES) + pad() + rng.choice(_VALUES) + pad()))
+    return headers
+
+
+def test_random_credentials_read_as_django_or_ambiguous():
+    """Seeded header sets, beyond the vectors: where the C is sure, Django (behind gunicorn's
+    parser) reads no token when it reads none, and the same token (or one malformed on both
+    sides: non-ASCII) when it reads one."""
+    from plurkcore import auth
+
+    rng = random.Random(13)
+    seen = {"ambiguous": 0, "none": 0, "token": 0}
+    for _ in range(2000):
+        headers = _random_headers(rng)
+        got = _server._testhelper_credentials(_header_bytes(headers))
+        django, _ = auth.token_from_request(django_request(request_bytes(headers)))
+        if isinstance(got, str):
+            seen[got] += 1
+            assert got == "ambiguous" or django is None, (headers, django)
+            continue
+        seen["token"] += 1
+        got = got.decode("latin-1")
+        assert django is not None and (got == django or not (got.isascii() or django.isascii())), \
+            (headers, got, django)
+    assert min(seen.values()) > 100, seen

@@ -157,3 +157,17 @@ def test_admin_connections_are_capped(fp):
     time.sleep(0.2)
     with urllib.request.urlopen(f"http://127.0.0.1:{fp.admin_port}/metrics", timeout=5) as resp:
         assert b"fastpath_connections_rejected_total" in resp.read()
+
+
+@pytest.mark.parametrize("value", [b"plurk_token=\x0b", b"a=\x01b; plurk_token=", b"x=\x7f; plurk_token="])
+def test_control_bytes_in_a_header_value_are_left_to_django(fp, value):
+    """nginx forwards a control byte in a Cookie value and Django strips some of them around the
+    token: fastpath cannot read such a value, so it hands the request on (404 MISS) instead of
+    the 400 that nginx would pass on to the user."""
+    data = (b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nCookie: " + value + token(1).encode()
+            + b"\r\n\r\n")
+    with _connect(fp) as sock:
+        sock.sendall(data)
+        status, headers, body = _read_response(sock)
+        assert (status, headers["x-cache"]) == (404, "MISS")
+        assert body == b'{"error":"header value fastpath cannot read"}'

@@ -4,10 +4,11 @@ import os
 
 import pytest
 
-from plurkcore import keys, tokens
+from plurkcore import auth, keys, tokens
 from plurkcore.answers import dumps
 from plurkcore.cache import AnswerCache
 from plurkcore.secret import SecretFileError, parse_secret
+from tests.support.wsgi import django_request, django_response, request_bytes
 
 VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))
 KEY = VECTORS["secret"].encode()
@@ -55,3 +56,18 @@ def test_secret_bounds():
     assert parse_secret(b" " + b"k" * 32 + b"\n") == b"k" * 32
     with pytest.raises(SecretFileError):
         parse_secret(b"k" * 31)
+
+
+@pytest.mark.parametrize("case", VECTORS["credentials"]["vectors"], ids=lambda c: c["why"])
+def test_credentials_behind_gunicorn(case):
+    """Django's reading is the reference: the raw header bytes through gunicorn's parser and
+    WSGI environ, then token_from_request."""
+    expected = case["django"]
+    expected = (None, None) if expected == "none" else (expected["token"], expected["source"])
+    assert auth.token_from_request(django_request(request_bytes(case["headers"]))) == expected
+
+
+@pytest.mark.parametrize("cookie", ["plurk_token=", "a=1; plurk_token= ; b=2"])
+def test_empty_cookie_is_authentication_required(cookie):
+    status, headers, body = django_response(request_bytes([("Cookie", cookie)]))
+    assert (status, body) == (401, b'{"error":"authentication required"}')

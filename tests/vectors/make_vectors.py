@@ -22,6 +22,130 @@ def token(uid, epoch, expires, key=SECRET):
     return payload.decode() + "." + hmac.new(key, payload, hashlib.sha256).hexdigest()
 
 
+def credentials(t, u):
+    """Header sets -> the token each side reads (docs/contract.md, section 2); t and u are tokens.
+
+    Values are latin-1 strings: one character per byte on the wire.  "fastpath" is what the C
+    must read: {"token": <bytes as latin-1>}, "none" or "ambiguous" (404 MISS, Django decides).
+    "django" is what plurkcore's token_from_request reads behind gunicorn: {"token", "source"}
+    or "none"; Django re-decodes the Cookie header as UTF-8 (errors="replace"), so its tokens
+    are text.  Derived from gunicorn 23 (strips " \t" around a value, joins a repeated header
+    with ","), Django's parse_cookie (splits on ";" and the first "=", str.strip()s both sides,
+    last pair wins, unquotes "...") and auth.token_from_request ("bearer " case-insensitive,
+    then the cookie if non-empty)."""
+    hdr = {"token": t, "source": "header"}
+    ck = {"token": t, "source": "cookie"}
+
+    def v(why, headers, fastpath, django):
+        return {"why": why, "headers": [list(h) for h in headers], "fastpath": fastpath, "django": django}
+
+    def tok(x):
+        return {"token": x}
+
+    A, C = "Authorization", "Cookie"
+    return [
+        # Authorization: Bearer, the scheme and the header name in any ASCII case
+        v("bearer", [(A, f"Bearer {t}")], tok(t), hdr),
+        v("scheme lowercase", [(A, f"bearer {t}")], tok(t), hdr),
+        v("scheme uppercase", [(A, f"BEARER {t}")], tok(t), hdr),
+        v("scheme mixed case", [(A, f"BeArEr {t}")], tok(t), hdr),
+        v("header name lowercase", [("authorization", f"Bearer {t}")], tok(t), hdr),
+        v("header name uppercase", [("AUTHORIZATION", f"Bearer {t}")], tok(t), hdr),
+        v("cookie header name uppercase", [("COOKIE", f"plurk_token={t}")], tok(t), ck),
+        v("cookie header name mixed case", [("cOoKiE", f"plurk_token={t}")], tok(t), ck),
+        v("two spaces after Bearer: the token starts with a space",
+          [(A, f"Bearer  {t}")], tok(f" {t}"), {"token": f" {t}", "source": "header"}),
+        v("tab after Bearer is no Bearer", [(A, f"Bearer\t{t}")], "none", "none"),
+        v("tab after Bearer, then the cookie", [(A, f"Bearer\t{u}"), (C, f"plurk_token={t}")], tok(t), ck),
+        v("Bearer alone", [(A, "Bearer")], "none", "none"),
+        v("Bearer and a space alone (the space is stripped)", [(A, "Bearer ")], "none", "none"),
+        v("Bearer and a space, then the cookie", [(A, "Bearer "), (C, f"plurk_token={t}")], tok(t), ck),
+        v("Bearer token followed by OWS", [(A, f"Bearer {t} \t ")], tok(t), hdr),
+        v("Bearer token surrounded by OWS", [(A, f"  Bearer   {t}  ")], tok(f"  {t}"),
+          {"token": f"  {t}", "source": "header"}),
+        v("tab before the token is part of it", [(A, f"Bearer \t{t}")], tok(f"\t{t}"),
+          {"token": f"\t{t}", "source": "header"}),
+        v("vertical tab after the token is part of it (only the cookie is str.strip()ped)",
+          [(A, f"Bearer {t}\x0b")], tok(f"{t}\x0b"), {"token": f"{t}\x0b", "source": "header"}),
+        v("latin-1 no-break space after the token is part of it",
+          [(A, f"Bearer {t}\xa0")], tok(f"{t}\xa0"), {"token": f"{t}\xa0", "source": "header"}),
+        v("empty Authorization, then the cookie", [(A, ""), (C, f"plurk_token={t}")], tok(t), ck),
+        v("Basic and a cookie: the cookie", [(A, "Basic Zm9vOmJhcg=="), (C, f"plurk_token={t}")], tok(t), ck),
+        v("Basic alone", [(A, "Basic Zm9vOmJhcg==")], "none", "none"),
+        v("Proxy-Authorization is not ours", [("Proxy-Authorization", f"Bearer {t}")], "none", "none"),
+        v("Bearer wins over the cookie", [(A, f"Bearer {t}"), (C, f"plurk_token={u}")], tok(t), hdr),
+        v("Bearer wins even with a bad token", [(A, "Bearer junk"), (C, f"plurk_token={t}")], tok("junk"),
+          {"token": "junk", "source": "header"}),
+        v("Bearer wins over an empty cookie", [(A, f"Bearer {t}"), (C, "plurk_token=")], tok(t), hdr),
+        v("Bearer wins over repeated Cookie headers",
+          [(C, f"plurk_token={u}"), (A, f"Bearer {t}"), (C, "a=1")], tok(t), hdr),
+        v("repeated Authorization", [(A, f"Bearer {t}"), (A, f"Bearer {u}")], "ambiguous",
+          {"token": f"{t},Bearer {u}", "source": "header"}),
+        v("repeated Basic Authorization and a cookie", [(A, "Basic eA=="), (A, "Basic eQ=="), (C, f"plurk_token={t}")],
+          "ambiguous", ck),
+        # Cookie
+        v("cookie", [(C, f"plurk_token={t}")], tok(t), ck),
+        v("cookie among others", [(C, f"theme=dark; plurk_token={t}; other=1")], tok(t), ck),
+        v("empty cookie is no cookie", [(C, "plurk_token=")], "none", "none"),
+        v("empty cookie among others", [(C, "a=1; plurk_token= ; b=2")], "none", "none"),
+        v("empty cookie with Basic", [(A, "Basic Zm9vOmJhcg=="), (C, "plurk_token=")], "none", "none"),
+        v("empty Cookie header", [(C, "")], "none", "none"),
+        v("whitespace around name and value", [(C, f"a=1 ; plurk_token = {t} ;b=2")], tok(t), ck),
+        v("cookie token surrounded by OWS", [(C, f"plurk_token=  \t{t}\t  ")], tok(t), ck),
+        v("vertical tab and form feed around the value", [(C, f"plurk_token=\x0b{t}\x0c")], tok(t), ck),
+        v("\\x1c-\\x1f around name and value", [(C, f"\x1cplurk_token\x1d=\x1e{t}\x1f")], tok(t), ck),
+        v("a lone \\xa0 byte before the value (U+FFFD to Django)", [(C, f"plurk_token=\xa0{t}")], "ambiguous",
+          {"token": f"\ufffd{t}", "source": "cookie"}),
+        v("a lone \\x85 byte after the value (U+FFFD to Django)", [(C, f"plurk_token={t}\x85")], "ambiguous",
+          {"token": f"{t}\ufffd", "source": "cookie"}),
+        v("UTF-8 no-break space around the value", [(C, f"plurk_token=\xc2\xa0{t}\xc2\xa0")], "ambiguous", ck),
+        v("UTF-8 next line (U+0085) after the value", [(C, f"plurk_token={t}\xc2\x85")], "ambiguous", ck),
+        v("UTF-8 em space (U+2003) before the value", [(C, f"plurk_token=\xe2\x80\x83{t}")], "ambiguous", ck),
+        v("UTF-8 ideographic space (U+3000) before the value", [(C, f"plurk_token=\xe3\x80\x80{t}")],
+          "ambiguous", ck),
+        v("UTF-8 no-break space before the name", [(C, f"\xc2\xa0plurk_token={t}")], "ambiguous", ck),
+        v("UTF-8 no-break space after the name", [(C, f"plurk_token\xc2\xa0={t}")], "ambiguous", ck),
+        v("a lone \\x85 byte before the name (U+FFFD to Django)", [(C, f"\x85plurk_token={t}")], "ambiguous",
+          "none"),
+        v("non-whitespace UTF-8 at the end of the value", [(C, f"plurk_token={t}\xc3\xa9")], "ambiguous",
+          {"token": f"{t}\xe9", "source": "cookie"}),
+        v("UTF-8 inside the value", [(C, f"plurk_token=ab\xc3\xa9cd")], tok("ab\xc3\xa9cd"),
+          {"token": "ab\xe9cd", "source": "cookie"}),
+        v("UTF-8 in another cookie's name", [(C, f"caf\xc3\xa9=1; plurk_token={t}")], tok(t), ck),
+        v("quoted value", [(C, f'plurk_token="{t}"')], "ambiguous", ck),
+        v("quoted empty value", [(C, 'plurk_token=""')], "ambiguous", "none"),
+        v("a quote at the start only", [(C, f'plurk_token="{t}')], tok(f'"{t}'),
+          {"token": f'"{t}', "source": "cookie"}),
+        v("a lone quote", [(C, 'plurk_token="')], tok('"'), {"token": '"', "source": "cookie"}),
+        v("a quoted value of another cookie containing ';'", [(C, f'a="x;y"; plurk_token={t}')], tok(t), ck),
+        v("'=' inside the value", [(C, f"plurk_token={t}=x")], tok(f"{t}=x"),
+          {"token": f"{t}=x", "source": "cookie"}),
+        v("space inside the value", [(C, "plurk_token=a b")], tok("a b"), {"token": "a b", "source": "cookie"}),
+        v("two plurk_token cookies", [(C, f"plurk_token={u}; plurk_token={t}")], "ambiguous", ck),
+        v("a plurk_token cookie, then an empty one", [(C, f"plurk_token={t}; plurk_token=")], "ambiguous", "none"),
+        v("an empty plurk_token cookie, then one", [(C, f"plurk_token=; plurk_token={t}")], "ambiguous", ck),
+        v("repeated Cookie header, plurk_token first", [(C, f"plurk_token={t}"), (C, "a=1")], "ambiguous",
+          {"token": f"{t},a=1", "source": "cookie"}),
+        v("repeated Cookie header, plurk_token second", [(C, "a=1"), (C, f"plurk_token={t}")], "ambiguous", "none"),
+        v("a cookie without '='", [(C, f"junk; plurk_token={t}")], tok(t), ck),
+        v("plurk_token without '='", [(C, "plurk_token")], "none", "none"),
+        v("plurk_token without '=' and another", [(C, "plurk_token; a=1")], "none", "none"),
+        v("empty name", [(C, f"={t}")], "none", "none"),
+        v("semicolons around", [(C, f";;plurk_token={t};;")], tok(t), ck),
+        v("cookie names are case-sensitive", [(C, f"PLURK_TOKEN={t}")], "none", "none"),
+        v("a name with a space inside", [(C, f"plurk token={t}")], "none", "none"),
+    ]
+
+
+def same_answer(fastpath, django):
+    """Where fastpath is sure, Django must answer the same: the same token, or tokens that are
+    both malformed (non-ASCII: the token grammar is ASCII)."""
+    if "none" in (fastpath, django):
+        return fastpath == django
+    a, b = fastpath["token"], django["token"]
+    return a == b or not (a.isascii() or b.isascii())
+
+
 def main():
     rng = random.Random(20091122)
     valid = []
@@ -73,6 +197,11 @@ def main():
     murmur = [[s, murmur3_32(s)] for s in ["", "a", "ab", "abc", "abcd", "abcde",
                                            "127.0.0.1:11211-p1:getMessages:42:3",
                                            "The quick brown fox jumps over the lazy dog"]]
+    t, u = token(42, 3, NOW + 86400), token(7, 0, NOW + 86400)
+    creds = credentials(t, u)
+    for vector in creds:
+        assert vector["fastpath"] == "ambiguous" or same_answer(vector["fastpath"], vector["django"]), vector
+    assert len({vector["why"] for vector in creds}) == len(creds), "duplicate why"
     doc = {
         "about": "Shared vectors for plurkcore and fastpath; see docs/contract.md. Generated by make_vectors.py.",
         "secret": SECRET.decode(),
@@ -82,6 +211,7 @@ def main():
         "keys": keys,
         "murmur3_32": murmur,
         "server_mapping": mapping,
+        "credentials": {"token": t, "other_token": u, "vectors": creds},
     }
     with open(os.path.join(HERE, "contract.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
