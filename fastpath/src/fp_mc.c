@@ -1,4 +1,5 @@
-/* The memcached client: one persistent non-blocking connection per server, text protocol.
+/* The memcached client: one persistent non-blocking connection per server, text protocol
+ * (the interface is fp_mc.h; this file knows nothing of HTTP connections).
  *
  * Gets queue up during a loop pass and leave together in one write at its end, as multi-key
  * "get k1 k2 ...\r\n" commands (memcached answers VALUE for the keys it has, in order, then one
@@ -20,7 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fp_internal.h"
+#include "fp_mc.h"
+#include "fp_internal.h"             /* fp_log, fp_now_us only (until they move to a header of their own) */
 
 #define MC_LINE_MAX 512              /* longest reply line we accept */
 #define MC_CMD_MAX 1024              /* longest "get" line we send */
@@ -35,64 +37,100 @@ static void _mc_write_cb(evutil_socket_t fd, short what, void *arg);
 static void _mc_flush_cb(evutil_socket_t fd, short what, void *arg);
 static void _mc_timer_cb(evutil_socket_t fd, short what, void *arg);
 
-/* ---- pending requests ---------------------------------------------------------------- */
+/* ---- requests ---------------------------------------------------------------------- */
 
-static fp_pending_t *_pending_get(fp_server_t *srv)
+/* One get waiting in a server's queue. */
+struct fp_mc_req {
+    fp_mc_req_t *prev, *next;        /* in its server's queue (next also links the free list) */
+    fp_mc_t *mc;
+    fp_mc_done_fn done;              /* NULL once answered or cancelled: nobody to tell */
+    void *ctx;
+    int64_t start_us, deadline_us;
+    uint8_t sent;                    /* part of a "get" command already written */
+    uint8_t batch_end;               /* last key of its "get" command */
+    uint8_t answered;                /* its reply has been seen (a cancelled one still is matched) */
+    size_t key_len;
+    char key[FP_KEY_CAP];
+};
+
+static fp_mc_req_t *_req_get(fp_mc_pool_t *pool)
 {
-    fp_pending_t *p = srv->pending_pool;
+    fp_mc_req_t *p = pool->free_reqs;
     if (p != NULL) {
-        srv->pending_pool = p->next;
+        pool->free_reqs = p->next;
         return p;
     }
     return malloc(sizeof(*p));       /* grows to the peak in-flight count, then reused */
 }
 
-static void _pending_put(fp_server_t *srv, fp_pending_t *p)
+static void _req_put(fp_mc_pool_t *pool, fp_mc_req_t *p)
 {
-    p->next = srv->pending_pool;
-    srv->pending_pool = p;
+    p->next = pool->free_reqs;
+    pool->free_reqs = p;
 }
 
-static void _record_latency(fp_server_t *srv, int64_t start_us)
+static void _record_latency(fp_stats_t *st, int64_t start_us)
 {
     int64_t us = fp_now_us() - start_us;
     double s = (double)us / 1e6;
     for (int i = 0; i < FP_LAT_BUCKETS; i++)
         if (s <= fp_lat_bounds[i])
-            srv->st->lat_bucket[i]++;
-    srv->st->lat_sum_us += (uint64_t)(us > 0 ? us : 0);
-    srv->st->lat_count++;
+            st->lat_bucket[i]++;
+    st->lat_sum_us += (uint64_t)(us > 0 ? us : 0);
+    st->lat_count++;
 }
 
-/* Hand an answer to the waiting connection (if it is still there). */
-static void _answer(fp_mc_t *mc, fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len)
+/* Tell the requester (if it has not cancelled).  done is cleared first: the callback may cancel
+ * or queue other gets, and this one is never answered twice. */
+static void _answer(fp_mc_t *mc, fp_mc_req_t *p, fp_mc_result_t r, const char *data, size_t len)
 {
-    fp_server_t *srv = mc->srv;
+    fp_stats_t *st = mc->pool->st;
+    fp_mc_done_fn done = p->done;
     if (p->answered)
         return;
     p->answered = 1;
+    p->done = NULL;
     if (r == FP_MC_HIT || r == FP_MC_EMPTY || r == FP_MC_MISS) {
-        _record_latency(srv, p->start_us);
+        _record_latency(st, p->start_us);
         if (r == FP_MC_HIT)
-            srv->st->hits++;
+            st->hits++;
         else if (r == FP_MC_EMPTY)
-            srv->st->empty_hits++;
+            st->empty_hits++;
         else
-            srv->st->misses++;
+            st->misses++;
     }
-    if (p->conn != NULL)
-        fp_conn_mc_answer(p, r, data, len);
+    if (done != NULL)
+        done(p->ctx, r, data, len);
+}
+
+static void _unlink(fp_mc_t *mc, fp_mc_req_t *p)
+{
+    if (p->prev != NULL)
+        p->prev->next = p->next;
+    else
+        mc->head = p->next;
+    if (p->next != NULL)
+        p->next->prev = p->prev;
+    else
+        mc->tail = p->prev;
+    mc->n_pending--;
+    mc->pool->st->inflight--;
+    _req_put(mc->pool, p);
 }
 
 static void _pop_head(fp_mc_t *mc)
 {
-    fp_pending_t *p = mc->head;
-    mc->head = p->next;
-    if (mc->head == NULL)
-        mc->tail = NULL;
-    mc->n_pending--;
-    mc->srv->st->inflight--;
-    _pending_put(mc->srv, p);
+    _unlink(mc, mc->head);
+}
+
+/* Every waiting get of this server gets r (the callbacks cannot add to the queue meanwhile: the
+ * server is down or the pool closing, so fp_mc_get answers at once). */
+static void _answer_all(fp_mc_t *mc, fp_mc_result_t r)
+{
+    while (mc->head != NULL) {
+        _answer(mc, mc->head, r, NULL, 0);
+        _pop_head(mc);
+    }
 }
 
 /* ---- connection state -------------------------------------------------------------- */
@@ -149,26 +187,22 @@ static void _drop_socket(fp_mc_t *mc)
 /* Lost, timed out or out of step: every waiting request gets 503, and a backoff starts. */
 static void _reset(fp_mc_t *mc, int is_timeout)
 {
-    fp_server_t *srv = mc->srv;
+    fp_stats_t *st = mc->pool->st;
 
     _drop_socket(mc);
     mc->retry_at_us = fp_now_us() + (int64_t)mc->backoff_ms * 1000;
     mc->backoff_ms = mc->backoff_ms * 2 > MC_BACKOFF_MAX_MS ? MC_BACKOFF_MAX_MS : mc->backoff_ms * 2;
     if (is_timeout)
-        srv->st->mc_timeouts++;
+        st->mc_timeouts++;
     else
-        srv->st->mc_errors++;
-    while (mc->head != NULL) {
-        _answer(mc, mc->head, FP_MC_UNAVAILABLE, NULL, 0);
-        _pop_head(mc);
-    }
+        st->mc_errors++;
+    _answer_all(mc, FP_MC_UNAVAILABLE);
     _timer_off(mc);
-    fp_maybe_finish_drain(srv);
 }
 
 static int _connect(fp_mc_t *mc)
 {
-    fp_server_t *srv = mc->srv;
+    fp_mc_pool_t *pool = mc->pool;
     int fd = socket(mc->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
@@ -180,14 +214,14 @@ static int _connect(fp_mc_t *mc)
         return -1;
     }
     mc->fd = fd;
-    mc->rev = event_new(srv->base, fd, EV_READ | EV_PERSIST, _mc_read_cb, mc);
-    mc->wev = event_new(srv->base, fd, EV_WRITE | EV_PERSIST, _mc_write_cb, mc);
+    mc->rev = event_new(pool->base, fd, EV_READ | EV_PERSIST, _mc_read_cb, mc);
+    mc->wev = event_new(pool->base, fd, EV_WRITE | EV_PERSIST, _mc_write_cb, mc);
     if (mc->rev == NULL || mc->wev == NULL || event_add(mc->rev, NULL) < 0 || event_add(mc->wev, NULL) < 0) {
         _drop_socket(mc);
         return -1;
     }
     mc->state = MC_CONNECTING;       /* writable means connected (or failed: SO_ERROR says) */
-    srv->st->mc_connects++;
+    pool->st->mc_connects++;
     return 0;
 }
 
@@ -213,7 +247,7 @@ static int _out_reserve(fp_mc_t *mc, size_t more)
 /* Turn every queued (unsent) get into "get k1 k2 ...\r\n" lines of at most MC_CMD_MAX bytes. */
 static int _encode_unsent(fp_mc_t *mc)
 {
-    fp_pending_t *p = mc->head;
+    fp_mc_req_t *p = mc->head;
     while (p != NULL && p->sent)
         p = p->next;
     while (p != NULL) {
@@ -222,7 +256,7 @@ static int _encode_unsent(fp_mc_t *mc)
         char *line = mc->out + mc->out_len;
         size_t n = 3;
         memcpy(line, "get", 3);
-        fp_pending_t *last = NULL;
+        fp_mc_req_t *last = NULL;
         while (p != NULL && n + 1 + p->key_len <= MC_CMD_MAX) {
             line[n++] = ' ';
             memcpy(line + n, p->key, p->key_len);
@@ -313,9 +347,9 @@ static int64_t _parse_size(const char *line, size_t len, size_t *i)
 }
 
 /* The first sent, unanswered request of the current batch, or NULL. */
-static fp_pending_t *_batch_cursor(fp_mc_t *mc)
+static fp_mc_req_t *_batch_cursor(fp_mc_t *mc)
 {
-    for (fp_pending_t *p = mc->head; p != NULL && p->sent; p = p->next) {
+    for (fp_mc_req_t *p = mc->head; p != NULL && p->sent; p = p->next) {
         if (!p->answered)
             return p;
         if (p->batch_end)
@@ -330,7 +364,7 @@ static int _on_end(fp_mc_t *mc)
     if (mc->head == NULL || !mc->head->sent)
         return -1;
     for (;;) {
-        fp_pending_t *p = mc->head;
+        fp_mc_req_t *p = mc->head;
         int last = p->batch_end;
         _answer(mc, p, FP_MC_MISS, NULL, 0);
         _pop_head(mc);
@@ -345,7 +379,7 @@ static int _on_end(fp_mc_t *mc)
 static int _on_value(fp_mc_t *mc, const char *key, size_t key_len, const char *data, size_t n)
 {
     for (;;) {
-        fp_pending_t *p = _batch_cursor(mc);
+        fp_mc_req_t *p = _batch_cursor(mc);
         if (p == NULL)
             return -1;               /* a key we did not ask for: out of step */
         if (p->key_len == key_len && memcmp(p->key, key, key_len) == 0) {
@@ -407,7 +441,6 @@ static int _parse_one(fp_mc_t *mc, size_t *pos)
 static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     fp_mc_t *mc = arg;
-    fp_server_t *srv = mc->srv;
 
     if (mc->in_len == mc->in_cap) {
         size_t cap = mc->in_cap * 2;
@@ -448,9 +481,7 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
     if (_arm_timer(mc) != 0) {
         fp_log("memcached: cannot set a deadline timer; answering the waiting requests 503");
         _reset(mc, 0);
-        return;
     }
-    fp_maybe_finish_drain(srv);
 }
 
 static void _mc_timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -472,56 +503,79 @@ static void _mc_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- public -------------------------------------------------------------------------- */
 
-fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, size_t key_len)
+fp_mc_result_t fp_mc_get(fp_mc_pool_t *pool, const char *key, size_t key_len,
+                         fp_mc_done_fn done, void *ctx, fp_mc_req_t **req)
 {
-    int idx = fp_rendezvous_pick(srv->cfg->nodes, srv->cfg->n_nodes, key, key_len);
+    const fp_config_t *cfg = pool->cfg;
+    int idx = fp_rendezvous_pick(cfg->nodes, pool->n, key, key_len);
     int64_t now = fp_now_us();
-    fp_pending_t *p;
+    fp_mc_req_t *p;
     fp_mc_t *mc;
 
     if (idx < 0 || key_len == 0 || key_len > FP_KEY_CAP)
         return FP_MC_MISS;
-    mc = &srv->mc[idx];
+    if (pool->closing)
+        return FP_MC_UNAVAILABLE;
+    mc = &pool->mc[idx];
     if (mc->state == MC_DOWN) {
-        if (now >= mc->retry_at_us && _connect(mc) < 0) {
+        /* a queue on a server that is down is being answered 503 (_reset): a callback that asks
+         * again meanwhile gets its 503 at once, instead of a connection made under its feet */
+        if (mc->head == NULL && now >= mc->retry_at_us && _connect(mc) < 0) {
             mc->retry_at_us = now + (int64_t)mc->backoff_ms * 1000;
-            srv->st->mc_errors++;
+            pool->st->mc_errors++;
         }
         if (mc->state == MC_DOWN)
             return FP_MC_UNAVAILABLE;
     }
-    if (mc->n_pending >= MC_MAX_PENDING || (p = _pending_get(srv)) == NULL)
+    if (mc->n_pending >= MC_MAX_PENDING || (p = _req_get(pool)) == NULL)
         return FP_MC_OVERLOADED;
-    memset(p, 0, offsetof(fp_pending_t, key));
-    p->conn = conn;
+    memset(p, 0, offsetof(fp_mc_req_t, key));
+    p->mc = mc;
+    p->done = done;
+    p->ctx = ctx;
     p->start_us = now;
-    p->deadline_us = now + (int64_t)srv->cfg->timeout_ms * 1000;
+    p->deadline_us = now + (int64_t)cfg->timeout_ms * 1000;
     /* the first get in the queue sets the deadline timer (later ones are behind it); without a
      * timer it could wait forever, so it is answered 503 at once instead (nothing else waits) */
     if (mc->head == NULL && _timer_at(mc, p->deadline_us, now) != 0) {
-        _pending_put(srv, p);
-        srv->st->mc_errors++;
+        _req_put(pool, p);
+        pool->st->mc_errors++;
         fp_log("memcached: cannot set a deadline timer; answering 503");
         return FP_MC_UNAVAILABLE;
     }
     memcpy(p->key, key, key_len);
     p->key_len = key_len;
+    p->prev = mc->tail;
     if (mc->tail != NULL)
         mc->tail->next = p;
     else
         mc->head = p;
     mc->tail = p;
     mc->n_pending++;
-    srv->st->inflight++;
-    conn->pending = p;
+    pool->st->inflight++;
+    *req = p;
     event_active(mc->flush_ev, EV_WRITE, 0);     /* runs once, after this loop pass */
     return FP_MC_QUEUED;
 }
 
-int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t err_len)
+/* A get not yet written leaves the queue now.  One already written must stay until its reply
+ * has gone by (memcached answers in order: dropping it would put the replies out of step), so
+ * it is only muted.  The timer may still be set for a get cancelled here: it then finds a later
+ * deadline, or nothing, and re-arms or stops. */
+void fp_mc_cancel(fp_mc_req_t *req)
 {
-    fp_mc_t *mc = &srv->mc[index];
-    mc->srv = srv;
+    if (req == NULL || req->answered)
+        return;                      /* answered: being told now (or already), nothing to undo */
+    req->done = NULL;
+    req->ctx = NULL;
+    if (!req->sent)
+        _unlink(req->mc, req);
+}
+
+static int _mc_init(fp_mc_pool_t *pool, int index, const char *addr, char *err, size_t err_len)
+{
+    fp_mc_t *mc = &pool->mc[index];
+    mc->pool = pool;
     mc->fd = -1;
     mc->state = MC_DOWN;
     mc->backoff_ms = MC_BACKOFF_MIN_MS;
@@ -532,8 +586,8 @@ int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t 
     }
     mc->in = malloc(MC_IN_START);
     mc->in_cap = MC_IN_START;
-    mc->timer = evtimer_new(srv->base, _mc_timer_cb, mc);
-    mc->flush_ev = event_new(srv->base, -1, 0, _mc_flush_cb, mc);
+    mc->timer = evtimer_new(pool->base, _mc_timer_cb, mc);
+    mc->flush_ev = event_new(pool->base, -1, 0, _mc_flush_cb, mc);
     if (mc->in == NULL || mc->timer == NULL || mc->flush_ev == NULL) {
         snprintf(err, err_len, "out of memory setting up memcached %.200s", addr);
         return -1;
@@ -542,13 +596,35 @@ int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t 
     return 0;
 }
 
-int fp_mc_adopt(fp_server_t *srv, int index, int fd)
+int fp_mc_pool_init(fp_mc_pool_t *pool, struct event_base *base, fp_stats_t *st,
+                    const fp_config_t *cfg, char *err, size_t err_len)
 {
-    fp_mc_t *mc = &srv->mc[index];
+    memset(pool, 0, sizeof(*pool));
+    pool->base = base;
+    pool->st = st;
+    pool->cfg = cfg;
+    if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS) {
+        snprintf(err, err_len, "need 1..%d memcached servers", FP_MAX_SERVERS);
+        return -1;
+    }
+    for (int i = 0; i < cfg->n_nodes; i++) {
+        pool->n = i + 1;             /* fp_mc_pool_fini frees what this one set up, too */
+        if (_mc_init(pool, i, cfg->node_addr[i], err, err_len) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int fp_mc_adopt(fp_mc_pool_t *pool, int index, int fd)
+{
+    if (index < 0 || index >= pool->n)
+        return -1;
+    fp_mc_t *mc = &pool->mc[index];
     _drop_socket(mc);
+    _answer_all(mc, FP_MC_UNAVAILABLE);   /* gets written to the old socket are lost with it */
     mc->fd = fd;
-    mc->rev = event_new(srv->base, fd, EV_READ | EV_PERSIST, _mc_read_cb, mc);
-    mc->wev = event_new(srv->base, fd, EV_WRITE | EV_PERSIST, _mc_write_cb, mc);
+    mc->rev = event_new(pool->base, fd, EV_READ | EV_PERSIST, _mc_read_cb, mc);
+    mc->wev = event_new(pool->base, fd, EV_WRITE | EV_PERSIST, _mc_write_cb, mc);
     if (mc->rev == NULL || mc->wev == NULL || event_add(mc->rev, NULL) < 0) {
         _drop_socket(mc);
         return -1;
@@ -559,15 +635,8 @@ int fp_mc_adopt(fp_server_t *srv, int index, int fd)
     return 0;
 }
 
-/* At exit: waiting requests get 503, everything is freed. */
-void fp_mc_close(fp_mc_t *mc)
+static void _mc_free(fp_mc_t *mc)
 {
-    if (mc->srv == NULL)
-        return;
-    while (mc->head != NULL) {
-        _answer(mc, mc->head, FP_MC_UNAVAILABLE, NULL, 0);
-        _pop_head(mc);
-    }
     _drop_socket(mc);
     if (mc->timer != NULL)
         event_free(mc->timer);
@@ -577,4 +646,21 @@ void fp_mc_close(fp_mc_t *mc)
     free(mc->out);
     mc->timer = mc->flush_ev = NULL;
     mc->in = mc->out = NULL;
+}
+
+/* At exit: every waiting get is answered 503 first (its callbacks may still look at other
+ * servers' queues), then everything is freed. */
+void fp_mc_pool_fini(fp_mc_pool_t *pool)
+{
+    pool->closing = 1;
+    for (int i = 0; i < pool->n; i++)
+        _answer_all(&pool->mc[i], FP_MC_UNAVAILABLE);
+    for (int i = 0; i < pool->n; i++)
+        _mc_free(&pool->mc[i]);
+    while (pool->free_reqs != NULL) {
+        fp_mc_req_t *next = pool->free_reqs->next;
+        free(pool->free_reqs);
+        pool->free_reqs = next;
+    }
+    pool->n = 0;
 }
