@@ -635,6 +635,11 @@ int fp_mc_adopt(fp_mc_pool_t *pool, int index, int fd)
     return 0;
 }
 
+size_t fp_mc_in_cap(const fp_mc_pool_t *pool, int index)
+{
+    return index >= 0 && index < pool->n ? pool->mc[index].in_cap : 0;
+}
+
 static void _mc_free(fp_mc_t *mc)
 {
     _drop_socket(mc);

@@ -83,5 +83,7 @@ void fp_mc_cancel(fp_mc_req_t *req);
 /* Use fd (connected, non-blocking; the pool closes it) as server index's connection: the fuzz
  * target's and the tests' socketpair.  -1 if libevent cannot watch it. */
 int fp_mc_adopt(fp_mc_pool_t *pool, int index, int fd);
+/* The size of server index's read buffer now (tests: it shrinks back after a large value). */
+size_t fp_mc_in_cap(const fp_mc_pool_t *pool, int index);
 
 #endif
