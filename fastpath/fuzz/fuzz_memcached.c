@@ -11,7 +11,9 @@
  *
  * Findings: a sanitizer report, a crash, a get answered twice, a cancelled get answered, a get
  * never answered, a get written although it was cancelled first, or a value handed to a get that
- * the input did not send under that get's own key (never another user's entry).
+ * the input did not send under that get's own key (never another user's entry) with 32-bit flags.
+ * The pool buffers replies of at most IN_MAX bytes here, so that larger values (a miss for their
+ * key, dropped as they pass) are within the reach of inputs of a few KiB.
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -27,6 +29,7 @@
 #define N_FIRST 4                    /* gets made before the reply */
 #define N_MAX 12                     /* ... plus those callbacks make */
 #define HEADER 4
+#define IN_MAX 4096                  /* the pool's largest reply buffered, lowered from 2 MiB */
 
 typedef struct {
     int index;
@@ -78,6 +81,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz_memcached: %s\n", err);
         abort();
     }
+    pool.in_max = IN_MAX;            /* inputs of a few KiB reach the values not buffered */
     return 0;
 }
 
@@ -147,6 +151,8 @@ static void _on_done(void *ctx, fp_mc_result_t r, const char *data, size_t len)
     g->req = NULL;
     if ((r == FP_MC_HIT && len == 0) || (r == FP_MC_EMPTY && len != 0))
         _die("a hit without a value, or an empty hit with one", g);
+    if (r == FP_MC_HIT && len > IN_MAX)
+        _die("a value larger than the client buffers was handed out", g);
     if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && !_sent_under_key(g, data, len)) {
         fprintf(stderr, "fuzz_memcached: value %.*s\n", (int)(len < 200 ? len : 200), data);
         _die("a value the reply did not send under this get's key", g);

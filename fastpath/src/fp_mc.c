@@ -7,7 +7,9 @@
  * another user's request.  A server that errs, times out or says something unexpected is
  * dropped: its waiting requests get 503 (nginx falls back to Django) and it is retried after a
  * backoff that doubles from 50 ms to 1 s.  So is one whose deadline timer libevent cannot set:
- * a get without a deadline could wait forever.
+ * a get without a deadline could wait forever.  One entry the client cannot serve (flags that
+ * are not a 32-bit number, a value larger than it buffers) fails only its own key: its bytes
+ * are dropped as they pass, and the connection stays up for every other key on the server.
  *
  * close()'s result is not used: Linux releases the descriptor even when close reports an error.
  */
@@ -28,7 +30,8 @@
 #define MC_CMD_MAX 1024              /* longest "get" line we send */
 #define MC_MAX_PENDING 65536
 #define MC_IN_START 65536
-#define MC_IN_MAX (2u << 20)         /* a 1 MiB item plus its framing fits */
+#define MC_IN_MAX (2u << 20)         /* largest reply buffered: a 1 MiB item plus its framing */
+#define MC_VALUE_MAX (1u << 30)      /* memcached's largest item (-I 1g): beyond, not memcached */
 #define MC_BACKOFF_MIN_MS 50
 #define MC_BACKOFF_MAX_MS 1000
 
@@ -180,6 +183,8 @@ static void _drop_socket(fp_mc_t *mc)
         mc->fd = -1;
     }
     mc->in_len = 0;
+    mc->skip = 0;
+    mc->skip_crlf = 0;
     mc->out_len = mc->out_sent = 0;
     mc->state = MC_DOWN;
 }
@@ -332,18 +337,18 @@ static void _mc_write_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- reading ----------------------------------------------------------------------- */
 
-/* Parse "<digits>" at line[*i..len) as a size; -1 when absent or too large. */
-static int64_t _parse_size(const char *line, size_t len, size_t *i)
+/* "<digits>" at line[*i..len) into *v, *i moved past them: 0, or -1 when absent or above max. */
+static int _parse_uint(const char *line, size_t len, size_t *i, uint64_t max, uint64_t *v)
 {
-    int64_t v = 0;
     size_t start = *i;
+    *v = 0;
     while (*i < len && line[*i] >= '0' && line[*i] <= '9') {
-        v = v * 10 + (line[*i] - '0');
-        if (v > (1 << 30))
+        *v = *v * 10 + (uint64_t)(line[*i] - '0');
+        if (*v > max)
             return -1;
         (*i)++;
     }
-    return *i > start ? v : -1;
+    return *i > start ? 0 : -1;
 }
 
 /* The first sent, unanswered request of the current batch, or NULL. */
@@ -375,22 +380,55 @@ static int _on_end(fp_mc_t *mc)
     }
 }
 
-/* VALUE <key> ...: skip (as misses) the batch's requests before the one that asked for key. */
-static int _on_value(fp_mc_t *mc, const char *key, size_t key_len, const char *data, size_t n)
+/* VALUE <key> ...: skip (as misses) the batch's requests before the one that asked for key,
+ * and answer that one r. */
+static int _on_value(fp_mc_t *mc, const char *key, size_t key_len, fp_mc_result_t r,
+                     const char *data, size_t n)
 {
     for (;;) {
         fp_mc_req_t *p = _batch_cursor(mc);
         if (p == NULL)
             return -1;               /* a key we did not ask for: out of step */
         if (p->key_len == key_len && memcmp(p->key, key, key_len) == 0) {
-            _answer(mc, p, n == 0 ? FP_MC_EMPTY : FP_MC_HIT, data, n);
+            _answer(mc, p, r, data, n);
             return 0;
         }
         _answer(mc, p, FP_MC_MISS, NULL, 0);
     }
 }
 
-/* One reply at in[*pos..len): 1 consumed, 0 incomplete, -1 protocol error. */
+/* The rest of a value that is not buffered (_parse_one), then its "\r\n", dropped as it
+ * passes: 1 progress, 0 incomplete, -1 out of step. */
+static int _skip(fp_mc_t *mc, size_t *pos)
+{
+    size_t avail = mc->in_len - *pos;
+    if (mc->skip > 0) {
+        size_t n = avail < mc->skip ? avail : (size_t)mc->skip;
+        mc->skip -= n;
+        *pos += n;
+        return n > 0;
+    }
+    if (avail < 2)
+        return avail == 1 && mc->in[*pos] != '\r' ? -1 : 0;
+    if (mc->in[*pos] != '\r' || mc->in[*pos + 1] != '\n')
+        return -1;
+    *pos += 2;
+    mc->skip_crlf = 0;
+    return 1;
+}
+
+/* One reply at in[*pos..len): 1 consumed, 0 incomplete, -1 out of step (a protocol error).
+ *
+ *   END\r\n
+ *   VALUE <key> <flags> <bytes>\r\n<data>\r\n
+ *
+ * A VALUE for a key we asked for that this client cannot serve -- flags that are not a 32-bit
+ * number (memcached's flags are), or more data than it buffers -- answers that key alone
+ * FP_MC_MISS and drops its data as it passes (_skip): the connection stays up and in step, so
+ * the other keys on the server are not failed with it.  A miss and not FP_MC_UNAVAILABLE:
+ * memcached is up and in step, so this is no memcached error (nor counted as one), and the poll
+ * goes to Django all the same (nginx falls back on 404 as on 503), which answers it from the
+ * database. */
 static int _parse_one(fp_mc_t *mc, size_t *pos)
 {
     const char *buf = mc->in + *pos;
@@ -418,23 +456,40 @@ static int _parse_one(fp_mc_t *mc, size_t *pos)
     if (key_len == 0 || key_len > FP_KEY_CAP || i >= line_len)
         return -1;
     i++;
-    if (_parse_size(buf, line_len, &i) < 0 || i >= line_len || buf[i] != ' ')
-        return -1;                   /* flags */
+    size_t flags_start = i;
+    uint64_t flags, n_bytes;
+    int flags_ok = _parse_uint(buf, line_len, &i, UINT32_MAX, &flags) == 0 && i < line_len && buf[i] == ' ';
+    while (i < line_len && buf[i] != ' ')
+        i++;                         /* past flags we cannot read, to the size */
+    if (i == flags_start || i >= line_len)
+        return -1;
     i++;
-    int64_t n_bytes = _parse_size(buf, line_len, &i);
-    if (n_bytes < 0 || i != line_len)
+    if (_parse_uint(buf, line_len, &i, MC_VALUE_MAX, &n_bytes) < 0 || i != line_len)
+        return -1;                   /* without a size, nothing after this line can be read */
+    size_t head = line_len + 2, need = head + (size_t)n_bytes + 2;
+    const char *key = buf + key_start;
+
+    if (flags_ok && need <= mc->pool->in_max) {
+        if (avail < need)
+            return 0;
+        const char *data = buf + head;
+        if (data[n_bytes] != '\r' || data[n_bytes + 1] != '\n')
+            return -1;
+        if (_on_value(mc, key, key_len, n_bytes == 0 ? FP_MC_EMPTY : FP_MC_HIT, data, (size_t)n_bytes) < 0)
+            return -1;
+        *pos += need;
+        return 1;
+    }
+    if (_on_value(mc, key, key_len, FP_MC_MISS, NULL, 0) < 0)
         return -1;
-    size_t need = line_len + 2 + (size_t)n_bytes + 2;
-    if (need > MC_IN_MAX)
-        return -1;
-    if (avail < need)
-        return 0;
-    const char *data = buf + line_len + 2;
-    if (data[n_bytes] != '\r' || data[n_bytes + 1] != '\n')
-        return -1;
-    if (_on_value(mc, buf + key_start, key_len, data, (size_t)n_bytes) < 0)
-        return -1;
-    *pos += need;
+    if (flags_ok)
+        fp_log("memcached: the value of %.*s is %llu bytes, more than the %zu buffered: a miss",
+               (int)key_len, key, (unsigned long long)n_bytes, mc->pool->in_max);
+    else
+        fp_log("memcached: the flags of %.*s are not a 32-bit number: a miss", (int)key_len, key);
+    *pos += head;
+    mc->skip = n_bytes;
+    mc->skip_crlf = 1;
     return 1;
 }
 
@@ -443,8 +498,8 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
     fp_mc_t *mc = arg;
 
     if (mc->in_len == mc->in_cap) {
-        size_t cap = mc->in_cap * 2;
-        char *grown = cap <= MC_IN_MAX ? realloc(mc->in, cap) : NULL;
+        size_t cap = mc->in_cap * 2 < mc->pool->in_max ? mc->in_cap * 2 : mc->pool->in_max;
+        char *grown = cap > mc->in_cap ? realloc(mc->in, cap) : NULL;
         if (grown == NULL) {
             _reset(mc, 0);
             return;
@@ -463,7 +518,8 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
 
     size_t pos = 0;
     int r;
-    while (pos < mc->in_len && (r = _parse_one(mc, &pos)) != 0) {
+    while (pos < mc->in_len &&
+           (r = mc->skip > 0 || mc->skip_crlf ? _skip(mc, &pos) : _parse_one(mc, &pos)) != 0) {
         if (r < 0) {
             _reset(mc, 0);
             return;
@@ -603,6 +659,7 @@ int fp_mc_pool_init(fp_mc_pool_t *pool, struct event_base *base, fp_stats_t *st,
     pool->base = base;
     pool->st = st;
     pool->cfg = cfg;
+    pool->in_max = MC_IN_MAX;
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS) {
         snprintf(err, err_len, "need 1..%d memcached servers", FP_MAX_SERVERS);
         return -1;

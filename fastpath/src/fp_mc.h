@@ -53,6 +53,8 @@ typedef struct fp_mc {
     size_t out_len, out_sent, out_cap;
     char *in;                        /* replies not yet parsed */
     size_t in_len, in_cap;
+    uint64_t skip;                   /* bytes of a value not buffered still to drop as they pass */
+    uint8_t skip_crlf;               /* ... and then its "\r\n" */
     struct sockaddr_storage addr;
     int addr_len;
 } fp_mc_t;
@@ -63,6 +65,8 @@ typedef struct fp_mc_pool {
     const fp_config_t *cfg;          /* nodes, node_addr, timeout_ms */
     int n;                           /* servers set up (fp_mc_pool_fini frees these) */
     int closing;                     /* in fp_mc_pool_fini: gets answer FP_MC_UNAVAILABLE */
+    size_t in_max;                   /* largest reply buffered (larger: a miss for its key); the
+                                      * fuzz target lowers it to reach that path */
     fp_mc_req_t *free_reqs;          /* request records for reuse */
     fp_mc_t mc[FP_MAX_SERVERS];
 } fp_mc_pool_t;
