@@ -10,10 +10,11 @@
  * the reply.
  *
  * Findings: a sanitizer report, a crash, a get answered twice, a cancelled get answered, a get
- * never answered, a get written although it was cancelled first, or a value handed to a get that
- * the input did not send under that get's own key (never another user's entry) with 32-bit flags.
- * The pool buffers replies of at most IN_MAX bytes here, so that larger values (a miss for their
- * key, dropped as they pass) are within the reach of inputs of a few KiB.
+ * never answered, a get written although it was cancelled first, a value handed to a get that
+ * the input did not send under that get's own key (never another user's entry) with 32-bit flags,
+ * or a read buffer left larger than its usual size.  The pool's buffer starts at IN_START and
+ * holds replies of at most IN_MAX bytes here, so that growing, shrinking and larger values (a
+ * miss for their key, dropped as they pass) are within the reach of inputs of a few KiB.
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -29,6 +30,7 @@
 #define N_FIRST 4                    /* gets made before the reply */
 #define N_MAX 12                     /* ... plus those callbacks make */
 #define HEADER 4
+#define IN_START 1024                /* the pool's read buffer, lowered from 64 KiB */
 #define IN_MAX 4096                  /* the pool's largest reply buffered, lowered from 2 MiB */
 
 typedef struct {
@@ -81,7 +83,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz_memcached: %s\n", err);
         abort();
     }
-    pool.in_max = IN_MAX;            /* inputs of a few KiB reach the values not buffered */
+    pool.in_start = IN_START;        /* inputs of a few KiB grow the buffer and reach the */
+    pool.in_max = IN_MAX;            /* values not buffered */
     return 0;
 }
 
@@ -263,5 +266,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             _die("a get that was not cancelled was never answered", &gets[i]);
     if (stats.inflight != 0)
         _die("gets left in flight", NULL);
+    if (fp_mc_in_cap(&pool, 0) != IN_START)
+        _die("the read buffer did not shrink back", NULL);
     return 0;
 }

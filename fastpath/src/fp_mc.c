@@ -29,7 +29,7 @@
 #define MC_LINE_MAX 512              /* longest reply line we accept */
 #define MC_CMD_MAX 1024              /* longest "get" line we send */
 #define MC_MAX_PENDING 65536
-#define MC_IN_START 65536
+#define MC_IN_START 65536            /* read buffer, and what it shrinks back to */
 #define MC_IN_MAX (2u << 20)         /* largest reply buffered: a 1 MiB item plus its framing */
 #define MC_VALUE_MAX (1u << 30)      /* memcached's largest item (-I 1g): beyond, not memcached */
 #define MC_BACKOFF_MIN_MS 50
@@ -168,6 +168,20 @@ static int _arm_timer(fp_mc_t *mc)
     return _timer_at(mc, mc->head->deadline_us, fp_now_us());
 }
 
+/* Back to the usual size once a large value has been parsed (memcached's conn_shrink), instead
+ * of keeping the peak for the life of the worker.  A failed realloc keeps the larger buffer. */
+static void _in_shrink(fp_mc_t *mc)
+{
+    size_t start = mc->pool->in_start;
+    if (mc->in_cap <= start || mc->in_len > start)
+        return;
+    char *smaller = realloc(mc->in, start);
+    if (smaller == NULL)
+        return;
+    mc->in = smaller;
+    mc->in_cap = start;
+}
+
 static void _drop_socket(fp_mc_t *mc)
 {
     if (mc->rev != NULL) {
@@ -185,6 +199,7 @@ static void _drop_socket(fp_mc_t *mc)
     mc->in_len = 0;
     mc->skip = 0;
     mc->skip_crlf = 0;
+    _in_shrink(mc);
     mc->out_len = mc->out_sent = 0;
     mc->state = MC_DOWN;
 }
@@ -529,6 +544,7 @@ static void _mc_read_cb(evutil_socket_t fd, short what, void *arg)
     if (pos > 0) {
         memmove(mc->in, mc->in + pos, mc->in_len - pos);
         mc->in_len -= pos;
+        _in_shrink(mc);
     }
     if (mc->in_len > 0 && (mc->head == NULL || !mc->head->sent)) {
         _reset(mc, 0);               /* bytes nobody asked for */
@@ -640,8 +656,8 @@ static int _mc_init(fp_mc_pool_t *pool, int index, const char *addr, char *err, 
         snprintf(err, err_len, "bad memcached address: %.200s", addr);
         return -1;
     }
-    mc->in = malloc(MC_IN_START);
-    mc->in_cap = MC_IN_START;
+    mc->in = malloc(pool->in_start);
+    mc->in_cap = pool->in_start;
     mc->timer = evtimer_new(pool->base, _mc_timer_cb, mc);
     mc->flush_ev = event_new(pool->base, -1, 0, _mc_flush_cb, mc);
     if (mc->in == NULL || mc->timer == NULL || mc->flush_ev == NULL) {
@@ -659,6 +675,7 @@ int fp_mc_pool_init(fp_mc_pool_t *pool, struct event_base *base, fp_stats_t *st,
     pool->base = base;
     pool->st = st;
     pool->cfg = cfg;
+    pool->in_start = MC_IN_START;
     pool->in_max = MC_IN_MAX;
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS) {
         snprintf(err, err_len, "need 1..%d memcached servers", FP_MAX_SERVERS);

@@ -65,8 +65,9 @@ typedef struct fp_mc_pool {
     const fp_config_t *cfg;          /* nodes, node_addr, timeout_ms */
     int n;                           /* servers set up (fp_mc_pool_fini frees these) */
     int closing;                     /* in fp_mc_pool_fini: gets answer FP_MC_UNAVAILABLE */
-    size_t in_max;                   /* largest reply buffered (larger: a miss for its key); the
-                                      * fuzz target lowers it to reach that path */
+    size_t in_start, in_max;         /* read buffer: usual size (it shrinks back to it), and the
+                                      * largest reply buffered (larger: a miss for its key); the
+                                      * fuzz target lowers both, in_max >= in_start >= 512 */
     fp_mc_req_t *free_reqs;          /* request records for reuse */
     fp_mc_t mc[FP_MAX_SERVERS];
 } fp_mc_pool_t;

@@ -1,5 +1,6 @@
 """The memcached client (fastpath/src/fp_mc.c) on its own and inside a running fastpath:
-cancellation, one bad entry failing only its own key, replies split anywhere.
+cancellation, one bad entry failing only its own key, replies split anywhere, and a read buffer
+that shrinks back after a large value.
 
 In-process tests drive one fp_mc_pool_t through ``_testhelper_mc_client``: the test plays
 memcached on a socketpair.  The others run a real fastpath against a fake memcached (replies a
@@ -19,6 +20,7 @@ from plurksite.services import free_port, memcached_command, wait_for_port
 from tests.fastpath.conftest import token
 
 MiB = 1 << 20
+IN_START = 65536                     # fp_mc.c's MC_IN_START
 
 
 def value(key, data, flags=b"0"):
@@ -222,6 +224,19 @@ def test_oversized_value_in_memcached_fails_only_its_own_key(memcached_4m, fastp
     mc.close()
     fp = fastpath_factory([memcached_4m], extra=("--timeout-ms", "10000"))
     _check_only_the_bad_key_failed(fp, _poll_rounds(fp, uids, rounds=4), bad_uid)
+
+
+# -- the read buffer -----------------------------------------------------------------------------
+
+def test_read_buffer_shrinks_back_after_a_large_value(client):
+    a = client.get(b"k:a")
+    client.written()
+    big = value(b"k:a", b"y" * MiB)
+    client.reply(big[:MiB // 2])                 # half a value waits in the buffer
+    assert client.in_cap() > IN_START
+    client.reply(big[MiB // 2:] + b"END\r\n")
+    assert client.answers == [(a, "hit", b"y" * MiB)]
+    assert client.in_cap() == IN_START
 
 
 # -- helpers -------------------------------------------------------------------------------------
