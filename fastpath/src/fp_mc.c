@@ -106,7 +106,8 @@ static void _answer(fp_mc_t *mc, fp_mc_req_t *p, fp_mc_result_t r, const char *d
         done(p->ctx, r, data, len);
 }
 
-static void _unlink(fp_mc_t *mc, fp_mc_req_t *p)
+/* p leaves its queue, wherever it is in it, and goes back to the free list. */
+static void _remove(fp_mc_t *mc, fp_mc_req_t *p)
 {
     if (p->prev != NULL)
         p->prev->next = p->next;
@@ -123,7 +124,7 @@ static void _unlink(fp_mc_t *mc, fp_mc_req_t *p)
 
 static void _pop_head(fp_mc_t *mc)
 {
-    _unlink(mc, mc->head);
+    _remove(mc, mc->head);
 }
 
 /* Every waiting get of this server gets r (the callbacks cannot add to the queue meanwhile: the
@@ -579,15 +580,16 @@ fp_mc_result_t fp_mc_get(fp_mc_pool_t *pool, const char *key, size_t key_len,
                          fp_mc_done_fn done, void *ctx, fp_mc_req_t **req)
 {
     const fp_config_t *cfg = pool->cfg;
-    int idx = fp_rendezvous_pick(cfg->nodes, pool->n, key, key_len);
     int64_t now = fp_now_us();
     fp_mc_req_t *p;
     fp_mc_t *mc;
+    int idx;
 
+    if (pool->closing || pool->n <= 0)
+        return FP_MC_UNAVAILABLE;
+    idx = fp_rendezvous_pick(cfg->nodes, pool->n, key, key_len);
     if (idx < 0 || key_len == 0 || key_len > FP_KEY_CAP)
         return FP_MC_MISS;
-    if (pool->closing)
-        return FP_MC_UNAVAILABLE;
     mc = &pool->mc[idx];
     if (mc->state == MC_DOWN) {
         /* a queue on a server that is down is being answered 503 (_reset): a callback that asks
@@ -641,7 +643,7 @@ void fp_mc_cancel(fp_mc_req_t *req)
     req->done = NULL;
     req->ctx = NULL;
     if (!req->sent)
-        _unlink(req->mc, req);
+        _remove(req->mc, req);
 }
 
 static int _mc_init(fp_mc_pool_t *pool, int index, const char *addr, char *err, size_t err_len)
