@@ -200,3 +200,134 @@ def _testhelper_credentials(list headers):
     if r == fp.FP_CRED_FOUND:
         return tok[:tok_len]
     return "none" if r == fp.FP_CRED_NONE else "ambiguous"
+
+
+# -- the memcached client on its own (tests/fastpath/test_memcached_client.py) ----------------
+
+from libc.stdlib cimport calloc, free
+
+_MC_RESULTS = {fp.FP_MC_QUEUED: "queued", fp.FP_MC_HIT: "hit", fp.FP_MC_EMPTY: "empty",
+               fp.FP_MC_MISS: "miss", fp.FP_MC_UNAVAILABLE: "unavailable",
+               fp.FP_MC_OVERLOADED: "overloaded"}
+
+
+cdef void _mc_client_on_done(void *ctx, fp.fp_mc_result_t r, const char *data,
+                             size_t length) noexcept with gil:
+    client, index = <tuple>ctx
+    (<_testhelper_mc_client>client)._reqs[index] = NULL
+    client.answers.append((index, _MC_RESULTS[r], data[:length] if length else b""))
+    if client.on_answer is not None:
+        client.on_answer(index)      # may get and cancel, as fp_conn.c's callback does
+
+
+cdef class _testhelper_mc_client:
+    """One fp_mc_pool_t with one server whose connection is a socketpair: the test plays
+    memcached on ``peer``.  ``get(key)`` queues (returns its index, or the answer given at once),
+    ``cancel(index)``, ``reply(data)`` feeds bytes and runs the loop, ``written()`` returns the
+    commands sent; ``answers`` lists (index, result, value) in the order the callbacks ran, and
+    ``on_answer(index)``, if set, runs inside each callback."""
+    cdef fp.event_base *_base
+    cdef fp.fp_mc_pool_t *_pool
+    cdef fp.fp_stats_t *_stats
+    cdef fp.fp_config_t _cfg
+    cdef fp.fp_mc_req_t *_reqs[256]
+    cdef list _ctxs
+    cdef bytes _node
+    cdef public list answers
+    cdef public object on_answer
+    cdef public object peer
+
+    def __cinit__(self, int timeout_ms=5000):
+        import socket
+        cdef char err[256]
+        self._ctxs, self.answers, self._node = [], [], b"127.0.0.1:9"
+        fp.fp_config_defaults(&self._cfg)
+        memset(self._reqs, 0, sizeof(self._reqs))
+        self._cfg.n_nodes = 1
+        self._cfg.nodes[0].name = self._node
+        self._cfg.nodes[0].name_len = len(self._node)
+        self._cfg.node_addr[0] = self._node
+        if fp.fp_config_set(&self._cfg, b"timeout_ms", 10, timeout_ms) != 0:
+            raise FastpathError(f"bad timeout_ms {timeout_ms}")
+        self._base = fp.event_base_new()
+        self._pool = <fp.fp_mc_pool_t *>calloc(1, sizeof(fp.fp_mc_pool_t))
+        self._stats = <fp.fp_stats_t *>calloc(1, sizeof(fp.fp_stats_t))
+        if self._base == NULL or self._pool == NULL or self._stats == NULL:
+            raise MemoryError()
+        if fp.fp_mc_pool_init(self._pool, self._base, self._stats, &self._cfg, err, sizeof(err)) < 0:
+            raise FastpathError(err.decode("utf-8", "replace"))
+        mine, self.peer = socket.socketpair()
+        mine.setblocking(False)
+        self.peer.setblocking(False)
+        if fp.fp_mc_adopt(self._pool, 0, mine.detach()) < 0:
+            raise FastpathError("fp_mc_adopt failed")
+
+    def get(self, bytes key):
+        cdef int index = len(self._ctxs)
+        if index >= 256:
+            raise ValueError("too many gets")
+        ctx = (self, index)
+        self._ctxs.append(ctx)
+        r = fp.fp_mc_get(self._pool, key, len(key), _mc_client_on_done, <void *>ctx, &self._reqs[index])
+        return index if r == fp.FP_MC_QUEUED else _MC_RESULTS[r]
+
+    def cancel(self, int index):
+        fp.fp_mc_cancel(self._reqs[index])
+        self._reqs[index] = NULL
+
+    def spin(self, int rounds=4):
+        for _ in range(rounds):
+            if fp.event_base_loop(self._base, fp.EVLOOP_NONBLOCK) < 0:
+                raise FastpathError("event loop failed")
+
+    def written(self):
+        """The commands the client sent since the last call."""
+        self.spin()
+        chunks = []
+        while True:
+            try:
+                chunk = self.peer.recv(65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def reply(self, bytes data, int chunk=65536):
+        """Send data as memcached, ``chunk`` bytes at a time, running the loop in between."""
+        cdef Py_ssize_t sent = 0
+        while sent < len(data):
+            try:
+                sent += self.peer.send(data[sent:sent + chunk])
+            except BlockingIOError:
+                pass
+            self.spin(1)
+        self.spin(16)
+
+    def in_cap(self):
+        """The size of the read buffer now."""
+        return fp.fp_mc_in_cap(self._pool, 0)
+
+    def close(self):
+        if self._pool != NULL:
+            fp.fp_mc_pool_fini(self._pool)
+            free(self._pool)
+            self._pool = NULL
+        if self._base != NULL:
+            fp.event_base_free(self._base)
+            self._base = NULL
+        free(self._stats)
+        self._stats = NULL
+        if self.peer is not None:
+            self.peer.close()
+
+    def __dealloc__(self):
+        if self._pool != NULL:
+            for i in range(256):     # no callback into an object being destroyed
+                fp.fp_mc_cancel(self._reqs[i])
+            fp.fp_mc_pool_fini(self._pool)
+            free(self._pool)
+        if self._base != NULL:
+            fp.event_base_free(self._base)
+        free(self._stats)

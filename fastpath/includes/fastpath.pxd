@@ -76,3 +76,34 @@ cdef extern from "fp_server.h" nogil:
     int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, long long *value)
     int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
     size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)
+
+cdef extern from "event2/event.h" nogil:
+    struct event_base:
+        pass
+    enum:
+        EVLOOP_NONBLOCK
+    event_base *event_base_new()
+    void event_base_free(event_base *base)
+    int event_base_loop(event_base *base, int flags)
+
+cdef extern from "fp_mc.h" nogil:
+    ctypedef enum fp_mc_result_t:
+        FP_MC_QUEUED
+        FP_MC_HIT
+        FP_MC_EMPTY
+        FP_MC_MISS
+        FP_MC_UNAVAILABLE
+        FP_MC_OVERLOADED
+    ctypedef struct fp_mc_req_t:
+        pass
+    ctypedef void (*fp_mc_done_fn)(void *ctx, fp_mc_result_t r, const char *data, size_t len)
+    ctypedef struct fp_mc_pool_t:
+        pass
+    int fp_mc_pool_init(fp_mc_pool_t *pool, event_base *base, fp_stats_t *st,
+                        const fp_config_t *cfg, char *err, size_t err_len)
+    void fp_mc_pool_fini(fp_mc_pool_t *pool)
+    fp_mc_result_t fp_mc_get(fp_mc_pool_t *pool, const char *key, size_t key_len,
+                             fp_mc_done_fn done, void *ctx, fp_mc_req_t **req)
+    void fp_mc_cancel(fp_mc_req_t *req)
+    int fp_mc_adopt(fp_mc_pool_t *pool, int index, int fd)
+    size_t fp_mc_in_cap(const fp_mc_pool_t *pool, int index)

@@ -136,8 +136,7 @@ static void _conn_close(fp_conn_t *c)
         srv->conns = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
-    if (c->pending != NULL)
-        c->pending->conn = NULL;     /* its memcached answer will be dropped */
+    fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
     event_free(c->ev);
     close(c->fd);
     if (c->in != NULL)
@@ -468,12 +467,11 @@ static int _conn_after_response(fp_conn_t *c)
     return 0;
 }
 
-/* memcached answered the get this connection waits for. */
-void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len)
+/* memcached answered the get this connection waits for (fp_mc_done_fn). */
+static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_t len)
 {
-    fp_conn_t *c = p->conn;
-    c->pending = NULL;
-    p->conn = NULL;
+    fp_conn_t *c = ctx;
+    c->mc_req = NULL;
     if (_conn_answer_result(c, r, data, len) == 0 && c->state == CONN_READING)
         _conn_process(c);            /* pipelined requests waiting in the buffer */
 }
@@ -583,7 +581,7 @@ static int _dispatch(fp_conn_t *c)
     default:
         return _conn_respond_error(c, c->answer_code, c->answer_message, c->answer_cache);
     }
-    fp_mc_result_t r = fp_mc_get(c->srv, c, c->key, c->key_len);
+    fp_mc_result_t r = fp_mc_get(&c->srv->mc, c->key, c->key_len, _conn_on_answer, c, &c->mc_req);
     if (r == FP_MC_QUEUED) {
         _conn_set_state(c, CONN_WAITING);
         return 0;

@@ -16,12 +16,12 @@
 #include <llhttp.h>
 
 #include "fp_debug.h"
+#include "fp_mc.h"
 #include "fp_server.h"
 #include "fp_stats.h"
 #include "fp_token.h"
 #include "fp_util.h"
 
-#define FP_KEY_CAP 80
 #define FP_BUF_POOL_MAX 256          /* idle read buffers kept for reuse */
 
 struct fp_server;
@@ -34,43 +34,6 @@ typedef struct fp_buf {
     size_t pos;                      /* bytes the parser has consumed */
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
-
-/* One get waiting in a memcached server's queue. */
-typedef struct fp_pending {
-    struct fp_pending *next;
-    struct fp_conn *conn;            /* NULL once the client went away: the answer is dropped */
-    int64_t start_us, deadline_us;
-    uint8_t sent;                    /* part of a "get" command already written */
-    uint8_t batch_end;               /* last key of its "get" command */
-    uint8_t answered;
-    size_t key_len;
-    char key[FP_KEY_CAP];
-} fp_pending_t;
-
-typedef enum {
-    FP_MC_QUEUED, FP_MC_HIT, FP_MC_EMPTY, FP_MC_MISS, FP_MC_UNAVAILABLE, FP_MC_OVERLOADED
-} fp_mc_result_t;
-
-typedef enum { MC_DOWN, MC_CONNECTING, MC_UP } fp_mc_state_t;
-
-typedef struct fp_mc {
-    struct fp_server *srv;
-    int fd;
-    fp_mc_state_t state;
-    struct event *rev, *wev;         /* per connection; wev only while the socket is full */
-    struct event *flush_ev;          /* deferred: one write of every queued get per loop pass */
-    struct event *timer;             /* deadline of the oldest get */
-    int64_t retry_at_us;
-    int backoff_ms;
-    fp_pending_t *head, *tail;       /* in command order; sent ones first */
-    int n_pending;
-    char *out;                       /* commands not yet taken by the socket */
-    size_t out_len, out_sent, out_cap;
-    char *in;                        /* replies not yet parsed */
-    size_t in_len, in_cap;
-    struct sockaddr_storage addr;
-    int addr_len;
-} fp_mc_t;
 
 /* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and debug builds check
  * every transition against its table.  READING is 0: a new connection starts there. */
@@ -124,7 +87,7 @@ typedef struct fp_conn {
     struct event *ev;                /* read (or write while the socket is full), with timeout */
     llhttp_t parser;
     fp_buf_t *in;
-    fp_pending_t *pending;           /* the get this connection waits for */
+    fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
     char *out;                       /* response bytes the socket would not take yet */
     size_t out_len, out_sent;
     /* the request being parsed: offsets into in->data from head_start */
@@ -142,8 +105,7 @@ typedef struct fp_server {
     const fp_config_t *cfg;
     struct event_base *base;
     struct evconnlistener *listener, *admin_listener;
-    fp_mc_t mc[FP_MAX_SERVERS];
-    fp_pending_t *pending_pool;
+    fp_mc_pool_t mc;                 /* the memcached servers */
     fp_buf_t *buf_pool;
     int buf_pool_n;
     size_t buf_cap;
@@ -169,22 +131,12 @@ typedef struct fp_server {
 int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t err_len);
 void fp_server_fini(fp_server_t *srv);
 
-/* fp_mc.c */
-int fp_mc_init(fp_server_t *srv, int index, const char *addr, char *err, size_t err_len);
-void fp_mc_close(fp_mc_t *mc);
-/* Use fd (connected, non-blocking) as server index's connection: the fuzz target's socketpair. */
-int fp_mc_adopt(fp_server_t *srv, int index, int fd);
-/* Queue a get for conn: FP_MC_QUEUED, and the answer comes later through fp_conn_mc_answer;
- * or the answer at once (FP_MC_UNAVAILABLE during a backoff, FP_MC_OVERLOADED, FP_MC_MISS). */
-fp_mc_result_t fp_mc_get(fp_server_t *srv, fp_conn_t *conn, const char *key, size_t key_len);
-
 /* fp_conn.c */
 void fp_conn_settings_init(llhttp_settings_t *s);
 /* evconnlistener callbacks: arg is the fp_server_t */
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
 void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
 void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind);   /* adopt a socket */
-void fp_conn_mc_answer(fp_pending_t *p, fp_mc_result_t r, const char *data, size_t len);
 void fp_conn_close_idle(fp_server_t *srv);
 void fp_conn_close_all(fp_server_t *srv);
 void fp_buf_pool_free(fp_server_t *srv);

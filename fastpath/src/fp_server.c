@@ -191,9 +191,8 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     if (srv->idle_tv == NULL || srv->pause_accept == NULL)
         return _init_fail(err, err_len, "cannot set up timers");
 
-    for (int i = 0; i < cfg->n_nodes; i++)
-        if (fp_mc_init(srv, i, cfg->node_addr[i], err, err_len) < 0)
-            return -1;
+    if (fp_mc_pool_init(&srv->mc, srv->base, srv->st, cfg, err, err_len) < 0)
+        return -1;
     if (cfg->listen_fd >= 0) {
         srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);
         if (srv->listener == NULL)
@@ -215,15 +214,9 @@ void fp_server_fini(fp_server_t *srv)
         evconnlistener_free(srv->admin_listener);
     srv->listener = srv->admin_listener = NULL;
     srv->stopping = 1;
-    for (int i = 0; i < srv->cfg->n_nodes && i < FP_MAX_SERVERS; i++)
-        fp_mc_close(&srv->mc[i]);    /* waiting requests get 503 ("Connection: close") */
+    fp_mc_pool_fini(&srv->mc);       /* waiting requests get 503 ("Connection: close") */
     fp_conn_close_all(srv);
     fp_buf_pool_free(srv);
-    while (srv->pending_pool != NULL) {
-        fp_pending_t *next = srv->pending_pool->next;
-        free(srv->pending_pool);
-        srv->pending_pool = next;
-    }
     if (srv->pause_accept != NULL)
         event_free(srv->pause_accept);
     if (srv->sig_term != NULL)

@@ -1,8 +1,11 @@
 import contextlib
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -112,3 +115,72 @@ def fastpath_factory(tmp_path):
 def token(uid, epoch=0, ttl=3600, key=SECRET):
     from plurkcore import tokens
     return tokens.sign(key, uid, epoch, int(time.time()) + ttl)
+
+
+class FakeMemcached:
+    """A memcached stand-in on a free loopback port for replies a real one would not give.  It
+    answers each ``get k1 k2 ...`` with the VALUE blocks of ``entries`` (key -> the exact bytes,
+    so one can be malformed), in order, then END.  While ``answering`` is clear, replies wait
+    (a slow server); ``asked`` lists every key requested."""
+
+    def __init__(self):
+        self.entries = {}
+        self.asked = []
+        self.answering = threading.Event()
+        self.answering.set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def spec(self):
+        return f"127.0.0.1:{self.port}"
+
+    def set(self, key, value, flags=b"0"):
+        self.entries[key] = b"VALUE %s %s %d\r\n%s\r\n" % (key, flags, len(value), value)
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        buf, waiting = b"", []
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                # keep reading (and recording) while replies are held back
+                if select.select([conn], [], [], 0.01)[0]:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                while b"\r\n" in buf:
+                    line, buf = buf.split(b"\r\n", 1)
+                    waiting.append(line.split()[1:])
+                    self.asked.extend(waiting[-1])
+                if waiting and self.answering.is_set():
+                    conn.sendall(b"".join(b"".join(self.entries.get(k, b"") for k in keys) + b"END\r\n"
+                                          for keys in waiting))
+                    waiting = []
+
+    def close(self):
+        self.answering.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)    # wakes the accept() above
+        self._listener.close()
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+
+@pytest.fixture
+def fake_memcached():
+    fake = FakeMemcached()
+    yield fake
+    fake.close()
