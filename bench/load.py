@@ -502,7 +502,8 @@ def main(argv=None):
         elif args.database != "config":
             progress(f"warning: a stack already answers at {host}: --database {args.database} does not apply, "
                      "the run uses that stack as it is")
-    ports = [config.http[1], config.django[1], config.fastpath[1]] + [p for _, p in config.memcached]
+    # fastpath by its admin port: always TCP, where its listener may be a unix socket
+    ports = [config.http[1], config.django[1], config.fastpath_admin[1]] + [p for _, p in config.memcached]
     if cluster is not None:
         ports.append(cluster.port)
     stack_info = {"started_by_this_run": stack is not None,

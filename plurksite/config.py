@@ -23,8 +23,9 @@ VARIABLES = {
     "PLURK_DJANGO": ("127.0.0.1:8000", "gunicorn (Django) listen address (must be loopback: only nginx is public)"),
     "PLURK_FASTPATH": ("unix:run/fastpath.sock",
                        "fastpath listen address (nginx only): `unix:<path>` (relative: under `PLURK_VAR_DIR`, "
-                       "so `var/run/fastpath.sock` by default; the runner creates its directory and refuses "
-                       "to start when nginx's workers cannot reach it) or a loopback `host:port` (TCP: "
+                       "so `var/run/fastpath.sock` by default, or `/run/plurk/<digest>/` when root's nginx workers "
+                       "cannot reach the var dir; the runner creates its directory and refuses to start "
+                       "when nginx's workers cannot reach it) or a loopback `host:port` (TCP: "
                        "0.7-1.0x nginx's own `memcached_pass`, against 1.0-1.2x over the socket; see Benchmarks)"),
     "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (`/metrics`)"),
     "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached `host:port` list"),
@@ -78,6 +79,38 @@ def parse_listen(name, value, base=ROOT):
                               f"to a shorter unix:/path (or a host:port)")
         return ("unix", path)
     return parse_hostport(name, value)
+
+
+def _others_can_search(path):
+    """Every existing directory from / down to path lets "other" users search it (o+x); the
+    ones still to be made are made 0755 by the runner."""
+    path = os.path.abspath(path)
+    while True:
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def default_fastpath_socket(var_dir):
+    """PLURK_FASTPATH when it is not set: ``unix:run/fastpath.sock`` under the var dir.  Run as
+    root, nginx's workers drop to nobody, who cannot reach a var dir under a private directory
+    (a checkout in /root is 0700): then the socket goes to /run/plurk/<digest of the var dir>/,
+    one directory per stack, which the runner makes reachable.  An explicit PLURK_FASTPATH is
+    never moved: the runner checks it and refuses to start when nginx cannot reach it."""
+    default = VARIABLES["PLURK_FASTPATH"][0]
+    if os.geteuid() != 0 or _others_can_search(var_dir):
+        return default
+    import hashlib
+    digest = hashlib.sha1(os.fsencode(var_dir)).hexdigest()[:12]
+    return f"unix:/run/plurk/{digest}/fastpath.sock"
 
 
 def is_loopback(host):
@@ -138,10 +171,11 @@ class StackConfig:
         if scheme not in ("sqlite", "postgres", "postgresql"):
             raise ConfigError(f"PLURK_DATABASE_URL={database_url!r}: use sqlite:///path or postgres://...")
         var_dir = _resolve(get("PLURK_VAR_DIR"))
+        fastpath = env.get("PLURK_FASTPATH") or default_fastpath_socket(var_dir)
         config = cls(
             http=parse_hostport("PLURK_HTTP", get("PLURK_HTTP")),
             django=parse_hostport("PLURK_DJANGO", get("PLURK_DJANGO")),
-            fastpath=parse_listen("PLURK_FASTPATH", get("PLURK_FASTPATH"), base=var_dir),
+            fastpath=parse_listen("PLURK_FASTPATH", fastpath, base=var_dir),
             fastpath_admin=parse_hostport("PLURK_FASTPATH_ADMIN", get("PLURK_FASTPATH_ADMIN")),
             memcached=memcached,
             database_url=database_url,

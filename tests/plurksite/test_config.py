@@ -121,3 +121,20 @@ def test_runner_hands_fastpath_the_registered_poll_resources():
     argv = services.fastpath_command(config, ["getMessages", "getUnreadCount", "getMentions"])
     assert argv[argv.index("--resources") + 1] == "getMessages,getUnreadCount,getMentions"
     assert "--resources" not in services.fastpath_command(config)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user nginx's workers run as that user")
+def test_default_socket_leaves_a_var_dir_nginx_cannot_reach(tmp_path):
+    """A checkout in /root (0700), run as root: nginx's workers (nobody) could not reach
+    var/run/fastpath.sock, so the default socket goes to /run/plurk/<digest>/ instead of making
+    `make run` refuse to start; an explicit PLURK_FASTPATH is never moved."""
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    var_dir = str(private / "var")
+    config = StackConfig.from_env({"PLURK_VAR_DIR": var_dir})
+    assert config.fastpath[0] == "unix" and config.fastpath[1].startswith("/run/plurk/")
+    assert StackConfig.from_env({"PLURK_VAR_DIR": var_dir}).fastpath == config.fastpath  # stable
+    other = StackConfig.from_env({"PLURK_VAR_DIR": str(private / "other")})
+    assert other.fastpath != config.fastpath                                           # one per stack
+    explicit = StackConfig.from_env({"PLURK_VAR_DIR": var_dir, "PLURK_FASTPATH": "unix:run/fp.sock"})
+    assert explicit.fastpath == ("unix", os.path.join(var_dir, "run", "fp.sock"))
