@@ -9,8 +9,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 C_DIR = os.path.join(ROOT, "fastpath", "src")
 
-# Calls that trust a NUL terminator or an unbounded destination.
-UNBOUNDED = re.compile(r"\b(strlen|strcpy|strcat|sprintf|vsprintf|gets|strtok|strcmp|strchr|strstr|atoi|atol|scanf|sscanf)\s*\(")
+# Calls that trust a NUL terminator or an unbounded destination, and case folding that depends on
+# the C locale (Python sets it from the environment: under tr_TR, "I" does not fold to "i").
+UNBOUNDED = re.compile(r"\b(strlen|strcpy|strcat|sprintf|vsprintf|gets|strtok|strcmp|strchr|strstr|atoi|atol|scanf|sscanf"
+                       r"|strcasecmp|strncasecmp|tolower|toupper)\s*\(")
 
 
 def _c_files():
@@ -35,6 +37,28 @@ def test_no_unbounded_string_functions(path):
     offenders = [f"{os.path.basename(path)}:{n}: {line.strip()}"
                  for n, line in enumerate(code.splitlines(), 1) if UNBOUNDED.search(line)]
     assert offenders == []
+
+
+def _defined_functions(text):
+    """Names of the non-static functions a C file defines (a name at the start of a line,
+    after its return type, followed by an argument list and a body)."""
+    return set(re.findall(r"^(?!static\b)[A-Za-z_][\w \*]*?\b(fp_\w+)\s*\([^;{]*\)\s*\{", text, flags=re.M))
+
+
+def test_fastpath_c_calls_only_go_down():
+    """No file of fastpath/src calls into a file that calls it (docs/fastpath.md draws the
+    layers): answers and events come back up through callbacks with a context pointer."""
+    sources = {os.path.basename(p)[:-2]: _strip_comments(open(p).read())
+               for p in _c_files() if p.endswith(".c")}
+    owner = {fn: name for name, text in sources.items() for fn in _defined_functions(text)}
+    assert {"fp_mc_get", "fp_conn_open", "fp_server_init"} <= set(owner)   # the scan finds them
+    calls = {name: {owner[fn] for fn in re.findall(r"\b(fp_\w+)\s*\(", text)
+                    if fn in owner and owner[fn] != name}
+             for name, text in sources.items()}
+    cycles = sorted(f"{a} <-> {b}" for a in calls for b in calls[a] if a in calls.get(b, ()) and a < b)
+    assert cycles == []
+    assert calls["fp_mc"] <= {"fp_util", "fp_stats", "fp_hash"}      # knows nothing of HTTP
+    assert "fp_server" not in calls["fp_conn"]
 
 
 def _imports(package):
