@@ -54,15 +54,15 @@ def _resolve(path, base=ROOT):
 
 
 def parse_hostport(name, value):
-    """``host:port`` or ``[v6]:port`` -> (host, port); host is returned without brackets."""
-    value = value.strip()
-    if value.startswith("["):
-        host, sep, port = value[1:].partition("]:")
-    else:
-        host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{name}={value!r}: expected host:port, for example 127.0.0.1:8080")
-    return host, int(port)
+    """``host:port`` or ``[v6]:port`` -> (host, port); host is returned without brackets.  The
+    grammar is fastpath's (its --listen, --admin and --memcached read these very values)."""
+    from fastpath.errors import ConfigurationError
+    from fastpath.options import parse_address
+
+    try:
+        return parse_address(value)
+    except ConfigurationError:
+        raise ConfigError(f"{name}={value.strip()!r}: expected host:port, for example 127.0.0.1:8080") from None
 
 
 def parse_listen(name, value, base=ROOT):
