@@ -176,7 +176,7 @@ def read_secret(path):
     return key
 
 
-def _is_loopback(host):
+def is_loopback(host):
     if host == "localhost":
         return True
     try:
@@ -243,7 +243,7 @@ class Options:
             opt.check(getattr(self, opt.attr))
         self.listen_addr = parse_listen(self.listen)
         self.admin_addr = parse_address(self.admin, "--admin") if self.admin else None
-        if self.admin_addr and not _is_loopback(self.admin_addr[0]):
+        if self.admin_addr and not is_loopback(self.admin_addr[0]):
             raise ConfigurationError("--admin must be a loopback address (stats are not public)")
         for res in self.resources:
             if not _RESOURCE_RE.match(res):

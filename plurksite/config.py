@@ -5,7 +5,6 @@ Django settings, the stack runner, the nginx template and fastpath's flags are a
 and Django-free (the runner and the benchmarks use it too).
 """
 import dataclasses
-import ipaddress
 import os
 from urllib.parse import urlsplit
 
@@ -114,12 +113,9 @@ def default_fastpath_socket(var_dir):
 
 
 def is_loopback(host):
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    from fastpath.options import is_loopback as fastpath_is_loopback
+
+    return fastpath_is_loopback(host)
 
 
 def format_hostport(host, port):
