@@ -67,9 +67,6 @@ def test_credentials_behind_gunicorn(case):
     assert auth.token_from_request(django_request(request_bytes(case["headers"]))) == expected
 
 
-# django_db: the full handler's request_started closes old connections, which touches the
-# database whenever an earlier test left a connection open
-@pytest.mark.django_db
 @pytest.mark.parametrize("cookie", ["plurk_token=", "a=1; plurk_token= ; b=2"])
 def test_empty_cookie_is_authentication_required(cookie):
     status, headers, body = django_response(request_bytes([("Cookie", cookie)]))
