@@ -146,6 +146,61 @@ def same_answer(fastpath, django):
     return a == b or not (a.isascii() or b.isascii())
 
 
+def etag(body):
+    """docs/contract.md, section 7: the first 32 lowercase hex digits of SHA-256 of the body, quoted."""
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+ETAG_BODIES = ["", '{"count":1}', '{"count":2}', '{"count":10}',
+               '{"count":1,"items":[{"id":7,"plurk_id":7,"kind":"plurk","author":"a","content":"\u2603 <b> \\"\\"",'
+               '"created":"2026-11-23T14:45:21.123456+00:00"}]}',
+               '{"count":3,"items":[' + ",".join(
+                   f'{{"id":{i},"plurk_id":1,"kind":"response","author":"\u00e9","content":"{"x" * 300}",'
+                   f'"created":"2026-11-23T14:45:21+00:00"}}' for i in (3, 2, 1)) + "]}"]
+
+
+def conditional(body, other):
+    """Request headers + the current body -> what each side answers (docs/contract.md, section 7).
+
+    "django": the status Django's poll view gives (django.utils.cache semantics, never holds).
+    "fastpath": 200 / 204 / 304 at once, "miss" (404 X-Cache: MISS: Django decides) or "hold"
+    (held until the answer changes -> its 200/204, or until min(wait, --max-wait) -> 304);
+    "wait": the N of ``Preference-Applied: wait=N`` fastpath sends (None: no such header)."""
+    tag, tag2 = etag(body.encode()), etag(other.encode())
+    ok = 200 if body else 204
+    INM, P = "If-None-Match", "Prefer"
+
+    def v(why, headers, django, fastpath, wait=None):
+        return {"why": why, "headers": [list(h) for h in headers], "django": django, "fastpath": fastpath,
+                "wait": wait}
+
+    return [
+        v("no validator", [], ok, ok),
+        v("matching strong tag", [(INM, tag)], 304, 304),
+        v("matching weak tag (weak comparison)", [(INM, "W/" + tag)], 304, 304),
+        v("other tag", [(INM, tag2)], ok, ok),
+        v("other weak tag", [(INM, "W/" + tag2)], ok, ok),
+        v("matching tag surrounded by OWS", [(INM, f"  {tag}\t")], 304, 304),
+        v("unquoted tag: no entity-tag", [(INM, tag.strip('"'))], ok, "miss"),
+        v("a list containing the tag", [(INM, f"{tag2}, {tag}")], 304, "miss"),
+        v("a list without the tag", [(INM, f'{tag2}, "x"')], ok, "miss"),
+        v("star", [(INM, "*")], 304, "miss"),
+        v("empty If-None-Match: no entity-tag", [(INM, "")], ok, "miss"),
+        v("garbage", [(INM, "garbage")], ok, "miss"),
+        v("repeated If-None-Match", [(INM, tag), (INM, tag2)], 304, "miss"),
+        v("wait without a validator", [(P, "wait=10")], ok, ok, 10),
+        v("wait, other tag: at once", [(P, "wait=10"), (INM, tag2)], ok, ok, 10),
+        v("wait, matching tag: held", [(P, "wait=10"), (INM, tag)], 304, "hold", 10),
+        v("wait, matching weak tag: held", [(P, "wait=10"), (INM, "W/" + tag)], 304, "hold", 10),
+        v("wait among other preferences", [(P, "respond-async, wait=20"), (INM, tag)], 304, "hold", 20),
+        v("wait=0: held for no time", [(P, "wait=0"), (INM, tag)], 304, "hold", 0),
+        v("unparseable wait is no wait", [(P, "wait=soon"), (INM, tag)], 304, 304),
+        v("negative wait is no wait", [(P, "wait=-1"), (INM, tag)], 304, 304),
+        v("other preferences only", [(P, "return=minimal"), (INM, tag)], 304, 304),
+        v("wait with a list: Django decides", [(P, "wait=10"), (INM, f"{tag2}, {tag}")], 304, "miss"),
+    ]
+
+
 def main():
     rng = random.Random(20091122)
     valid = []
@@ -212,6 +267,9 @@ def main():
         "murmur3_32": murmur,
         "server_mapping": mapping,
         "credentials": {"token": t, "other_token": u, "vectors": creds},
+        "etag": [[body, etag(body.encode())] for body in ETAG_BODIES],
+        "conditional": [dict(vector, body=body) for body, other in [('{"count":1}', '{"count":2}'), ("", '{"count":1}')]
+                        for vector in conditional(body, other)],
     }
     with open(os.path.join(HERE, "contract.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
