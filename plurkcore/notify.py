@@ -104,6 +104,15 @@ def _current_sender():
     return _sender
 
 
+def _after_fork_in_child():
+    # another thread of the parent may have held the lock at the fork: it never unlocks here
+    global _lock, _sender
+    _lock, _sender = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def sender_id():
     with _lock:
         return _current_sender().id.decode()
