@@ -2,14 +2,16 @@ from django.apps import AppConfig
 
 
 class PlurkCoreConfig(AppConfig):
-    """Wiring only: the model-signal receivers that collect changes, and the system checks."""
+    """Wiring only: the model-signal receivers that collect changes, the notices to fastpath and
+    the system checks."""
 
     name = "plurkcore"
     verbose_name = "Plurk core"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, conf, receivers  # noqa: F401  (conf: connects setting_changed)
+        from . import checks, conf, notify, receivers, signals  # noqa: F401  (conf: connects setting_changed)
 
         checks.register()
         receivers.install()
+        signals.answers_stored.connect(notify.keys_stored, dispatch_uid="plurkcore.notify")

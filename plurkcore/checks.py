@@ -14,6 +14,8 @@
 | E006 | SECRET_FILE cannot be read as a secret |
 | W003 | COOKIE_NAME differs from the contract's |
 | W004 | CsrfViewMiddleware is not installed |
+| E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
+| E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 
 When PLURKCORE is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -126,6 +128,29 @@ def check_cookie_name(config):
                            "fastpath will not see the cookie.", id="plurkcore.W003")]
 
 
+@_of_config
+def check_notify(config):
+    errors = []
+    dirs = config["NOTIFY_DIRS"]
+    if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) and d for d in dirs):
+        errors.append(checks.Error(f"PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got {dirs!r}.",
+                                   hint="fastpath's --notify-dir; [] sends no notices.", id="plurkcore.E009"))
+    backend = config["NOTIFY_BACKEND"]
+    from django.utils.module_loading import import_string
+
+    try:
+        if not isinstance(backend, str):
+            raise ImportError
+        ok = isinstance(import_string(backend), type)
+    except ImportError:
+        ok = False
+    if not ok:
+        errors.append(checks.Error(f"PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+                                   f"{backend!r}.", hint="The default is plurkcore.notify.UnixDatagramNotifier.",
+                                   id="plurkcore.E010"))
+    return errors
+
+
 def check_csrf_middleware(app_configs=None, **kwargs):
     if "django.middleware.csrf.CsrfViewMiddleware" in settings.MIDDLEWARE:
         return []
@@ -145,7 +170,7 @@ def _valid_server(spec):
 
 
 CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_secret_file,
-          check_cookie_name, check_csrf_middleware)
+          check_cookie_name, check_notify, check_csrf_middleware)
 
 
 def register():

@@ -34,6 +34,11 @@ DEFAULTS = {
     "COOKIE_NAME": "plurk_token",
     # seconds between passes of `manage.py repaircache --loop`.
     "REPAIR_INTERVAL": 0.5,
+    # directories of fastpath worker sockets (<dir>/<worker>.sock) that get a notice of every key
+    # stored or deleted (docs/contract.md, section 7); empty: no notices, fastpath re-reads only.
+    "NOTIFY_DIRS": [],
+    # dotted path of the notice backend: a class whose instances have send(keys).
+    "NOTIFY_BACKEND": "plurkcore.notify.UnixDatagramNotifier",
 }
 
 _reset_callbacks = []

@@ -1,13 +1,15 @@
 """JSON plumbing shared by the API and poll views: errors are always ``{"error": "..."}``."""
 import functools
+import hashlib
 import json
 import logging
 
 from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import OperationalError
-from django.http import Http404, HttpResponse, UnreadablePostError
+from django.http import Http404, HttpResponse, StreamingHttpResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
+from django.utils.http import parse_etags
 from django.views.decorators.csrf import csrf_exempt
 
 from . import conf
@@ -41,6 +43,32 @@ def error_response(status, message, headers=None):
 def no_content():
     response = HttpResponse(status=204)
     del response["Content-Type"]
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def answer_etag(body):
+    """The poll answer's ETag (docs/contract.md, section 7): the first 32 lowercase hex digits of
+    SHA-256 of the exact body bytes, quoted; fastpath computes the same with OpenSSL."""
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def none_match(request, etag):
+    """True if the request's If-None-Match matches ``etag``: Django's own reading
+    (``django.utils.cache.get_conditional_response``: ``parse_etags``, ``*``, weak comparison),
+    applied to POST as well since a poll is a read whatever its method."""
+    tags = parse_etags(request.META.get("HTTP_IF_NONE_MATCH", ""))
+    if tags == ["*"]:
+        return True
+    return etag.removeprefix("W/") in (tag.removeprefix("W/") for tag in tags)
+
+
+def not_modified(etag):
+    """304 with no body, Content-Type or Content-Length.  Streaming only so that CommonMiddleware
+    adds no ``Content-Length: 0``, which RFC 9110 (8.6) forbids on a 304 of a non-empty answer."""
+    response = StreamingHttpResponse((), status=304)
+    del response["Content-Type"]
+    response["ETag"] = etag
     response["Cache-Control"] = "no-store"
     return response
 

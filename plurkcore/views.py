@@ -1,7 +1,8 @@
 """The Django side of /Poll/<resource>: answer from the database, then fill the cache.
 
 fastpath serves hits; nginx sends misses (and everything when fastpath or memcached is down) here.
-Headers follow docs/contract.md, section 6.
+Headers follow docs/contract.md, section 6; ETag and If-None-Match section 7.  This view never
+holds a request: ``Prefer: wait`` is fastpath's alone, Django answers at once.
 """
 import logging
 
@@ -11,17 +12,25 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import _testhooks, answers, keys, publish
 from .auth import AuthError, authenticate_token, token_from_request
-from .http import error_response
+from .http import answer_etag, error_response, none_match, not_modified
 
 logger = logging.getLogger("plurkcore.poll")
 
 
-def poll_response(body, cache_status):
+def poll_response(body, cache_status, request=None):
+    """The 200/204 answer for ``body`` with its ETag, or a 304 when ``request``'s If-None-Match
+    matches that ETag."""
+    etag = answer_etag(body)
+    if request is not None and none_match(request, etag):
+        response = not_modified(etag)
+        response["X-Cache"] = cache_status
+        return response
     if body:
         response = HttpResponse(body, content_type="application/json")
     else:
         response = HttpResponse(status=204)
         del response["Content-Type"]
+    response["ETag"] = etag
     response["X-Cache"] = cache_status
     response["Cache-Control"] = "no-store"
     return response
@@ -47,7 +56,7 @@ def poll(request, resource):
             publish.fill(keys.answer_key(resource, user.pk, epoch), body, user.pk, epoch)
         except Exception:
             logger.exception("filling the cache for %s failed", resource)
-        return poll_response(body, "MISS")
+        return poll_response(body, "MISS", request)
     except OperationalError as exc:
         # the database is busy or away: like the API, ask the poller to come back shortly
         logger.error("poll %s: database unavailable: %s", resource, exc)

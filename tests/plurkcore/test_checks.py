@@ -41,6 +41,17 @@ def run(plurkcore=None, **overrides):
     ({"COOKIE_NAME": "tok"},
      [("plurkcore.W003", "PLURKCORE['COOKIE_NAME'] differs from the contract's plurk_token: fastpath "
                          "will not see the cookie.")]),
+    ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "plurkcore.notify.NullNotifier"}, []),
+    ({"NOTIFY_DIRS": "/run/n"},
+     [("plurkcore.E009", "PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
+    ({"NOTIFY_DIRS": ["/run/n", ""]},
+     [("plurkcore.E009", "PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got ['/run/n', ''].")]),
+    ({"NOTIFY_BACKEND": "plurkcore.notify.Nope"},
+     [("plurkcore.E010", "PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+                         "'plurkcore.notify.Nope'.")]),
+    ({"NOTIFY_BACKEND": "plurkcore.notify.stats"},
+     [("plurkcore.E010", "PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+                         "'plurkcore.notify.stats'.")]),
 ])
 def test_each_problem_has_its_id_and_message(overrides, expected):
     assert run({**settings.PLURKCORE, **GOOD_SERVERS, **overrides}) == expected

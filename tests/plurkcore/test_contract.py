@@ -71,3 +71,11 @@ def test_credentials_behind_gunicorn(case):
 def test_empty_cookie_is_authentication_required(cookie):
     status, headers, body = django_response(request_bytes([("Cookie", cookie)]))
     assert (status, body) == (401, b'{"error":"authentication required"}')
+
+
+@pytest.mark.parametrize("body, etag", VECTORS["etag"], ids=lambda v: v[:24])
+def test_etag_vectors(body, etag):
+    """Section 7: the quoted first 32 hex digits of SHA-256 of the exact body bytes."""
+    from plurkcore.http import answer_etag
+
+    assert answer_etag(body.encode()) == etag

@@ -25,6 +25,7 @@ def test_headers_exactly_as_the_contract(signup):
     empty = poll(b)
     assert empty.status_code == 204 and empty.content == b""
     assert empty["X-Cache"] == "MISS" and empty["Cache-Control"] == "no-store"
+    assert empty["ETag"] == '"e3b0c44298fc1c149afbf4c8996fb924"'      # sha256(b"")
     assert "Content-Type" not in empty
     b.call("POST", "/api/follow", {"username": "a"})
     a.call("POST", "/api/plurks", {"content": "x"})
@@ -33,6 +34,7 @@ def test_headers_exactly_as_the_contract(signup):
         assert resp.status_code == 200 and resp.content == b'{"count":1}'
         assert resp["Content-Type"] == "application/json"
         assert resp["X-Cache"] == "MISS" and resp["Cache-Control"] == "no-store"
+        assert resp["ETag"] == '"6aea6dfe6561984cdc5c54ead84d47d2"'   # sha256(b'{"count":1}')
     bad = b.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION="Bearer nope")
     assert bad.status_code == 401 and bad["Content-Type"] == "application/json"
     assert bad["Cache-Control"] == "no-store" and "error" in bad.json()
