@@ -101,6 +101,8 @@ PLURKCORE = {
     "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
     "SECRET_FILE": STACK.secret_file,
     "MAX_BODY_SIZE": STACK.max_body_bytes,
+    # fastpath's notice sockets: plurkcore.notify tells held long-polls which keys it stored
+    "NOTIFY_DIRS": [STACK.fastpath_notify] if STACK.fastpath_notify else [],
 }
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
