@@ -31,6 +31,9 @@ async function api(method, path, body) {
     opts.body = JSON.stringify(body);
   }
   const resp = await fetch(path, opts);
+  // a write of ours (markRead, follow) may bring the count back to the number our ETag holds, with
+  // other items: the next poll must not be held as "nothing new"
+  if (method !== "GET") live.etag = null;
   let data = null;
   if (resp.status !== 204) {
     try { data = await resp.json(); } catch (e) { data = null; }
