@@ -1,5 +1,6 @@
-"""Plurk users for locust: sign up or log in, follow a skewed social graph, poll every couple of
-seconds, post and respond now and then, mark read what they have seen.
+"""Plurk users for locust: sign up or log in, follow a skewed social graph, keep a long-poll in
+flight (or poll every couple of seconds), post and respond now and then, mark read what they have
+seen.
 
     locust -f locustfiles/plurkers.py                     # web UI; host: PLURK_HTTP (127.0.0.1:8080)
     locust -f locustfiles/plurkers.py --headless -u 30 -r 10 -t 60s
@@ -42,11 +43,27 @@ snapshot never holds a poll without what that poll saw).
 A poll answer that is not what the API promises (a 200 that is not JSON, a body without its
 fields) is a request *failure*, never an exception that would leave the poll unrecorded.
 
+Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_MODE``):
+  long (default)  each user keeps one getUnreadCount in flight with ``Prefer: wait=N`` and the
+                  ETag of its last answer (If-None-Match), in a greenlet of its own, as the page
+                  does: fastpath holds it until the count changes (then getMessages and markRead)
+                  or the wait ends (304), and it is sent again at once when the answer carried
+                  Preference-Applied; otherwise (Django answered: fastpath down, or a fastpath
+                  that does not hold) after the poll wait, so it never spins.  Errors back off
+                  with jitter.  Held polls are named ``/Poll/getUnreadCount (held)`` in locust's
+                  statistics (their time is mostly waiting); the poll task weight then idles, so
+                  users post and respond as often as in the short mode.
+  short           every user's poll task asks getUnreadCount (and getMessages when something is
+                  unread) every couple of seconds: the comparison.
+Delivery latency is measured the same way in both, from the plurk's commit to its first sight.
+
 Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
   PLURK_LOAD_POLL_WAIT    mean seconds between an ordinary user's actions (default 2, jitter
                           +-25%); Plurk's pollers asked every few to tens of seconds
   PLURK_LOAD_WRITE_WEIGHT task weight of posting and of responding against 30 for polling (default 1)
   PLURK_LOAD_CELEB_WAIT   mean seconds between a celebrity's actions (default 3)
+  PLURK_LOAD_POLL_MODE    long (default) or short, as --poll-mode
+  PLURK_LOAD_LONGPOLL_WAIT  N of ``Prefer: wait=N`` (default 50, below fastpath's 55 s max wait)
 """
 import datetime
 import json
@@ -86,6 +103,10 @@ POLL_WAIT = float(os.environ.get("PLURK_LOAD_POLL_WAIT", "2"))
 WRITE_WEIGHT = int(os.environ.get("PLURK_LOAD_WRITE_WEIGHT", "1"))
 CELEB_WAIT = float(os.environ.get("PLURK_LOAD_CELEB_WAIT", "3"))
 SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
+POLL_MODES = ("long", "short")
+LONGPOLL_WAIT = int(os.environ.get("PLURK_LOAD_LONGPOLL_WAIT", "50"))
+LONGPOLL_QUICK_S = 1.0           # a held 304 sooner than this is not trusted: wait before the next
+MAX_BACKOFF_S = 30.0
 PASSWORD = "load-pass-1"
 CLAIM_TIMEOUT_S = 60
 
@@ -251,6 +272,10 @@ class _Plurker(FastHttpUser):
     seen = None
     ready_at = None               # when this user had its account and follows: plurks created
                                   # after it are timed as deliveries
+    network_timeout = LONGPOLL_WAIT + 30.0    # a held poll is answered within the wait
+    etag = None                   # long mode: the ETag of the last count answer handled
+    count = 0
+    _poller = None
 
     def _auth(self):
         return {"Authorization": f"Bearer {self.token}"}
@@ -277,7 +302,12 @@ class _Plurker(FastHttpUser):
         counted = self._get_poll("getUnreadCount", _check_count)
         if counted is None:
             return
-        body = self._get_poll("getMessages", _check_messages) if counted else {}
+        self._read(started, bool(counted))
+
+    def _read(self, started, unread):
+        """After a count answer of a poll begun at ``started``: fetch the messages when something
+        is unread, count deliveries, mark read what was shown."""
+        body = self._get_poll("getMessages", _check_messages) if unread else {}
         if body is None:
             return
         if not body:
@@ -299,9 +329,76 @@ class _Plurker(FastHttpUser):
             # everything unread was shown: mark it read (reading takes a moment)
             self.client.post("/api/markRead", json={"upto": max(i["id"] for i in items)},
                              headers=self._auth(), name="/api/markRead")
+            # the count changed under the ETag we hold: a count back at the same number (a new
+            # plurk after the read) would otherwise match it and be held as "nothing new"
+            self.etag = None
         elif items:
             with _lock:
                 _records["truncated"] += 1
+
+    # -- long-polling ----------------------------------------------------------------------------
+
+    def _start_polling(self):
+        """Long mode: this user's one long-poll in flight, in a greenlet of its own."""
+        if _poll_mode(self.environment) == "long" and self.token and self._poller is None:
+            self._poller = gevent.spawn(self._long_poll_loop)
+
+    def on_stop(self):
+        if self._poller is not None:
+            self._poller.kill(block=False)
+            self._poller = None
+
+    def _long_poll(self):
+        """One held getUnreadCount: (count, held, quick) or None on failure.  ``held``: fastpath
+        applied the wait (Preference-Applied); ``quick``: an unchanged answer came back at once."""
+        headers = self._auth()
+        headers["Prefer"] = f"wait={LONGPOLL_WAIT}"
+        if self.etag:
+            headers["If-None-Match"] = self.etag
+        started = time.monotonic()
+        name = "/Poll/getUnreadCount (held)"
+        with self.client.get("/Poll/getUnreadCount", headers=headers, name=name, catch_response=True) as resp:
+            self._count_cache(resp)
+            status = resp.status_code
+            if status == 304 and self.etag:
+                resp.success()
+                count = self.count
+            elif status == 204:
+                resp.success()
+                count = 0
+            else:
+                body = _body(resp, (200,), _check_count)
+                if body is None:
+                    return None
+                count = body["count"]
+            header = resp.headers.get if resp.headers else (lambda _name: None)
+            self.etag = header("ETag")
+            held = header("Preference-Applied") is not None
+        self.count = count
+        return count, held, status == 304 and time.monotonic() - started < LONGPOLL_QUICK_S, status
+
+    def _long_poll_loop(self):
+        backoff = POLL_WAIT
+        while True:
+            started = time.time()
+            try:
+                answer = self._long_poll()
+                if answer is not None:
+                    count, held, quick, status = answer
+                    if status == 304:
+                        self._polled(started)             # unchanged since the last answer handled
+                    else:
+                        self._read(started, count > 0)
+            except Exception:             # a bug here must not stop this user's polling in silence
+                log.exception("long-poll of %s", self.username)
+                answer = None
+            if answer is None:
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                gevent.sleep(random.uniform(0.5, 1.0) * backoff)
+                continue
+            backoff = POLL_WAIT
+            if not held or quick:         # Django answered, or fastpath did not hold: poll wait
+                gevent.sleep(random.uniform(0.75, 1.25) * POLL_WAIT)
 
     def _delivered(self, item, now):
         """A custom locust request of type ``delivery``: a plurk of someone else, created after this
@@ -360,11 +457,13 @@ class Plurker(_Plurker):
                             _records["follows"].append([self.username, name, 0.0])
                         _known_users.append(self.username)
                     self.ready_at = time.time()
+                    self._start_polling()
                     return
             elif not self._signup():
                 return
         self._follow_some()
         self.ready_at = time.time()
+        self._start_polling()
 
     def _login(self, account):
         """Log in with a password (``/api/login``): a user coming back, not a fresh sign-up."""
@@ -404,7 +503,8 @@ class Plurker(_Plurker):
 
     @task(30)
     def poll_task(self):
-        self.poll()
+        if _poll_mode(self.environment) == "short":
+            self.poll()
 
     @task(WRITE_WEIGHT)
     def post_task(self):
@@ -441,6 +541,7 @@ class Celebrity(_Plurker):
         self.username, self.token = celeb["username"], celeb["token"]
         self._ran()
         self.ready_at = time.time()
+        self._start_polling()
         # first post only once every user runs (a user spawned later could not see it before it
         # starts, which would measure the ramp-up, not delivery), then at a random moment of the
         # first wait, not all celebrities at once
@@ -453,7 +554,8 @@ class Celebrity(_Plurker):
 
     @task(5)
     def poll_task(self):
-        self.poll()
+        if _poll_mode(self.environment) == "short":
+            self.poll()
 
 
 # --- records, events and the in-locust delivery summary -----------------------------------------
@@ -481,6 +583,23 @@ def _runs_users(environment):
 _snapshots = None
 _all_spawned = gevent.event.Event()
 SPAWN_WAIT_MAX_S = 600
+
+
+def _poll_mode(environment):
+    options = getattr(environment, "parsed_options", None)
+    return getattr(options, "poll_mode", None) or _default_poll_mode()
+
+
+def _default_poll_mode():
+    mode = os.environ.get("PLURK_LOAD_POLL_MODE", "long")
+    return mode if mode in POLL_MODES else "long"
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser, **kwargs):
+    parser.add_argument("--poll-mode", choices=POLL_MODES, default=_default_poll_mode(),
+                        help="long: one held poll in flight per user (default); short: poll every "
+                             "couple of seconds ($PLURK_LOAD_POLL_MODE)")
 
 
 @events.init.add_listener
@@ -512,6 +631,7 @@ def _test_start(environment=None, **kwargs):
         _records = _new_records()
         _records["runner"] = "worker" if isinstance(environment.runner, WorkerRunner) else "local"
         _records["worker_index"] = getattr(environment.runner, "worker_index", None)
+        _records["poll_mode"] = _poll_mode(environment)
         del _known_users[:]
     if RECORDS_DIR is None or _snapshots is not None:
         return

@@ -38,6 +38,12 @@ VARIABLES = {
     "PLURK_MEMCACHED_TIMEOUT_MS": ("50", "how long fastpath and Django wait for memcached"),
     "PLURK_MEMCACHED_MEMORY_MB": ("64", "memory of each memcached the runner starts"),
     "PLURK_MAX_BODY_KB": ("64", "largest request body, KiB: nginx, Django and fastpath all enforce it (413 beyond)"),
+    "PLURK_FASTPATH_NOTIFY": ("run/notify",
+                              "directory of fastpath's notice sockets (`<worker>.sock`), to which Django sends "
+                              "the keys it stored so held long-polls wake at once (relative: under "
+                              "`PLURK_VAR_DIR`); `off` (or empty): no notices, fastpath re-reads held keys"),
+    "PLURK_LONGPOLL_MAX_WAIT_S": ("55", "longest a long-poll (`Prefer: wait=N`) is held by fastpath, seconds "
+                                        "(fastpath's `--max-wait`; nginx waits 15 s more before giving up)"),
 }
 
 
@@ -78,6 +84,20 @@ def parse_listen(name, value, base=ROOT):
                               f"to a shorter unix:/path (or a host:port)")
         return ("unix", path)
     return parse_hostport(name, value)
+
+
+def parse_notify_dir(name, value, var_dir):
+    """The notice directory: absolute (a relative one is under the var dir, like the fastpath
+    socket), or None for ``off``/empty.  Its sockets are ``<index>.sock``, so the directory
+    leaves room in sun_path for a worker index."""
+    value = value.strip()
+    if value.lower() in ("", "off"):
+        return None
+    path = _resolve(value, var_dir)
+    if len(os.fsencode(path)) > 107 - len("/999.sock"):
+        raise ConfigError(f"{name}={value!r}: the directory {path} is too long for its sockets "
+                          f"(<dir>/<worker>.sock must fit 107 bytes); set a shorter path or off")
+    return path
 
 
 def _others_can_search(path):
@@ -138,6 +158,8 @@ class StackConfig:
     memcached_timeout_ms: int
     memcached_memory_mb: int
     max_body_kb: int = 64
+    fastpath_notify: str = None     # absolute directory, or None: no notices
+    longpoll_max_wait_s: int = 55
 
     @classmethod
     def from_env(cls, environ=None):
@@ -183,6 +205,8 @@ class StackConfig:
             memcached_timeout_ms=integer("PLURK_MEMCACHED_TIMEOUT_MS", 1, 10000),
             memcached_memory_mb=integer("PLURK_MEMCACHED_MEMORY_MB", 8, 65536),
             max_body_kb=integer("PLURK_MAX_BODY_KB", 1, 16384),
+            fastpath_notify=parse_notify_dir("PLURK_FASTPATH_NOTIFY", get("PLURK_FASTPATH_NOTIFY"), var_dir),
+            longpoll_max_wait_s=integer("PLURK_LONGPOLL_MAX_WAIT_S", 1, 3600),
         )
         config.check_ports()
         return config
@@ -220,6 +244,8 @@ class StackConfig:
             "PLURK_MEMCACHED_TIMEOUT_MS": str(self.memcached_timeout_ms),
             "PLURK_MEMCACHED_MEMORY_MB": str(self.memcached_memory_mb),
             "PLURK_MAX_BODY_KB": str(self.max_body_kb),
+            "PLURK_FASTPATH_NOTIFY": self.fastpath_notify or "off",
+            "PLURK_LONGPOLL_MAX_WAIT_S": str(self.longpoll_max_wait_s),
         }
 
     @property

@@ -12,6 +12,7 @@ from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S
 
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+LONGPOLL_READ_MARGIN_S = 15       # nginx's read timeout for a long-poll: fastpath's max wait + this
 TEMP_DIRS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 
 
@@ -136,6 +137,9 @@ def context(config, worker_processes="auto"):
         # below the upstreams' own idle timeouts (see services.py)
         "fastpath_keepalive_timeout": f"{max(1, FASTPATH_IDLE_TIMEOUT_S - 2)}s",
         "django_keepalive_timeout": f"{max(1, GUNICORN_KEEPALIVE_S - 15)}s",
+        # a held long-poll is answered by fastpath within max wait: nginx waits longer
+        "max_wait": str(config.longpoll_max_wait_s),
+        "longpoll_read_timeout": f"{config.longpoll_max_wait_s + LONGPOLL_READ_MARGIN_S}s",
     }
 
 

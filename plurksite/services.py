@@ -122,7 +122,7 @@ def fastpath_command(config, resources=None, **options):
     option table, which is pure Python: this works before the extension is built."""
     from fastpath.options import command_line
 
-    values = dict(listen=format_hostport(*config.fastpath),
+    values = dict(**longpoll_options(config), listen=format_hostport(*config.fastpath),
                   admin=format_hostport(*config.fastpath_admin),
                   memcached=config.memcached_specs, secret_file=config.secret_file,
                   workers=config.fastpath_workers, timeout_ms=config.memcached_timeout_ms,
@@ -130,6 +130,26 @@ def fastpath_command(config, resources=None, **options):
                   resources=resources)
     values.update(options)
     return [sys.executable, "-m", "fastpath", *command_line(**values)]
+
+
+def _option_attr(flag):
+    """The Options attribute of fastpath's ``flag``, or None when this fastpath lacks it."""
+    from fastpath.options import OPTIONS
+
+    return next((opt.attr for opt in OPTIONS if opt.flag == flag), None)
+
+
+def longpoll_options(config):
+    """fastpath's long-poll options (--max-wait, --notify-dir) for ``config``.  A fastpath that
+    does not know them yet gets neither: it then answers every poll at once, which the page and
+    nginx handle (docs/web.md)."""
+    values = {}
+    max_wait, notify_dir = _option_attr("--max-wait"), _option_attr("--notify-dir")
+    if max_wait is not None:
+        values[max_wait] = config.longpoll_max_wait_s
+    if notify_dir is not None and config.fastpath_notify:
+        values[notify_dir] = config.fastpath_notify
+    return values
 
 
 def nginx_command(conf_path, prefix):

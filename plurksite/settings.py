@@ -102,6 +102,12 @@ PLURKCORE = {
     "SECRET_FILE": STACK.secret_file,
     "MAX_BODY_SIZE": STACK.max_body_bytes,
 }
+# fastpath's notice sockets: plurkcore.notify tells held long-polls which keys it stored.  Only
+# once this plurkcore reads the key (issue 14): an unknown key is a warning (plurkcore.W001).
+from plurkcore.conf import DEFAULTS as _PLURKCORE_DEFAULTS  # noqa: E402  (light: no ORM)
+
+if "NOTIFY_DIRS" in _PLURKCORE_DEFAULTS:
+    PLURKCORE["NOTIFY_DIRS"] = [STACK.fastpath_notify] if STACK.fastpath_notify else []
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
 

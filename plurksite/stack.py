@@ -284,6 +284,8 @@ class Stack:
                                    f"(another runstack?); stop it or set {name}")
         if cfg.fastpath[0] == "unix":
             self._prepare_socket(cfg.fastpath[1])
+        if cfg.fastpath_notify:
+            self._prepare_notify_dir(cfg.fastpath_notify)
         conf = nginxconf.render(cfg, self.nginx_workers)
         services.nginx_test(conf, cfg.var_dir)
         with contextlib.suppress(OSError):     # verify_polls quotes only this run's errors
@@ -311,6 +313,20 @@ class Stack:
         if why:
             raise ServiceError(f"{where}: {why}, or set PLURK_FASTPATH to a socket in a directory they can "
                                f"reach, or to a loopback host:port such as 127.0.0.1:8001")
+
+    @staticmethod
+    def _prepare_notify_dir(directory):
+        """fastpath binds its notice sockets there and Django (the same user) sends to them:
+        refuse at once when it cannot, rather than let every held poll wait for a re-read."""
+        where = f"PLURK_FASTPATH_NOTIFY={directory}"
+        try:
+            _makedirs_searchable(directory)
+        except OSError as exc:
+            raise ServiceError(f"{where}: cannot create {exc.filename} ({exc.strerror}); create it, "
+                               f"set PLURK_FASTPATH_NOTIFY to another directory, or to off") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ServiceError(f"{where}: fastpath (this user) cannot create its sockets there; make it "
+                               f"writable (chmod u+w), set PLURK_FASTPATH_NOTIFY to another directory, or to off")
 
     def verify_polls(self, attempts=3):
         """Prove the path a user's poll takes: a poll through nginx without a token must get

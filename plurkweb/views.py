@@ -1,8 +1,23 @@
 """Page shells: the templates render without touching the database, so a page never fails
 because the API is busy; app.js fills them in from /api and /Poll."""
-from django.shortcuts import render
+from django.conf import settings
+from django.shortcuts import render as django_render
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_safe
+
+
+POLL_MODES = ("long", "short")
+
+
+def poll_mode(request):
+    """How the page polls (app.js): ``long`` (held by fastpath, the default) or ``short`` (every
+    2 s, for comparison); ``?poll=short`` overrides settings.PLURKWEB_POLL_MODE for one page."""
+    mode = request.GET.get("poll") or getattr(settings, "PLURKWEB_POLL_MODE", "long")
+    return mode if mode in POLL_MODES else "long"
+
+
+def render(request, template, context):
+    return django_render(request, template, {**context, "poll_mode": poll_mode(request)})
 
 
 @require_safe

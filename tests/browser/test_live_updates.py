@@ -7,7 +7,10 @@ against the real stack through nginx:
 - a user's page (/u/<name>) shows the badge but never marks anything read;
 - a response to a plurk that is not on the page is shown (with its plurk) before it is read;
 - the page load retries with the offline notice when the API is unreachable;
-- no horizontal overflow at 360 and 320 pixels.
+- no horizontal overflow at 360 and 320 pixels;
+- the page long-polls (one getUnreadCount in flight with Prefer: wait and the last ETag), and a
+  plurk still arrives, by short polling through Django, while fastpath is stopped, and again
+  once it is back.
 
 Screenshots of each step, and of every window at the end of each test (also when it fails), go
 to test-artifacts/browser/.  Without Chromium the tests skip, unless CI is set: then they fail.
@@ -35,6 +38,21 @@ window.fetch = async function (url, opts) {
   const resp = await original.call(this, url, opts);
   if (String(url).startsWith("/Poll/")) window.__polls.push([String(url), resp.headers.get("X-Cache")]);
   return resp;
+};
+"""
+
+# Records the Prefer and If-None-Match of every getUnreadCount and how many were in flight at once.
+RECORD_LONG_POLLS_JS = """
+window.__counts = [];
+window.__inFlight = 0;
+window.__maxInFlight = 0;
+const original = window.fetch;
+window.fetch = async function (url, opts) {
+  if (String(url) !== "/Poll/getUnreadCount") return original.call(this, url, opts);
+  const headers = (opts && opts.headers) || {};
+  window.__counts.push([headers["Prefer"] || null, headers["If-None-Match"] || null]);
+  window.__maxInFlight = Math.max(window.__maxInFlight, ++window.__inFlight);
+  try { return await original.call(this, url, opts); } finally { window.__inFlight--; }
 };
 """
 
@@ -337,3 +355,53 @@ def test_narrow_screens_do_not_overflow(stack, browsers):
             assert inner <= width, inner
             _assert_no_horizontal_overflow(driver, f"{path} at {width}px")
             _shot(driver, f"8-narrow-{width}-{'timeline' if path == '/' else 'user'}")
+
+
+def _fastpath_holds():
+    from fastpath.options import OPTIONS
+    return any(opt.flag == "--max-wait" for opt in OPTIONS)
+
+
+def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_stopped(private_stack, browsers):
+    stack, base = private_stack, private_stack.base_url
+    writer_name, writer_token = stack.signup("writer")
+    reader_name, reader_token = stack.signup("reader")
+    assert stack.api("POST", "/api/follow", reader_token, json={"username": writer_name}).status_code in (200, 201)
+    reader = browsers("reader")
+    _login(reader, base, reader_name)
+    assert reader.execute_script("return document.body.dataset.pollMode") == "long"
+    _wait(lambda: _polls_done(reader) >= 1, what="the reader's first poll")
+    reader.execute_script(RECORD_LONG_POLLS_JS)
+
+    def arrives(text):
+        _post(stack, writer_token, text)
+        _wait(lambda: text in _by_id(reader, "timeline").text, timeout=20, what=f"{text!r} for the reader")
+
+    arrives(f"while fastpath holds {time.time():.0f}")
+    counts = reader.execute_script("return window.__counts")
+    assert counts and all(prefer == "wait=50" for prefer, _ in counts), counts
+    if _fastpath_holds():              # fastpath answered with ETags and held the polls
+        assert any(inm for _, inm in counts), counts
+        assert int(reader.execute_script("return document.body.dataset.pollHeld")) >= 1
+
+    # fastpath stopped (and kept down): nginx falls back to Django, which never holds; the page
+    # waits the short-poll interval between polls instead of spinning
+    fastpath = stack.service("fastpath")
+    start = fastpath.start
+    fastpath.start = lambda: fastpath
+    try:
+        fastpath.kill()
+        misses = int(reader.execute_script("return document.body.dataset.pollMisses"))
+        arrives(f"while fastpath is stopped {time.time():.0f}")
+        assert int(reader.execute_script("return document.body.dataset.pollMisses")) > misses
+        before = len(reader.execute_script("return window.__counts"))
+        time.sleep(4)
+        assert len(reader.execute_script("return window.__counts")) - before <= 6   # every 2 s, not a loop
+        _shot(reader, "9-fastpath-stopped")
+    finally:
+        fastpath.start = start
+        fastpath.start()
+        fastpath.wait_ready()
+
+    arrives(f"after fastpath is back {time.time():.0f}")
+    assert reader.execute_script("return window.__maxInFlight") == 1        # one poll in flight at a time

@@ -45,3 +45,13 @@ def test_accessible_markup(client):
     assert re.search(r'<p id="live-status"[^>]*role="status"', body)
     # the browser's maxlength counts UTF-16 units; the server counts characters (app.js checks)
     assert "maxlength" not in re.search(r"<textarea[^>]*>", body).group(0)
+
+
+@pytest.mark.parametrize("query, setting, mode", [
+    ("", None, "long"), ("?poll=short", None, "short"), ("?poll=nonsense", None, "long"),
+    ("", "short", "short"), ("?poll=long", "short", "long"),
+])
+def test_the_page_long_polls_unless_told_to_short_poll(client, settings, query, setting, mode):
+    if setting:
+        settings.PLURKWEB_POLL_MODE = setting
+    assert f'data-poll-mode="{mode}"'.encode() in client.get("/" + query).content

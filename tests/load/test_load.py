@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.load
 @pytest.mark.slow
 def test_quick_simulation_delivers_everything(stack, tmp_path):
-    env = dict(os.environ, PLURK_BENCH_RESULTS=str(tmp_path))
+    # short polling: the request count below is the short-poll rate (long mode: the next test)
+    env = dict(os.environ, PLURK_BENCH_RESULTS=str(tmp_path), PLURK_LOAD_POLL_MODE="short")
     env.update(stack.config.to_env())
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "load.py"), "--quick",
                            "--host", stack.base_url], env=env, cwd=ROOT, capture_output=True,
@@ -35,6 +36,28 @@ def test_quick_simulation_delivers_everything(stack, tmp_path):
     assert result["endpoints"]["delivery plurk first seen by a follower"]["requests"] > 0, result["endpoints"]
     assert result["record_files_with_users"] == 1 == result["record_files_expected"]
     assert result["distinct_accounts"] == result["accounts_run"] == 30, result
+
+
+@pytest.mark.load
+@pytest.mark.slow
+def test_quick_simulation_long_polls_by_default_and_delivers_everything(stack, tmp_path):
+    """`make load`'s mode: every user keeps one held getUnreadCount in flight; the same oracle
+    (every plurk reaches every follower) and locust's delivery latency."""
+    env = {k: v for k, v in os.environ.items() if k != "PLURK_LOAD_POLL_MODE"}
+    env.update(stack.config.to_env(), PLURK_BENCH_RESULTS=str(tmp_path))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "load.py"), "--quick",
+                           "--host", stack.base_url], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    result = json.load(open(tmp_path / "load.json"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert result["failures"] == 0 and result["lost"] == 0, result["failure_kinds"]
+    assert result["exceptions"] == 0 and result["locust_exit"] == 0 and result["problems"] == []
+    assert result["deliveries_checked"] > 0
+    assert result["hit_ratio"] > 0.95, result
+    held = result["endpoints"]["GET /Poll/getUnreadCount (held)"]
+    assert held["requests"] >= 30 and held["failures"] == 0, held          # every user polled
+    assert "GET /Poll/getUnreadCount" not in result["endpoints"], result["endpoints"].keys()
+    assert result["endpoints"]["delivery plurk first seen by a follower"]["requests"] > 0
 
 
 @pytest.mark.load

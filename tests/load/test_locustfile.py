@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -19,7 +20,11 @@ LOCUSTFILE = os.path.join(ROOT, "locustfiles", "plurkers.py")
 
 class FakeApi(http.server.ThreadingHTTPServer):
     """Just enough of the API for the simulation.  ``polls``: "nonjson" answers every poll with a
-    200 HTML page (a misrouted request), "silent" with 204 (nothing new, ever: every plurk is lost)."""
+    200 HTML page (a misrouted request), "silent" with 204 (nothing new, ever: every plurk is lost),
+    "holds" as a long-polling fastpath with nothing new: 204 and its ETag, then, for a request
+    with Prefer: wait and that ETag, a 304 after HOLD_S with Preference-Applied."""
+
+    HOLD_S = 1.5
 
     daemon_threads = True
 
@@ -27,6 +32,7 @@ class FakeApi(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.polls = polls
         self.requests = []
+        self.poll_headers = []         # (Prefer, If-None-Match) of every poll
         self.ids = itertools.count(1)
 
     def __enter__(self):
@@ -58,13 +64,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _hold(self):
+        etag = '"e3b0c44298fc1c149afbf4c8996fb924"'        # of the empty body
+        self.send_response(304 if self.headers.get("If-None-Match") == etag else 204)
+        if self.headers.get("Prefer"):
+            if self.headers.get("If-None-Match") == etag:
+                time.sleep(self.server.HOLD_S)
+            self.send_header("Preference-Applied", "wait=50")
+        self.send_header("ETag", etag)
+        self.send_header("X-Cache", "HIT")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _json(self, status, obj):
         self._send(status, json.dumps(obj).encode())
 
     def do_GET(self):
         self.server.requests.append(("GET", self.path))
         if self.path.startswith("/Poll/"):
-            if self.server.polls == "nonjson":
+            self.server.poll_headers.append((self.headers.get("Prefer"), self.headers.get("If-None-Match")))
+            if self.server.polls == "holds":
+                self._hold()
+            elif self.server.polls == "nonjson":
                 self._send(200, b"<html>not the API</html>", "text/html", cache="HIT")
             else:
                 self._send(204, cache="HIT")
@@ -106,19 +127,21 @@ def _csv(tmp_path, name):
 
 
 @pytest.mark.load
-def test_a_poll_answer_that_is_not_json_is_a_failure_and_the_run_fails(tmp_path):
+@pytest.mark.parametrize("mode, name", [("short", "/Poll/getUnreadCount"), ("long", "/Poll/getUnreadCount (held)")])
+def test_a_poll_answer_that_is_not_json_is_a_failure_and_the_run_fails(tmp_path, mode, name):
     with FakeApi("nonjson") as api:
-        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "2", "-r", "2", "-t", "4s",
+        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "2", "-r", "2", "-t", "4s", "--poll-mode", mode,
                                   env={"PLURK_LOAD_POLL_WAIT": "0.3"})
         assert ("GET", "/Poll/getUnreadCount") in api.requests, out[-3000:]   # host: PLURK_HTTP
     assert proc.returncode == 1, out[-3000:]
     failures = _csv(tmp_path, "failures")
-    assert any(f["Name"] == "/Poll/getUnreadCount" and "not JSON" in f["Error"] for f in failures), failures
+    assert any(f["Name"] == name and "not JSON" in f["Error"] for f in failures), failures
     assert _csv(tmp_path, "exceptions") == [], out[-3000:]     # a failure, not an exception
 
 
 @pytest.mark.load
-def test_a_lost_plurk_makes_locust_itself_exit_non_zero(tmp_path):
+@pytest.mark.parametrize("mode", ["short", "long"])
+def test_a_lost_plurk_makes_locust_itself_exit_non_zero(tmp_path, mode):
     """Every poll says "nothing new": the celebrity's plurks never reach its followers.  No request
     fails, yet the run must fail: the in-locust verdict sets the exit status."""
     setup = {"celebrities": [{"username": "celeb", "token": "t-celeb"}],
@@ -127,7 +150,8 @@ def test_a_lost_plurk_makes_locust_itself_exit_non_zero(tmp_path):
     with FakeApi("silent") as api:
         proc, out = _plain_locust(tmp_path, api.hostport, "-u", "4", "-r", "4", "-t", "6s",
                                   env={"PLURK_LOAD_SETUP": str(tmp_path / "setup.json"),
-                                       "PLURK_LOAD_POLL_WAIT": "0.3", "PLURK_LOAD_CELEB_WAIT": "0.3"})
+                                       "PLURK_LOAD_POLL_WAIT": "0.3", "PLURK_LOAD_CELEB_WAIT": "0.3",
+                                       "PLURK_LOAD_POLL_MODE": mode})
     assert ("POST", "/api/plurks") in api.requests, out[-3000:]
     assert proc.returncode == 1, out[-3000:]
     assert sum(int(r["Failure Count"]) for r in _csv(tmp_path, "stats") if r["Name"] == "Aggregated") == 0, out
@@ -136,17 +160,36 @@ def test_a_lost_plurk_makes_locust_itself_exit_non_zero(tmp_path):
 
 
 @pytest.mark.load
+def test_long_mode_keeps_one_held_poll_in_flight_with_its_etag(tmp_path):
+    """Each user sends Prefer: wait and, once it has one, the ETag of its last answer, and polls
+    again at once after a held answer: about one poll per hold, not one per poll wait."""
+    with FakeApi("holds") as api:
+        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "2", "-r", "2", "-t", "6s",
+                                  env={"PLURK_LOAD_POLL_WAIT": "0.3", "PLURK_LOAD_WRITE_WEIGHT": "0"})
+    polls = api.poll_headers
+    assert proc.returncode == 0, out[-3000:]
+    assert polls and all(prefer == "wait=50" for prefer, _ in polls), polls
+    assert sum(inm is not None for _, inm in polls) >= 2, polls          # held with the ETag
+    assert len(polls) <= 2 * (6 / FakeApi.HOLD_S + 3), polls             # short polls would be ~40
+
+
+@pytest.mark.load
 @pytest.mark.slow
-def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path):
+@pytest.mark.parametrize("mode", ["short", "long"])
+def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path, mode):
     """No setup file, no --host: users sign up at PLURK_HTTP, follow each other, post and poll;
     locust prints its own delivery line (nothing lost) and exits 0."""
     proc, out = _plain_locust(tmp_path, f"{stack.config.http[0]}:{stack.config.http[1]}",
-                              "-u", "6", "-r", "3", "-t", "15s",
+                              "-u", "6", "-r", "3", "-t", "15s", "--poll-mode", mode,
                               env={"PLURK_LOAD_POLL_WAIT": "1", "PLURK_LOAD_WRITE_WEIGHT": "6"})
     assert proc.returncode == 0, out[-3000:]
     stats = {(r["Type"], r["Name"]): r for r in _csv(tmp_path, "stats")}
     assert int(stats[("POST", "/api/signup")]["Request Count"]) == 6, stats.keys()
-    assert int(stats[("GET", "/Poll/getUnreadCount")]["Request Count"]) > 20
+    if mode == "short":
+        assert int(stats[("GET", "/Poll/getUnreadCount")]["Request Count"]) > 20
+    else:
+        assert int(stats[("GET", "/Poll/getUnreadCount (held)")]["Request Count"]) >= 6
+        assert ("GET", "/Poll/getUnreadCount") not in stats
     assert int(stats[("", "Aggregated")]["Failure Count"]) == 0
     line = next((ln for ln in out.splitlines() if ln.startswith("delivery (6 users")), None)
     assert line is not None and "LOST 0" in line and "poll hit ratio" in line, out[-3000:]

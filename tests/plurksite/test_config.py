@@ -138,3 +138,71 @@ def test_default_socket_leaves_a_var_dir_nginx_cannot_reach(tmp_path):
     assert other.fastpath != config.fastpath                                           # one per stack
     explicit = StackConfig.from_env({"PLURK_VAR_DIR": var_dir, "PLURK_FASTPATH": "unix:run/fp.sock"})
     assert explicit.fastpath == ("unix", os.path.join(var_dir, "run", "fp.sock"))
+
+
+def test_long_poll_settings_follow_the_var_dir_and_can_be_off():
+    config = StackConfig.from_env({"PLURK_VAR_DIR": "/srv/plurk"})
+    assert config.fastpath_notify == "/srv/plurk/run/notify"
+    assert config.longpoll_max_wait_s == 55
+    assert StackConfig.from_env(config.to_env()) == config
+    for off in ("off", "", "OFF"):
+        assert StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": off}).fastpath_notify is None
+    other = StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": "/tmp/n", "PLURK_LONGPOLL_MAX_WAIT_S": "20"})
+    assert (other.fastpath_notify, other.longpoll_max_wait_s) == ("/tmp/n", 20)
+    assert StackConfig.from_env(other.to_env()) == other
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"PLURK_LONGPOLL_MAX_WAIT_S": "0"}, "PLURK_LONGPOLL_MAX_WAIT_S"),
+    ({"PLURK_LONGPOLL_MAX_WAIT_S": "soon"}, "PLURK_LONGPOLL_MAX_WAIT_S"),
+    ({"PLURK_FASTPATH_NOTIFY": "/" + "n" * 100}, "PLURK_FASTPATH_NOTIFY=.*too long"),
+])
+def test_bad_long_poll_settings_name_the_variable(env, words):
+    with pytest.raises(ConfigError, match=words):
+        StackConfig.from_env(env)
+
+
+def _plurkcore_reads_notify_dirs():
+    from plurkcore.conf import DEFAULTS
+
+    return "NOTIFY_DIRS" in DEFAULTS
+
+
+@pytest.mark.skipif(not _plurkcore_reads_notify_dirs(),
+                    reason="plurkcore has no NOTIFY_DIRS setting yet (lp-django, issue 14)")
+def test_django_sends_notices_to_the_configured_directory():
+    import subprocess
+    import sys
+
+    code = "from plurksite import settings; print(settings.PLURKCORE['NOTIFY_DIRS'])"
+    for value, expected in (("/tmp/notify-here", "['/tmp/notify-here']"), ("off", "[]")):
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                             env=dict(os.environ, PLURK_FASTPATH_NOTIFY=value)).stdout
+        assert out.strip() == expected
+
+
+def _fastpath_knows(flag):
+    from fastpath.options import OPTIONS
+
+    return any(opt.flag == flag for opt in OPTIONS)
+
+
+@pytest.mark.skipif(not (_fastpath_knows("--max-wait") and _fastpath_knows("--notify-dir")),
+                    reason="fastpath.options has no --max-wait/--notify-dir yet (lp-fastpath, issue 14)")
+def test_runner_hands_fastpath_the_long_poll_settings():
+    from plurksite import services
+
+    config = StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": "/tmp/n", "PLURK_LONGPOLL_MAX_WAIT_S": "20"})
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--max-wait") + 1] == "20"
+    assert argv[argv.index("--notify-dir") + 1] == "/tmp/n"
+    assert "--notify-dir" not in services.fastpath_command(StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": "off"}))
+
+
+def test_runner_leaves_out_long_poll_flags_this_fastpath_lacks():
+    """Until fastpath has them, the runner must still start it (no unknown flag)."""
+    from plurksite import services
+
+    argv = services.fastpath_command(StackConfig.from_env({}))
+    assert ("--max-wait" in argv) == _fastpath_knows("--max-wait")
+    assert ("--notify-dir" in argv) == _fastpath_knows("--notify-dir")

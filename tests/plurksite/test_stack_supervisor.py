@@ -51,3 +51,23 @@ def test_stop_kills_grandchildren_and_stopped_processes(tmp_path):
     time.sleep(0.2)
     assert not os.path.exists(f"/proc/{grandchild}") or \
         open(f"/proc/{grandchild}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_the_runner_makes_the_notice_directory_or_names_the_variable(tmp_path):
+    """fastpath binds its notice sockets in PLURK_FASTPATH_NOTIFY and Django sends to them."""
+    import stat
+
+    import pytest
+
+    from plurksite.services import ServiceError
+    from plurksite.stack import Stack
+
+    old = os.umask(0o077)
+    try:
+        Stack._prepare_notify_dir(str(tmp_path / "run" / "notify"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "run" / "notify").st_mode) == 0o755
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ServiceError, match="PLURK_FASTPATH_NOTIFY=.*file/notify.*or to off"):
+        Stack._prepare_notify_dir(str(tmp_path / "file" / "notify"))

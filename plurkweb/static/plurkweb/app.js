@@ -2,6 +2,10 @@
 "use strict";
 
 const POLL_MS = 2000, MAX_BACKOFF_MS = 30000, READ_AFTER_MS = 3000;
+// Long-polling (docs/web.md): fastpath holds a poll up to WAIT_S seconds while nothing changes.
+// A held answer that came back sooner than QUICK_MS without a change re-polls after POLL_MS, so
+// a server that stops holding can never make the page spin.
+const WAIT_S = 50, QUICK_MS = 1000;
 const MAX_CHARS = 360, NEAR_LIMIT = 20;
 const $ = (id) => document.getElementById(id);
 
@@ -27,6 +31,9 @@ async function api(method, path, body) {
     opts.body = JSON.stringify(body);
   }
   const resp = await fetch(path, opts);
+  // a write of ours (markRead, follow) may bring the count back to the number our ETag holds, with
+  // other items: the next poll must not be held as "nothing new"
+  if (method !== "GET") live.etag = null;
   let data = null;
   if (resp.status !== 204) {
     try { data = await resp.json(); } catch (e) { data = null; }
@@ -116,9 +123,18 @@ function responseNode(r) {
 // Ticks never overlap, so a markRead cannot race a fetch.  Other pages only show the badge.
 // getMessages returns the newest 50: when more are unread the older ones cannot be shown, so
 // nothing is marked read until the person asks for it ("Mark all as read").
+//
+// Two modes (<body data-poll-mode>, from settings.PLURKWEB_POLL_MODE or ?poll=short|long):
+// "short" polls every POLL_MS.  "long" keeps one getUnreadCount in flight with `Prefer: wait`
+// and `If-None-Match: <its last ETag>`: fastpath holds it until the count changes (200/204) or the
+// wait ends (304), and says so with Preference-Applied; the page then polls again at once.  An
+// answer without Preference-Applied came from Django (fastpath down, or a miss): the page waits
+// POLL_MS, i.e. short-polls until fastpath is back.  Marking read cannot wait for a held poll:
+// a due read aborts it (pollNow) and the next tick marks read before it polls again.
 
 const live = { delay: POLL_MS, timer: null, started: false, running: false, soon: false,
-               known: 0, shownUpto: 0, readUpto: 0, readDue: 0, complete: true, markAll: false };
+               known: 0, shownUpto: 0, readUpto: 0, readDue: 0, complete: true, markAll: false,
+               long: false, etag: null, count: 0, held: null, next: POLL_MS, readTimer: null };
 
 function countCache(resp) {
   const state = resp.headers.get("X-Cache");
@@ -135,6 +151,42 @@ async function poll(resource) {
   return resp.json();
 }
 
+// The unread count, long-polled: held by fastpath while the count equals the one we hold.  Sets
+// live.next, the delay before the next tick (0: fastpath held it, poll again at once).
+async function pollCount() {
+  if (!live.long) {
+    live.next = POLL_MS;
+    return (await poll("getUnreadCount")).count;
+  }
+  const headers = { Prefer: `wait=${WAIT_S}` };
+  if (live.etag) headers["If-None-Match"] = live.etag;
+  const began = Date.now();
+  live.held = new AbortController();
+  let resp;
+  try {
+    // no-store: the 304 is ours to see, not the HTTP cache's
+    resp = await fetch("/Poll/getUnreadCount", { credentials: "same-origin", cache: "no-store",
+                                                 headers, signal: live.held.signal });
+  } finally { live.held = null; }
+  countCache(resp);
+  if (resp.status === 401) { location.href = "/login"; throw new Error("logged out"); }
+  let count = live.count;
+  if (resp.status === 200) count = (await resp.json()).count;
+  else if (resp.status === 204) count = 0;
+  else if (resp.status !== 304 || !live.etag) throw new Error(`HTTP ${resp.status}`);
+  live.etag = resp.headers.get("ETag");
+  live.count = count;
+  const held = resp.headers.has("Preference-Applied");
+  if (held) document.body.dataset.pollHeld = String(Number(document.body.dataset.pollHeld || 0) + 1);
+  live.next = held && (resp.status !== 304 || Date.now() - began >= QUICK_MS) ? 0 : POLL_MS;
+  return count;
+}
+
+function readable() {
+  const seen = document.visibilityState === "visible" && Date.now() >= live.readDue;
+  return live.shownUpto > live.readUpto && (live.markAll || (live.complete && seen));
+}
+
 function setBadge(count) {
   $("badge-count").textContent = String(count);
   $("badge").hidden = count === 0;
@@ -142,13 +194,13 @@ function setBadge(count) {
 }
 
 async function tick() {
-  const { count } = await poll("getUnreadCount");
+  if (live.long && $("timeline") && readable()) await markRead();    // before a hold, not after it
+  const count = await pollCount();
   setBadge(count);
   if (!$("timeline")) return;                       // nothing is shown here, so nothing is read
   if (count === 0) { live.known = 0; return; }
   if (count !== live.known) await fetchMessages();
-  const seen = document.visibilityState === "visible" && Date.now() >= live.readDue;
-  if (live.shownUpto > live.readUpto && (live.markAll || (live.complete && seen))) await markRead();
+  if (readable()) await markRead();
 }
 
 async function fetchMessages() {
@@ -174,7 +226,7 @@ async function fetchMessages() {
   // everything unread up to `newest` is on the page now, unless getMessages left older items out
   live.known = data.count;
   live.complete = data.count <= data.items.length;
-  if (newest > live.shownUpto) { live.shownUpto = newest; live.readDue = Date.now() + READ_AFTER_MS; }
+  if (newest > live.shownUpto) { live.shownUpto = newest; live.readDue = Date.now() + READ_AFTER_MS; readLater(); }
   $("unread-more").hidden = live.complete;
   $("unread-more-text").textContent = `Not shown: ${plural(data.count - data.items.length, "older unread item")}.`;
   const news = [plurks && plural(plurks, "new plurk"), responses && plural(responses, "new response")];
@@ -192,6 +244,16 @@ async function markRead() {
   setBadge(data.count);
 }
 
+// A long-poll is held while nothing changes: when something shown becomes due for reading, wake it.
+function readLater() {
+  if (!live.long) return;
+  clearTimeout(live.readTimer);
+  live.readTimer = setTimeout(() => { if (live.shownUpto > live.readUpto) pollNow(); },
+                              Math.max(0, live.readDue - Date.now()) + 50);
+}
+
+const jitter = (ms) => Math.round(ms * (0.5 + Math.random() / 2));   // spread the reconnects
+
 function schedulePoll(delay) {
   clearTimeout(live.timer);
   if (live.running) live.soon = true;               // the running tick schedules the next one
@@ -200,22 +262,32 @@ function schedulePoll(delay) {
 
 async function runTick() {
   live.running = true;
+  let next;
   try {
     await tick();
     $("offline").hidden = true;
     live.delay = document.visibilityState === "visible" ? POLL_MS : Math.min(live.delay * 2, MAX_BACKOFF_MS);
+    next = live.long ? live.next : live.delay;
   } catch (e) {
-    $("offline").hidden = false;
-    live.delay = Math.min(Math.max(live.delay, POLL_MS) * 2, MAX_BACKOFF_MS);
+    if (e.name === "AbortError") {                  // pollNow woke a held poll: not an error
+      next = 0;
+    } else {
+      $("offline").hidden = false;
+      live.delay = Math.min(Math.max(live.delay, POLL_MS) * 2, MAX_BACKOFF_MS);
+      next = jitter(live.delay);
+    }
   }
   live.running = false;
   const soon = live.soon;
   live.soon = false;
-  schedulePoll(soon ? 0 : live.delay);
+  schedulePoll(soon ? 0 : next);
 }
 
 function pollNow() {
-  if (live.started) { live.delay = POLL_MS; schedulePoll(0); }
+  if (!live.started) return;
+  live.delay = POLL_MS;
+  schedulePoll(0);
+  if (live.held) live.held.abort();                 // the tick that held it polls again at once
 }
 
 document.addEventListener("visibilitychange", () => {
@@ -238,6 +310,7 @@ async function start(load) {
     }
   }
   $("offline").hidden = true;
+  live.long = document.body.dataset.pollMode !== "short";
   live.started = true;
   schedulePoll(0);
 }
