@@ -280,7 +280,7 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
     PUT_LIT(h, "\r\nDate: ");
     _put(h, date, date_len);
     PUT_LIT(h, "\r\n");
-    if (code != 204) {
+    if (code != 204 && code != 304) {
         PUT_LIT(h, "Content-Type: ");
         _put_str(h, ctype, 64);
         PUT_LIT(h, "\r\nContent-Length: ");
@@ -288,6 +288,16 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
         PUT_LIT(h, "\r\n");
     }
     PUT_LIT(h, "Cache-Control: no-store\r\n");
+    if (c->has_etag) {
+        PUT_LIT(h, "ETag: ");
+        _put(h, c->etag, FP_ETAG_LEN);
+        PUT_LIT(h, "\r\n");
+    }
+    if (c->wait_s >= 0) {
+        PUT_LIT(h, "Preference-Applied: wait=");
+        _put_uint(h, (uint64_t)c->wait_s);
+        PUT_LIT(h, "\r\n");
+    }
     if (cache != NULL) {
         PUT_LIT(h, "X-Cache: ");
         _put_str(h, cache, 8);
@@ -363,7 +373,7 @@ static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *
     char head_buf[HEAD_CAP];
     _text_t h = {head_buf, 0, sizeof(head_buf)};
 
-    if (code == 204 || c->is_head)
+    if (code == 204 || code == 304 || c->is_head)
         body_len = 0;
     if (_kinds[c->kind].counted)
         c->srv->st->status[fp_status_slot(code)]++;
@@ -393,13 +403,33 @@ static int _conn_respond_metrics(fp_conn_t *c)
     return rc;
 }
 
+/* The ETag of a 200/204 answer (an empty body too).  -1: libcrypto failed. */
+static int _conn_set_etag(fp_conn_t *c, const char *data, size_t len)
+{
+    if (fp_etag_of(data != NULL ? data : "", len, c->etag) != 0)
+        return -1;
+    c->has_etag = 1;
+    return 0;
+}
+
+/* The request's If-None-Match names the answer's ETag (weak comparison: W/ was dropped). */
+static int _conn_not_modified(const fp_conn_t *c)
+{
+    return c->inm == FP_INM_TAG && c->has_etag && memcmp(c->inm_tag, c->etag, FP_ETAG_LEN) == 0;
+}
+
 static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len)
 {
     switch (r) {
     case FP_MC_HIT:
-        return _conn_respond(c, 200, "application/json", "HIT", data, len);
     case FP_MC_EMPTY:
-        return _conn_respond(c, 204, NULL, "HIT", NULL, 0);
+        if (_conn_set_etag(c, data, r == FP_MC_HIT ? len : 0) != 0)
+            return _conn_respond_error(c, 503, "etag failed", "MISS");
+        if (_conn_not_modified(c))
+            return _conn_respond(c, 304, NULL, "HIT", NULL, 0);
+        if (r == FP_MC_EMPTY)
+            return _conn_respond(c, 204, NULL, "HIT", NULL, 0);
+        return _conn_respond(c, 200, "application/json", "HIT", data, len);
     case FP_MC_MISS:
         return _conn_respond_error(c, 404, "miss", "MISS");
     case FP_MC_OVERLOADED:
@@ -499,6 +529,24 @@ static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
     return -1;
 }
 
+/* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
+ * Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is Django's to read. */
+static void _conditional(fp_conn_t *c)
+{
+    const char *data = c->in->data;
+    if (c->have_inm > 1 || c->have_prefer > 1) {
+        _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
+        return;
+    }
+    if (c->have_inm) {
+        c->inm = (uint8_t)fp_inm_parse(data + c->inm_off, c->inm_len, c->inm_tag);
+        if (c->inm == FP_INM_UNREADABLE) {
+            _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
+            return;
+        }
+    }
+}
+
 /* The token of the request, checked, turned into resource res's memcached key. */
 static void _authenticate(fp_conn_t *c, int res)
 {
@@ -541,6 +589,7 @@ static void _authenticate(fp_conn_t *c, int res)
     }
     c->key_len = (uint8_t)key_len;
     c->action = ACT_MEMCACHED;
+    _conditional(c);
 }
 
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
@@ -633,7 +682,11 @@ static int _on_message_begin(llhttp_t *p)
     c->in_message = 1;
     c->in_head = 1;
     c->url_len = c->field_len = c->value_len = c->auth_len = c->cookie_len = 0;
-    c->have_auth = c->have_cookie = 0;
+    c->have_auth = c->have_cookie = c->have_prefer = c->have_inm = 0;
+    c->prefer_len = c->inm_len = 0;
+    c->inm = FP_INM_NONE;
+    c->has_etag = 0;
+    c->wait_s = -1;
     c->body_len = 0;
     c->is_head = 0;
     c->key_len = 0;
@@ -718,6 +771,21 @@ static int _on_header_value_complete(llhttp_t *p)
         } else {
             c->have_cookie = 2;
         }
+    } else if (c->field_len == 6 && fp_ascii_casecmp(c->in->data + c->field_off, "prefer", 6) == 0) {
+        if (c->have_prefer++ == 0) {
+            c->prefer_off = c->value_off;
+            c->prefer_len = c->value_len;
+        } else {
+            c->have_prefer = 2;
+        }
+    } else if (c->field_len == 13 &&
+               fp_ascii_casecmp(c->in->data + c->field_off, "if-none-match", 13) == 0) {
+        if (c->have_inm++ == 0) {
+            c->inm_off = c->value_off;
+            c->inm_len = c->value_len;
+        } else {
+            c->have_inm = 2;
+        }
     }
     c->field_len = c->value_len = 0;
     return 0;
@@ -796,6 +864,10 @@ static void _compact(fp_conn_t *c)
             c->auth_off -= keep;
         if (c->have_cookie)
             c->cookie_off -= keep;
+        if (c->have_prefer && c->prefer_len)
+            c->prefer_off -= keep;
+        if (c->have_inm && c->inm_len)
+            c->inm_off -= keep;
     }
 }
 

@@ -16,6 +16,7 @@
 #include <llhttp.h>
 
 #include "fp_debug.h"
+#include "fp_etag.h"
 #include "fp_mc.h"
 #include "fp_server.h"
 #include "fp_stats.h"
@@ -74,6 +75,12 @@ typedef struct fp_conn {
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t read_paused;             /* read buffer full while waiting: stop reading */
     uint8_t have_auth, have_cookie;
+    uint8_t have_prefer, have_inm;   /* how often each came (2: repeated) */
+    uint8_t inm;                     /* fp_inm_t of the request */
+    uint8_t has_etag;                /* the answer being built carries etag */
+    int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
+    char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
+    char etag[FP_ETAG_LEN];          /* the answer's ETag (has_etag) */
     int16_t error_status;            /* set by a parser callback: answer this and close */
     const char *error_message;
     const char *error_cache;
@@ -97,6 +104,8 @@ typedef struct fp_conn {
     size_t value_off, value_len;
     size_t auth_off, auth_len;
     size_t cookie_off, cookie_len;
+    size_t prefer_off, prefer_len;
+    size_t inm_off, inm_len;
     uint64_t body_len;               /* body, chunk extensions and trailers; dropped bytes when
                                         LINGERING */
 } fp_conn_t;

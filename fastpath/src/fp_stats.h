@@ -10,6 +10,7 @@
 #define FP_STATUSES(X)                                  \
     X(200, "OK")                                        \
     X(204, "No Content")                                \
+    X(304, "Not Modified")                              \
     X(400, "Bad Request")                               \
     X(401, "Unauthorized")                              \
     X(404, "Not Found")                                 \
