@@ -22,6 +22,7 @@
 #include "fp_stats.h"
 #include "fp_token.h"
 #include "fp_util.h"
+#include "fp_wait.h"
 
 #define FP_BUF_POOL_MAX 256          /* idle read buffers kept for reuse */
 
@@ -43,6 +44,7 @@ typedef enum {
     CONN_WAITING,                    /**< a request is waiting for memcached (mc_req set) */
     CONN_WRITING,                    /**< an answer is partly sent; waiting until writable */
     CONN_LINGERING,                  /**< answered with "Connection: close": FIN sent, input dropped */
+    CONN_HELD,                       /**< a poll held until its answer changes (waiter set) */
     CONN_STATE_N
 } fp_conn_state_t;
 
@@ -95,6 +97,8 @@ typedef struct fp_conn {
     llhttp_t parser;
     fp_buf_t *in;
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
+    fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */
+    int64_t hold_until_us;           /* HELD: answered 304 then */
     char *out;                       /* response bytes the socket would not take yet */
     size_t out_len, out_sent;
     /* the request being parsed: offsets into in->data from head_start */
@@ -115,6 +119,8 @@ typedef struct fp_server {
     struct event_base *base;
     struct evconnlistener *listener, *admin_listener;
     fp_mc_pool_t mc;                 /* the memcached servers */
+    fp_wait_table_t waits;           /* held polls by key */
+    uint64_t rng;                    /* xorshift: hold jitter */
     fp_buf_t *buf_pool;
     int buf_pool_n;
     size_t buf_cap;

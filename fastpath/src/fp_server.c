@@ -193,6 +193,9 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
 
     if (fp_mc_pool_init(&srv->mc, srv->base, srv->st, cfg, err, err_len) < 0)
         return -1;
+    srv->rng = ((uint64_t)getpid() << 32) ^ (uint64_t)fp_now_us() ^ 0x9e3779b97f4a7c15u;
+    if (fp_wait_init(&srv->waits, srv->base, &srv->mc, srv->st, cfg->reread_interval_s) < 0)
+        return _init_fail(err, err_len, "cannot set up the wait table (out of memory)");
     if (cfg->listen_fd >= 0) {
         srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);
         if (srv->listener == NULL)
@@ -215,7 +218,8 @@ void fp_server_fini(fp_server_t *srv)
     srv->listener = srv->admin_listener = NULL;
     srv->stopping = 1;
     fp_mc_pool_fini(&srv->mc);       /* waiting requests get 503 ("Connection: close") */
-    fp_conn_close_all(srv);
+    fp_conn_close_all(srv);          /* held polls leave the wait table */
+    fp_wait_fini(&srv->waits);
     fp_buf_pool_free(srv);
     if (srv->pause_accept != NULL)
         event_free(srv->pause_accept);
