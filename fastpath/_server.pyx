@@ -10,6 +10,8 @@ from libc.stdint cimport uint64_t
 
 cimport fastpath.includes.fastpath as fp
 
+import os
+
 from fastpath.errors import FastpathError
 from fastpath.options import OPTIONS
 
@@ -67,6 +69,10 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
         b = avoid_backends[i].encode("ascii")
         keep.append(b)
         cfg.backend_avoid[i] = b
+    if opts.notify_dir:
+        b = os.fsencode(opts.notify_dir)
+        keep.append(b)
+        cfg.notify_dir = b
     cfg.n_workers = opts.workers
     return 0
 

@@ -112,6 +112,9 @@ OPTIONS = (
     Option("--reread-interval", "reread_interval", int, 5,
            "a held poll's key is read again at least this often, seconds (lost notices cost at "
            "most this)", 1, 3600, c_field="reread_interval_s"),
+    Option("--notify-dir", "notify_dir", str, None,
+           "directory of the notice sockets: each worker reads <dir>/<index>.sock (made if "
+           "missing); unset: no notices, held polls rely on --reread-interval"),
     Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
            "poll resources served (others: 404, so Django answers)"),
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",

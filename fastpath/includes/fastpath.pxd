@@ -70,6 +70,7 @@ cdef extern from "fp_server.h" nogil:
         int n_resources
         const char *resources[16]
         size_t resource_len[16]
+        const char *notify_dir
         const char *backend_avoid[4]
         fp_stats_t *stats
         int n_workers

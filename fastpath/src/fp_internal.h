@@ -18,6 +18,7 @@
 #include "fp_debug.h"
 #include "fp_etag.h"
 #include "fp_mc.h"
+#include "fp_notify.h"
 #include "fp_server.h"
 #include "fp_stats.h"
 #include "fp_token.h"
@@ -120,6 +121,7 @@ typedef struct fp_server {
     struct evconnlistener *listener, *admin_listener;
     fp_mc_pool_t mc;                 /* the memcached servers */
     fp_wait_table_t waits;           /* held polls by key */
+    fp_notify_t notify;              /* fd -1: no --notify-dir */
     uint64_t rng;                    /* xorshift: hold jitter */
     fp_buf_t *buf_pool;
     int buf_pool_n;

@@ -205,3 +205,193 @@ def test_max_wait_zero_never_holds(fastpath_factory, memcached, cache):
     cache.set(key(10), b"x")
     status, headers, _ = Poll(fp, 10, etag(b"x"), wait=30).answer(timeout=SLACK)
     assert status == 304 and "preference-applied" not in headers
+
+
+# ---- notices ---------------------------------------------------------------------------------
+
+class Notifier:
+    """plurkcore's side of the notice format: one sender, its sequence per socket path."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.sender = os.urandom(8).hex()
+        self.seq = {}
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def paths(self):
+        return sorted(str(p) for p in self.directory.glob("*.sock"))
+
+    def send(self, keys, skip=0):
+        for path in self.paths():
+            keys = list(keys)
+            while True:
+                seq = self.seq.get(path, 0) + 1 + skip
+                skip = 0
+                self.seq[path] = seq
+                data, n = f"PN1 {self.sender} {seq}\n".encode(), 0
+                while n < len(keys) and len(data) + len(keys[n]) + 1 <= 4096:
+                    data += keys[n].encode() + b"\n"
+                    n += 1
+                self.sock.sendto(data, path)
+                keys = keys[n:]
+                if not keys:
+                    break
+
+    def raw(self, data):
+        for path in self.paths():
+            self.sock.sendto(data, path)
+
+
+@pytest.fixture
+def notify_dir(tmp_path):
+    return tmp_path / "notify"
+
+
+def test_each_worker_binds_its_socket(fastpath_factory, memcached, notify_dir):
+    fastpath_factory([memcached], workers=2, extra=("--notify-dir", str(notify_dir)))
+    deadline = time.monotonic() + SLACK
+    while sorted(p.name for p in notify_dir.glob("*.sock")) != ["0.sock", "1.sock"]:
+        assert time.monotonic() < deadline, list(notify_dir.iterdir())
+        time.sleep(0.05)
+    assert oct(notify_dir.stat().st_mode & 0o777) == "0o755"
+
+
+def test_notice_wakes_a_held_poll_at_once(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)     # re-reads every 60 s only
+    notifier = Notifier(notify_dir)
+    cache.set(key(20), b'{"count":1}')
+    poll = Poll(fp, 20, etag(b'{"count":1}'), wait=50)
+    wait_metric(fp, "fastpath_held_polls", 1)
+    cache.set(key(20), b'{"count":2}')
+    notifier.send([key(20), key(999)])          # a key nobody waits on is ignored
+    status, headers, body = poll.answer(timeout=SLACK)
+    assert (status, body) == (200, b'{"count":2}') and headers["preference-applied"] == "wait=50"
+    assert metric(fp, "fastpath_notices_total") == 1 and metric(fp, "fastpath_notice_keys_total") == 2
+    assert metric(fp, "fastpath_notice_gaps_total") == 0
+
+
+def test_store_just_before_registration_is_answered_at_once(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    cache.set(key(21), b'{"count":1}')
+    cache.set(key(21), b'{"count":2}')          # the client still has count 1's tag
+    status, _, body = Poll(fp, 21, etag(b'{"count":1}'), wait=50).answer(timeout=SLACK)
+    assert (status, body) == (200, b'{"count":2}')
+    assert metric(fp, "fastpath_holds_woken_total") == 1
+
+
+def test_store_just_after_registration_is_not_lost(fastpath_factory, memcached, cache, notify_dir):
+    """Forced order: memcached is frozen, so the waiter is registered and its get is in flight
+    when the store and its notice happen; the get may still read the old value."""
+    import threading
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    notifier = Notifier(notify_dir)
+    cache.set(key(22), b'{"count":1}')
+    memcached.pause()
+    try:
+        poll = Poll(fp, 22, etag(b'{"count":1}'), wait=50)
+        wait_metric(fp, "fastpath_held_polls", 1)
+        writer = Client(memcached.spec, default_noreply=False, timeout=SLACK)
+        stored = threading.Thread(target=writer.set, args=(key(22), b'{"count":2}'))
+        stored.start()
+        time.sleep(0.2)                         # the store is queued behind the get
+        notifier.send([key(22)])                # noticed while the get is in flight: dirty
+        time.sleep(0.2)
+    finally:
+        memcached.resume()
+    stored.join(SLACK)
+    status, _, body = poll.answer(timeout=SLACK)
+    assert (status, body) == (200, b'{"count":2}')
+
+
+def test_notice_gap_rereads_every_held_key(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    notifier = Notifier(notify_dir)
+    for uid in (30, 31, 32):
+        cache.set(key(uid), b"a")
+    polls = {uid: Poll(fp, uid, etag(b"a"), wait=50) for uid in (30, 31, 32)}
+    wait_metric(fp, "fastpath_held_polls", 3)
+    notifier.send([])                           # seq 1: a new sender is not a gap
+    cache.set(key(31), b"b")                    # stored, and its notice lost:
+    notifier.send([], skip=1)                   # seq 3
+    assert polls[31].answer(timeout=SLACK)[2] == b"b"
+    wait_metric(fp, "fastpath_notice_gaps_total", 1)
+    assert metric(fp, "fastpath_wait_rereads_total") >= 3
+    assert not polls[30].ready() and not polls[32].ready()
+    assert metric(fp, "fastpath_held_polls") == 2
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"PN1", b"PN2 0123456789abcdef 1\nk\n", b"PN1 0123456789ABCDEF 1\nk\n",
+    b"PN1 0123456789abcdef 0\nk\n", b"PN1 0123456789abcdef 01\nk\n", b"PN1 0123456789abcdef 1\nk",
+    b"PN1 0123456789abcdef 1\n\n", b"PN1 0123456789abcdef 1\nk y\n", b"PN1 0123456789abcde 1\nk\n",
+    b"PN1 0123456789abcdef 1\n" + b"k" * 81 + b"\n", b"PN1 0123456789abcdef 1\n" + b"k\n" * 2100,
+    b"PN1 0123456789abcdef 99999999999999999999999\nk\n",
+])
+def test_malformed_notices_are_counted_and_dropped(fastpath_factory, memcached, cache, notify_dir, data):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    cache.set(key(40), b"a")
+    poll = Poll(fp, 40, etag(b"a"), wait=50)
+    wait_metric(fp, "fastpath_held_polls", 1)
+    Notifier(notify_dir).raw(data)
+    wait_metric(fp, "fastpath_notices_malformed_total", 1)
+    assert metric(fp, "fastpath_notices_total") == 0 and not poll.ready()
+
+
+def _raise_nofile(n):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= n
+
+
+def _set_many(memcached, items):
+    with socket.create_connection((memcached.host, memcached.port)) as s:
+        s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k.encode(), len(v), v) for k, v in items))
+        s.sendall(b"version\r\n")           # answered after every set before it
+        got = b""
+        while not got.endswith(b"\r\n"):
+            got += s.recv(4096)
+
+
+def test_a_thousand_held_polls_woken_by_one_notice_each(fastpath_factory, memcached, notify_dir):
+    assert _raise_nofile(1200 + 100)
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    uids = range(1000, 2000)
+    _set_many(memcached, [(key(u), b"old") for u in uids])
+    polls = [Poll(fp, u, etag(b"old"), wait=50) for u in uids]
+    wait_metric(fp, "fastpath_held_polls", 1000, timeout=3 * SLACK)
+    _set_many(memcached, [(key(u), b"new %d" % u) for u in uids])
+    Notifier(notify_dir).send([key(u) for u in uids])
+    for u, poll in zip(uids, polls):
+        status, _, body = poll.answer(timeout=SLACK)
+        assert (status, body) == (200, b"new %d" % u)
+        poll.close()
+    assert metric(fp, "fastpath_holds_woken_total") == 1000
+    assert metric(fp, "fastpath_notice_keys_total") == 1000
+    assert metric(fp, "fastpath_held_polls") == 0
+
+
+def _worker_rss(fp):
+    with open(f"/proc/{fp.proc.pid}/task/{fp.proc.pid}/children") as fh:
+        worker = int(fh.read().split()[0])
+    with open(f"/proc/{worker}/status") as fh:
+        return int(next(line.split()[1] for line in fh if line.startswith("VmRSS:"))) * 1024
+
+
+def test_memory_per_held_poll(fastpath_factory, memcached, notify_dir, capsys):
+    n = 5000
+    assert _raise_nofile(n + 200)
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    _set_many(memcached, [(key(u), b"x") for u in range(1, n + 101)])
+    warm = [Poll(fp, u, etag(b"x"), wait=50) for u in range(n + 1, n + 101)]    # pools, tables warm
+    wait_metric(fp, "fastpath_held_polls", 100, timeout=3 * SLACK)
+    before = _worker_rss(fp)
+    polls = [Poll(fp, u, etag(b"x"), wait=50) for u in range(1, n + 1)]
+    wait_metric(fp, "fastpath_held_polls", n + 100, timeout=6 * SLACK)
+    per_poll = (_worker_rss(fp) - before) / n
+    with capsys.disabled():
+        print(f"\nfastpath: {per_poll:.0f} bytes of worker RSS per held poll ({n} held)")
+    for p in polls + warm:
+        p.close()
+    assert per_poll < 2048          # goal 1 KB (reported); a leak per poll would be far above
