@@ -395,3 +395,47 @@ def test_memory_per_held_poll(fastpath_factory, memcached, notify_dir, capsys):
     for p in polls + warm:
         p.close()
     assert per_poll < 2048          # goal 1 KB (reported); a leak per poll would be far above
+
+
+def _gets(cache):
+    return int(cache.stats()[b"cmd_get"])
+
+
+def test_one_get_per_key_however_many_wait(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    cache.set(key(50), b"same")
+    polls = [Poll(fp, 50, etag(b"same"), wait=50) for _ in range(50)]
+    wait_metric(fp, "fastpath_held_polls", 50)
+    time.sleep(0.2)                             # any dirty re-read of the joins is done
+    gets = _gets(cache)
+    rereads = metric(fp, "fastpath_wait_rereads_total")
+    Notifier(notify_dir).send([key(50)])
+    wait_metric(fp, "fastpath_wait_rereads_total", rereads + 1)
+    time.sleep(0.2)
+    assert _gets(cache) == gets + 1             # one read for the 50 waiters
+    assert not any(p.ready() for p in polls)    # same bytes: nobody woken
+
+
+def test_a_restarted_worker_binds_its_socket_again(fastpath_factory, memcached, cache, notify_dir):
+    import signal
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    sock = notify_dir / "0.sock"
+    wait_metric(fp, "fastpath_workers", 1)
+    children = f"/proc/{fp.proc.pid}/task/{fp.proc.pid}/children"
+    with open(children) as fh:
+        worker = int(fh.read().split()[0])
+    os.kill(worker, signal.SIGKILL)             # no clean exit: its socket file stays behind
+    deadline = time.monotonic() + SLACK
+    while True:
+        with open(children) as fh:
+            pids = fh.read().split()
+        if pids and int(pids[0]) != worker and sock.exists():
+            break
+        assert time.monotonic() < deadline, "no new worker"
+        time.sleep(0.05)
+    cache.set(key(51), b"a")
+    poll = Poll(fp, 51, etag(b"a"), wait=50)
+    wait_metric(fp, "fastpath_held_polls", 1)
+    cache.set(key(51), b"b")
+    Notifier(notify_dir).send([key(51)])
+    assert poll.answer(timeout=SLACK)[2] == b"b"
