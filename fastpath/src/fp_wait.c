@@ -309,10 +309,14 @@ void fp_wait_reread_all(fp_wait_table_t *t)
         k->qnext = due;              /* a temporary list through qnext */
         due = k;
     }
-    for (uint32_t i = 0; i <= t->mask; i++)
-        for (k = t->buckets[i]; k != NULL; k = k->hnext)
-            if (k->req != NULL || k->busy)
+    for (uint32_t i = 0; i <= t->mask; i++) {
+        for (k = t->buckets[i]; k != NULL; k = k->hnext) {
+            if (k->req != NULL || k->busy) {
                 k->dirty = 1;
+                t->st->wait_rereads++;   /* (the queued ones count when their tick reads them) */
+            }
+        }
+    }
     for (k = due; k != NULL; k = next) {
         next = k->qnext;
         _queue_append(t, k);

@@ -34,6 +34,12 @@ def wait_metric(fp, name, value, timeout=SLACK):
         time.sleep(0.02)
 
 
+def held(fp, n, timeout=SLACK):
+    """n polls held and their first reads done (a store after this is a change they hold over)."""
+    wait_metric(fp, "fastpath_held_polls", n, timeout)
+    wait_metric(fp, "fastpath_inflight_requests", 0, timeout)
+
+
 def key(uid, resource="getMessages"):
     return f"p1:{resource}:{uid}:0"
 
@@ -112,7 +118,7 @@ def test_hold_times_out_with_304_and_the_same_etag(fastpath_factory, memcached, 
     cache.set(key(3), b"")
     started = time.monotonic()
     poll = Poll(fp, 3, "W/" + etag(b""), wait=40)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     status, headers, body = poll.answer(timeout=SLACK)
     took = time.monotonic() - started
     assert status == 304 and headers["etag"] == etag(b"") and body == b""
@@ -126,7 +132,7 @@ def test_change_is_found_by_the_periodic_reread_when_notices_are_off(fastpath_fa
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
     cache.set(key(4), b'{"count":1}')
     poll = Poll(fp, 4, etag(b'{"count":1}'), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     time.sleep(0.3)
     assert not poll.ready()
     cache.set(key(4), b'{"count":2}')
@@ -141,7 +147,7 @@ def test_same_bytes_stored_again_do_not_wake(fastpath_factory, memcached, cache)
     fp = start(fastpath_factory, memcached, "--reread-interval", "1", "--max-wait", "4")
     cache.set(key(5), b'{"count":5}')
     poll = Poll(fp, 5, etag(b'{"count":5}'), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     cache.set(key(5), b'{"count":5}')
     before = metric(fp, "fastpath_wait_rereads_total")
     deadline = time.monotonic() + SLACK
@@ -157,7 +163,7 @@ def test_key_deleted_or_flushed_while_held_is_404(fastpath_factory, memcached, c
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
     cache.set(key(6), b'{"count":6}')
     poll = Poll(fp, 6, etag(b'{"count":6}'), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     if how == "delete":
         cache.delete(key(6))
     else:
@@ -171,7 +177,7 @@ def test_memcached_restarted_while_held_ends_the_hold(fastpath_factory, memcache
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
     cache.set(key(7), b'{"count":7}')
     poll = Poll(fp, 7, etag(b'{"count":7}'), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     memcached.stop()
     memcached.start()
     status, headers, _ = poll.answer(timeout=1 + SLACK)
@@ -183,10 +189,10 @@ def test_client_that_leaves_while_held_is_freed(fastpath_factory, memcached, cac
     fp = start(fastpath_factory, memcached)
     cache.set(key(8), b"")
     polls = [Poll(fp, 8, etag(b""), wait=50) for _ in range(3)]
-    wait_metric(fp, "fastpath_held_polls", 3)
+    held(fp, 3)
     for p in polls:
         p.close()
-    wait_metric(fp, "fastpath_held_polls", 0, timeout=5)
+    held(fp, 0, timeout=5)
     wait_metric(fp, "fastpath_connections", 1, timeout=5)     # the /metrics request itself
 
 
@@ -261,7 +267,7 @@ def test_notice_wakes_a_held_poll_at_once(fastpath_factory, memcached, cache, no
     notifier = Notifier(notify_dir)
     cache.set(key(20), b'{"count":1}')
     poll = Poll(fp, 20, etag(b'{"count":1}'), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     cache.set(key(20), b'{"count":2}')
     notifier.send([key(20), key(999)])          # a key nobody waits on is ignored
     status, headers, body = poll.answer(timeout=SLACK)
@@ -309,7 +315,7 @@ def test_notice_gap_rereads_every_held_key(fastpath_factory, memcached, cache, n
     for uid in (30, 31, 32):
         cache.set(key(uid), b"a")
     polls = {uid: Poll(fp, uid, etag(b"a"), wait=50) for uid in (30, 31, 32)}
-    wait_metric(fp, "fastpath_held_polls", 3)
+    held(fp, 3)
     notifier.send([])                           # seq 1: a new sender is not a gap
     cache.set(key(31), b"b")                    # stored, and its notice lost:
     notifier.send([], skip=1)                   # seq 3
@@ -331,7 +337,7 @@ def test_malformed_notices_are_counted_and_dropped(fastpath_factory, memcached, 
     fp = start(fastpath_factory, memcached, notify=notify_dir)
     cache.set(key(40), b"a")
     poll = Poll(fp, 40, etag(b"a"), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     Notifier(notify_dir).raw(data)
     wait_metric(fp, "fastpath_notices_malformed_total", 1)
     assert metric(fp, "fastpath_notices_total") == 0 and not poll.ready()
@@ -360,7 +366,7 @@ def test_a_thousand_held_polls_woken_by_one_notice_each(fastpath_factory, memcac
     uids = range(1000, 2000)
     _set_many(memcached, [(key(u), b"old") for u in uids])
     polls = [Poll(fp, u, etag(b"old"), wait=50) for u in uids]
-    wait_metric(fp, "fastpath_held_polls", 1000, timeout=3 * SLACK)
+    held(fp, 1000, timeout=3 * SLACK)
     _set_many(memcached, [(key(u), b"new %d" % u) for u in uids])
     Notifier(notify_dir).send([key(u) for u in uids])
     for u, poll in zip(uids, polls):
@@ -385,10 +391,10 @@ def test_memory_per_held_poll(fastpath_factory, memcached, notify_dir, capsys):
     fp = start(fastpath_factory, memcached, notify=notify_dir)
     _set_many(memcached, [(key(u), b"x") for u in range(1, n + 101)])
     warm = [Poll(fp, u, etag(b"x"), wait=50) for u in range(n + 1, n + 101)]    # pools, tables warm
-    wait_metric(fp, "fastpath_held_polls", 100, timeout=3 * SLACK)
+    held(fp, 100, timeout=3 * SLACK)
     before = _worker_rss(fp)
     polls = [Poll(fp, u, etag(b"x"), wait=50) for u in range(1, n + 1)]
-    wait_metric(fp, "fastpath_held_polls", n + 100, timeout=6 * SLACK)
+    held(fp, n + 100, timeout=6 * SLACK)
     per_poll = (_worker_rss(fp) - before) / n
     with capsys.disabled():
         print(f"\nfastpath: {per_poll:.0f} bytes of worker RSS per held poll ({n} held)")
@@ -405,7 +411,7 @@ def test_one_get_per_key_however_many_wait(fastpath_factory, memcached, cache, n
     fp = start(fastpath_factory, memcached, notify=notify_dir)
     cache.set(key(50), b"same")
     polls = [Poll(fp, 50, etag(b"same"), wait=50) for _ in range(50)]
-    wait_metric(fp, "fastpath_held_polls", 50)
+    held(fp, 50)
     time.sleep(0.2)                             # any dirty re-read of the joins is done
     gets = _gets(cache)
     rereads = metric(fp, "fastpath_wait_rereads_total")
@@ -433,9 +439,11 @@ def test_a_restarted_worker_binds_its_socket_again(fastpath_factory, memcached, 
             break
         assert time.monotonic() < deadline, "no new worker"
         time.sleep(0.05)
+    from plurksite.services import wait_for_port
+    wait_for_port("127.0.0.1", fp.port, process=fp.proc, name="fastpath")
     cache.set(key(51), b"a")
     poll = Poll(fp, 51, etag(b"a"), wait=50)
-    wait_metric(fp, "fastpath_held_polls", 1)
+    held(fp, 1)
     cache.set(key(51), b"b")
     Notifier(notify_dir).send([key(51)])
     assert poll.answer(timeout=SLACK)[2] == b"b"
