@@ -708,7 +708,8 @@ static int _dispatch(fp_conn_t *c)
     default:
         return _conn_respond_error(c, c->answer_code, c->answer_message, c->answer_cache);
     }
-    if (c->wait_s > 0 && c->inm == FP_INM_TAG)    /* wait=0: compared once, as without Prefer */
+    /* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
+    if (c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping)
         return _conn_hold(c);
     fp_mc_result_t r = fp_mc_get(&c->srv->mc, c->key, c->key_len, _conn_on_answer, c, &c->mc_req);
     if (r == FP_MC_QUEUED) {

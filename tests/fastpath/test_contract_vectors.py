@@ -327,7 +327,7 @@ def _fastpath_with_memcached(tmp_path_factory, *extra):
     with memcached_servers(1) as servers:
         fp = Fastpath(servers, tmp_path_factory.mktemp("conditional"), extra=extra).start()
         try:
-            yield fp, Client(servers[0].spec)
+            yield fp, Client(servers[0].spec, default_noreply=False)   # stored before we poll
         finally:
             fp.stop()
 
