@@ -447,3 +447,36 @@ def test_a_restarted_worker_binds_its_socket_again(fastpath_factory, memcached, 
     cache.set(key(51), b"b")
     Notifier(notify_dir).send([key(51)])
     assert poll.answer(timeout=SLACK)[2] == b"b"
+
+
+def test_draining_answers_held_polls_at_once(fastpath_factory, memcached, cache):
+    import signal
+    fp = start(fastpath_factory, memcached, "--drain-timeout", "30")
+    cache.set(key(60), b"a")
+    poll = Poll(fp, 60, etag(b"a"), wait=50)
+    held(fp, 1)
+    started = time.monotonic()
+    fp.proc.send_signal(signal.SIGTERM)
+    status, headers, _ = poll.answer(timeout=SLACK)
+    assert status == 304 and headers["etag"] == etag(b"a") and headers["connection"] == "close"
+    assert time.monotonic() - started < SLACK      # not the 30 s drain timeout
+    fp.proc.wait(SLACK)
+
+
+def test_bytes_sent_while_held_do_not_extend_the_hold(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached, "--max-wait", "2")
+    cache.set(key(61), b"a")
+    started = time.monotonic()
+    poll = Poll(fp, 61, etag(b"a"), wait=50)
+    held(fp, 1)
+    pipelined = f"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(61)}\r\n\r\n"
+    sent = 0
+    while sent < len(pipelined) and not poll.ready():   # one byte every 0.1 s: 8 s in all
+        poll.sock.sendall(pipelined[sent].encode())
+        sent += 1
+        time.sleep(0.1)
+    status, _, _ = poll.answer(timeout=SLACK)
+    assert status == 304 and time.monotonic() - started < 2 + 4
+    poll.sock.sendall(pipelined[sent:].encode())
+    status, _, body = poll.answer(timeout=SLACK)   # the pipelined request, answered after it
+    assert (status, body) == (200, b"a")
