@@ -10,6 +10,8 @@ from libc.stdint cimport uint64_t
 
 cimport fastpath.includes.fastpath as fp
 
+import os
+
 from fastpath.errors import FastpathError
 from fastpath.options import OPTIONS
 
@@ -67,6 +69,10 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
         b = avoid_backends[i].encode("ascii")
         keep.append(b)
         cfg.backend_avoid[i] = b
+    if opts.notify_dir:
+        b = os.fsencode(opts.notify_dir)
+        keep.append(b)
+        cfg.notify_dir = b
     cfg.n_workers = opts.workers
     return 0
 
@@ -331,3 +337,11 @@ cdef class _testhelper_mc_client:
         if self._base != NULL:
             fp.event_base_free(self._base)
         free(self._stats)
+
+
+def _testhelper_etag(bytes body):
+    """The ETag header value fastpath gives an answer of ``body`` (tests: the contract vectors)."""
+    cdef char tag[fp.FP_ETAG_LEN]
+    if fp.fp_etag_of(body, len(body), tag) != 0:
+        raise FastpathError("libcrypto failed")
+    return tag[:fp.FP_ETAG_LEN].decode("ascii")

@@ -106,6 +106,15 @@ OPTIONS = (
     Option("--max-connections", "max_connections", int, 16384,
            "open connections per worker; more are closed at once so nginx falls back",
            1, 1 << 20, c_field="max_connections"),
+    Option("--max-wait", "max_wait", int, 55,
+           "longest hold of a poll that asks Prefer: wait=N, seconds (each hold is jittered down "
+           "by up to 10%); 0: never hold", 0, 86400, c_field="max_wait_s"),
+    Option("--reread-interval", "reread_interval", int, 5,
+           "a held poll's key is read again at least this often, seconds (lost notices cost at "
+           "most this)", 1, 3600, c_field="reread_interval_s"),
+    Option("--notify-dir", "notify_dir", str, None,
+           "directory of the notice sockets: each worker reads <dir>/<index>.sock (made if "
+           "missing); unset: no notices, held polls rely on --reread-interval"),
     Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
            "poll resources served (others: 404, so Django answers)"),
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",

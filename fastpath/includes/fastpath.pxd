@@ -9,6 +9,12 @@ cdef extern from "fp_hash.h" nogil:
     int fp_rendezvous_pick(const fp_node_t *nodes, int n_nodes, const char *key, size_t key_len)
     int fp_node_name_greater(const fp_node_t *a, const fp_node_t *b)
 
+cdef extern from "fp_etag.h" nogil:
+    enum:
+        FP_ETAG_LEN
+    int fp_etag_of(const char *body, size_t len, char *tag)
+
+
 cdef extern from "fp_token.h" nogil:
     ctypedef enum fp_token_result_t:
         FP_TOKEN_OK
@@ -64,6 +70,7 @@ cdef extern from "fp_server.h" nogil:
         int n_resources
         const char *resources[16]
         size_t resource_len[16]
+        const char *notify_dir
         const char *backend_avoid[4]
         fp_stats_t *stats
         int n_workers

@@ -37,19 +37,21 @@
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
 static int _conn_after_response(fp_conn_t *c);
 static void _conn_process(fp_conn_t *c);
+static void _conn_hold_over(fp_conn_t *c);
 
 /* ---- states and kinds ---------------------------------------------------------------- */
 
 /* (used only by debug builds' checks) */
-__attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"reading", "waiting", "writing", "lingering"};
+__attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"reading", "waiting", "writing", "lingering", "held"};
 
 /* _legal[from][to]: the transitions _conn_set_state accepts (checked in debug builds). */
 __attribute__((unused)) static const uint8_t _legal[CONN_STATE_N][CONN_STATE_N] = {
-    /*                   READING WAITING WRITING LINGERING */
-    [CONN_READING]   = {0,      1,      1,      1},
-    [CONN_WAITING]   = {1,      0,      1,      1},
-    [CONN_WRITING]   = {1,      0,      0,      1},
-    [CONN_LINGERING] = {0,      0,      0,      0},
+    /*                   READING WAITING WRITING LINGERING HELD */
+    [CONN_READING]   = {0,      1,      1,      1,        1},
+    [CONN_WAITING]   = {1,      0,      1,      1,        0},
+    [CONN_WRITING]   = {1,      0,      0,      1,        0},
+    [CONN_LINGERING] = {0,      0,      0,      0,        0},
+    [CONN_HELD]      = {1,      0,      1,      1,        0},
 };
 
 static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
@@ -137,6 +139,7 @@ static void _conn_close(fp_conn_t *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
+    fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     event_free(c->ev);
     close(c->fd);
     if (c->in != NULL)
@@ -224,6 +227,8 @@ void fp_conn_close_idle(fp_server_t *srv)
         next = c->next;
         if (c->state == CONN_READING && !c->in_message)
             _conn_close(c);
+        else if (c->state == CONN_HELD)
+            _conn_hold_over(c);      /* answered now, with "Connection: close" */
     }
 }
 
@@ -280,7 +285,7 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
     PUT_LIT(h, "\r\nDate: ");
     _put(h, date, date_len);
     PUT_LIT(h, "\r\n");
-    if (code != 204) {
+    if (code != 204 && code != 304) {
         PUT_LIT(h, "Content-Type: ");
         _put_str(h, ctype, 64);
         PUT_LIT(h, "\r\nContent-Length: ");
@@ -288,6 +293,16 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
         PUT_LIT(h, "\r\n");
     }
     PUT_LIT(h, "Cache-Control: no-store\r\n");
+    if (c->has_etag) {
+        PUT_LIT(h, "ETag: ");
+        _put(h, c->etag, FP_ETAG_LEN);
+        PUT_LIT(h, "\r\n");
+    }
+    if (c->wait_s >= 0) {
+        PUT_LIT(h, "Preference-Applied: wait=");
+        _put_uint(h, (uint64_t)c->wait_s);
+        PUT_LIT(h, "\r\n");
+    }
     if (cache != NULL) {
         PUT_LIT(h, "X-Cache: ");
         _put_str(h, cache, 8);
@@ -363,7 +378,7 @@ static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *
     char head_buf[HEAD_CAP];
     _text_t h = {head_buf, 0, sizeof(head_buf)};
 
-    if (code == 204 || c->is_head)
+    if (code == 204 || code == 304 || c->is_head)
         body_len = 0;
     if (_kinds[c->kind].counted)
         c->srv->st->status[fp_status_slot(code)]++;
@@ -393,13 +408,33 @@ static int _conn_respond_metrics(fp_conn_t *c)
     return rc;
 }
 
+/* The ETag of a 200/204 answer (an empty body too).  -1: libcrypto failed. */
+static int _conn_set_etag(fp_conn_t *c, const char *data, size_t len)
+{
+    if (fp_etag_of(data != NULL ? data : "", len, c->etag) != 0)
+        return -1;
+    c->has_etag = 1;
+    return 0;
+}
+
+/* The request's If-None-Match names the answer's ETag (weak comparison: W/ was dropped). */
+static int _conn_not_modified(const fp_conn_t *c)
+{
+    return c->inm == FP_INM_TAG && c->has_etag && memcmp(c->inm_tag, c->etag, FP_ETAG_LEN) == 0;
+}
+
 static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len)
 {
     switch (r) {
     case FP_MC_HIT:
-        return _conn_respond(c, 200, "application/json", "HIT", data, len);
     case FP_MC_EMPTY:
-        return _conn_respond(c, 204, NULL, "HIT", NULL, 0);
+        if (_conn_set_etag(c, data, r == FP_MC_HIT ? len : 0) != 0)
+            return _conn_respond_error(c, 503, "etag failed", "MISS");
+        if (_conn_not_modified(c))
+            return _conn_respond(c, 304, NULL, "HIT", NULL, 0);
+        if (r == FP_MC_EMPTY)
+            return _conn_respond(c, 204, NULL, "HIT", NULL, 0);
+        return _conn_respond(c, 200, "application/json", "HIT", data, len);
     case FP_MC_MISS:
         return _conn_respond_error(c, 404, "miss", "MISS");
     case FP_MC_OVERLOADED:
@@ -448,7 +483,8 @@ static void _conn_lingering_readable(fp_conn_t *c)
 static int _conn_after_response(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
-    int rewatch = c->state == CONN_WRITING || c->read_paused;
+    /* WRITING watched for writes, a paused reader for nothing, HELD with the hold's timeout */
+    int rewatch = c->state == CONN_WRITING || c->state == CONN_HELD || c->read_paused;
 
     if (!c->keep_alive || srv->stopping) {
         _conn_linger(c);
@@ -476,6 +512,73 @@ static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_
         _conn_process(c);            /* pipelined requests waiting in the buffer */
 }
 
+/* ---- held polls (long-polling) --------------------------------------------------------- */
+
+/* The hold's timeout as an event timeout: what is left of it (a client's bytes re-arm a
+ * persistent event's timeout, which must not extend the hold). */
+static int _conn_hold_arm(fp_conn_t *c)
+{
+    int64_t left = c->hold_until_us - fp_now_us();
+    if (left < 0)
+        left = 0;
+    struct timeval tv = {(time_t)(left / 1000000), (suseconds_t)(left % 1000000)};
+    if (event_del(c->ev) < 0 ||
+        event_assign(c->ev, c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0)
+        return -1;
+    return event_add(c->ev, &tv);
+}
+
+/* xorshift64: jitter needs no quality, only spread */
+static uint64_t _rand(fp_server_t *srv)
+{
+    uint64_t x = srv->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return srv->rng = x;
+}
+
+/* The key's answer changed, or the key is gone or unreadable (fp_wake_fn). */
+static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len)
+{
+    fp_conn_t *c = ctx;
+    if (_conn_answer_result(c, r, data, len) == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+/* The wait ran out (or the worker drains): 304 with the tag the client sent. */
+static void _conn_hold_over(fp_conn_t *c)
+{
+    fp_wait_remove(&c->srv->waits, &c->waiter);
+    c->srv->st->hold_timeouts++;
+    memcpy(c->etag, c->inm_tag, FP_ETAG_LEN);
+    c->has_etag = 1;
+    if (_conn_respond(c, 304, NULL, "HIT", NULL, 0) == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+/* Prefer: wait and an If-None-Match that may be the answer's: hold until the answer differs
+ * (the wait table compares, and reads again on notices and every --reread-interval) or until
+ * the wait, jittered down by up to 10% so that polls started together do not all end
+ * together, runs out.  The read event stays armed: a client that leaves is noticed at once. */
+static int _conn_hold(fp_conn_t *c)
+{
+    fp_server_t *srv = c->srv;
+    int64_t wait_us = (int64_t)c->wait_s * 1000000;
+    wait_us -= (int64_t)(_rand(srv) % (uint64_t)(wait_us / 10 + 1));
+    c->hold_until_us = fp_now_us() + wait_us;
+    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, c->key, c->key_len, c->inm_tag,
+                                   _conn_on_wake, c);
+    if (r != FP_MC_QUEUED)
+        return _conn_answer_result(c, r, NULL, 0);
+    _conn_set_state(c, CONN_HELD);
+    if (_conn_hold_arm(c) < 0) {
+        _conn_close(c);              /* no timeout and no read event: it could hang forever */
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- deciding what a request gets ---------------------------------------------------- */
 
 static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
@@ -497,6 +600,29 @@ static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
         if (cfg->resource_len[i] == len - plen && memcmp(cfg->resources[i], path + plen, len - plen) == 0)
             return i;
     return -1;
+}
+
+/* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
+ * Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is Django's to read. */
+static void _conditional(fp_conn_t *c)
+{
+    const char *data = c->in->data;
+    if (c->have_inm > 1 || c->have_prefer > 1) {
+        _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
+        return;
+    }
+    if (c->have_inm) {
+        c->inm = (uint8_t)fp_inm_parse(data + c->inm_off, c->inm_len, c->inm_tag);
+        if (c->inm == FP_INM_UNREADABLE) {
+            _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
+            return;
+        }
+    }
+    if (c->have_prefer && c->srv->cfg->max_wait_s > 0) {
+        int32_t w = fp_prefer_wait(data + c->prefer_off, c->prefer_len);
+        if (w >= 0)
+            c->wait_s = w < c->srv->cfg->max_wait_s ? w : c->srv->cfg->max_wait_s;
+    }
 }
 
 /* The token of the request, checked, turned into resource res's memcached key. */
@@ -541,6 +667,7 @@ static void _authenticate(fp_conn_t *c, int res)
     }
     c->key_len = (uint8_t)key_len;
     c->action = ACT_MEMCACHED;
+    _conditional(c);
 }
 
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
@@ -581,6 +708,9 @@ static int _dispatch(fp_conn_t *c)
     default:
         return _conn_respond_error(c, c->answer_code, c->answer_message, c->answer_cache);
     }
+    /* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
+    if (c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping)
+        return _conn_hold(c);
     fp_mc_result_t r = fp_mc_get(&c->srv->mc, c->key, c->key_len, _conn_on_answer, c, &c->mc_req);
     if (r == FP_MC_QUEUED) {
         _conn_set_state(c, CONN_WAITING);
@@ -633,7 +763,11 @@ static int _on_message_begin(llhttp_t *p)
     c->in_message = 1;
     c->in_head = 1;
     c->url_len = c->field_len = c->value_len = c->auth_len = c->cookie_len = 0;
-    c->have_auth = c->have_cookie = 0;
+    c->have_auth = c->have_cookie = c->have_prefer = c->have_inm = 0;
+    c->prefer_len = c->inm_len = 0;
+    c->inm = FP_INM_NONE;
+    c->has_etag = 0;
+    c->wait_s = -1;
     c->body_len = 0;
     c->is_head = 0;
     c->key_len = 0;
@@ -718,6 +852,21 @@ static int _on_header_value_complete(llhttp_t *p)
         } else {
             c->have_cookie = 2;
         }
+    } else if (c->field_len == 6 && fp_ascii_casecmp(c->in->data + c->field_off, "prefer", 6) == 0) {
+        if (c->have_prefer++ == 0) {
+            c->prefer_off = c->value_off;
+            c->prefer_len = c->value_len;
+        } else {
+            c->have_prefer = 2;
+        }
+    } else if (c->field_len == 13 &&
+               fp_ascii_casecmp(c->in->data + c->field_off, "if-none-match", 13) == 0) {
+        if (c->have_inm++ == 0) {
+            c->inm_off = c->value_off;
+            c->inm_len = c->value_len;
+        } else {
+            c->have_inm = 2;
+        }
     }
     c->field_len = c->value_len = 0;
     return 0;
@@ -796,6 +945,10 @@ static void _compact(fp_conn_t *c)
             c->auth_off -= keep;
         if (c->have_cookie)
             c->cookie_off -= keep;
+        if (c->have_prefer && c->prefer_len)
+            c->prefer_off -= keep;
+        if (c->have_inm && c->inm_len)
+            c->inm_off -= keep;
     }
 }
 
@@ -871,6 +1024,10 @@ static void _conn_readable(fp_conn_t *c)
     if (b->len == srv->buf_cap)
         _compact(c);
     if (b->len == srv->buf_cap) {
+        if (c->state == CONN_HELD) {
+            _conn_close(c);          /* a held poll's client pipelines a buffer full: abusive */
+            return;
+        }
         if (c->state == CONN_WAITING) {          /* pipelined bytes pile up: read them later */
             c->read_paused = 1;
             if (event_del(c->ev) < 0)
@@ -893,6 +1050,8 @@ static void _conn_readable(fp_conn_t *c)
         b->len += (size_t)n;
     if (c->state == CONN_READING)
         _conn_process(c);
+    else if (c->state == CONN_HELD && _conn_hold_arm(c) < 0)
+        _conn_close(c);
 }
 
 static void _conn_writable(fp_conn_t *c)
@@ -921,7 +1080,9 @@ static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
     fp_conn_t *c = arg;
     c->srv->st->loop_events++;
     if (what & EV_TIMEOUT) {
-        if (c->state != CONN_WAITING)
+        if (c->state == CONN_HELD)
+            _conn_hold_over(c);
+        else if (c->state != CONN_WAITING)
             _conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
         return;
     }

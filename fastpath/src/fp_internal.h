@@ -16,11 +16,14 @@
 #include <llhttp.h>
 
 #include "fp_debug.h"
+#include "fp_etag.h"
 #include "fp_mc.h"
+#include "fp_notify.h"
 #include "fp_server.h"
 #include "fp_stats.h"
 #include "fp_token.h"
 #include "fp_util.h"
+#include "fp_wait.h"
 
 #define FP_BUF_POOL_MAX 256          /* idle read buffers kept for reuse */
 
@@ -42,6 +45,7 @@ typedef enum {
     CONN_WAITING,                    /**< a request is waiting for memcached (mc_req set) */
     CONN_WRITING,                    /**< an answer is partly sent; waiting until writable */
     CONN_LINGERING,                  /**< answered with "Connection: close": FIN sent, input dropped */
+    CONN_HELD,                       /**< a poll held until its answer changes (waiter set) */
     CONN_STATE_N
 } fp_conn_state_t;
 
@@ -74,6 +78,12 @@ typedef struct fp_conn {
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t read_paused;             /* read buffer full while waiting: stop reading */
     uint8_t have_auth, have_cookie;
+    uint8_t have_prefer, have_inm;   /* how often each came (2: repeated) */
+    uint8_t inm;                     /* fp_inm_t of the request */
+    uint8_t has_etag;                /* the answer being built carries etag */
+    int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
+    char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
+    char etag[FP_ETAG_LEN];          /* the answer's ETag (has_etag) */
     int16_t error_status;            /* set by a parser callback: answer this and close */
     const char *error_message;
     const char *error_cache;
@@ -88,6 +98,8 @@ typedef struct fp_conn {
     llhttp_t parser;
     fp_buf_t *in;
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
+    fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */
+    int64_t hold_until_us;           /* HELD: answered 304 then */
     char *out;                       /* response bytes the socket would not take yet */
     size_t out_len, out_sent;
     /* the request being parsed: offsets into in->data from head_start */
@@ -97,6 +109,8 @@ typedef struct fp_conn {
     size_t value_off, value_len;
     size_t auth_off, auth_len;
     size_t cookie_off, cookie_len;
+    size_t prefer_off, prefer_len;
+    size_t inm_off, inm_len;
     uint64_t body_len;               /* body, chunk extensions and trailers; dropped bytes when
                                         LINGERING */
 } fp_conn_t;
@@ -106,6 +120,9 @@ typedef struct fp_server {
     struct event_base *base;
     struct evconnlistener *listener, *admin_listener;
     fp_mc_pool_t mc;                 /* the memcached servers */
+    fp_wait_table_t waits;           /* held polls by key */
+    fp_notify_t notify;              /* fd -1: no --notify-dir */
+    uint64_t rng;                    /* xorshift: hold jitter */
     fp_buf_t *buf_pool;
     int buf_pool_n;
     size_t buf_cap;

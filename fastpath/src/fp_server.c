@@ -155,6 +155,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     struct timeval idle = {cfg->idle_timeout_s, 0};
 
     memset(srv, 0, sizeof(*srv));
+    srv->notify.fd = -1;
     srv->cfg = cfg;
     srv->st = &cfg->stats[cfg->worker_index];
     srv->st->pid = (uint64_t)getpid();
@@ -193,6 +194,13 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
 
     if (fp_mc_pool_init(&srv->mc, srv->base, srv->st, cfg, err, err_len) < 0)
         return -1;
+    srv->rng = ((uint64_t)getpid() << 32) ^ (uint64_t)fp_now_us() ^ 0x9e3779b97f4a7c15u;
+    if (fp_wait_init(&srv->waits, srv->base, &srv->mc, srv->st, cfg->reread_interval_s) < 0)
+        return _init_fail(err, err_len, "cannot set up the wait table (out of memory)");
+    if (cfg->notify_dir != NULL &&
+        fp_notify_init(&srv->notify, srv->base, &srv->waits, srv->st, cfg->notify_dir,
+                       cfg->worker_index, err, err_len) < 0)
+        return -1;
     if (cfg->listen_fd >= 0) {
         srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);
         if (srv->listener == NULL)
@@ -215,7 +223,9 @@ void fp_server_fini(fp_server_t *srv)
     srv->listener = srv->admin_listener = NULL;
     srv->stopping = 1;
     fp_mc_pool_fini(&srv->mc);       /* waiting requests get 503 ("Connection: close") */
-    fp_conn_close_all(srv);
+    fp_notify_fini(&srv->notify);
+    fp_conn_close_all(srv);          /* held polls leave the wait table */
+    fp_wait_fini(&srv->waits);
     fp_buf_pool_free(srv);
     if (srv->pause_accept != NULL)
         event_free(srv->pause_accept);

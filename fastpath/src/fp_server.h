@@ -23,7 +23,9 @@
     X(int, max_connections, 16384)    /* per worker; beyond it new connections are closed */       \
     X(int, drain_timeout_s, 5)        /* SIGTERM waits this long for in-flight requests */         \
     X(size_t, max_body, 65536)        /* largest request body (413 beyond) */                      \
-    X(size_t, max_headers, 32768)     /* largest request head (431 beyond): >= what nginx forwards */
+    X(size_t, max_headers, 32768)     /* largest request head (431 beyond): >= what nginx forwards */ \
+    X(int, max_wait_s, 55)            /* longest hold of a poll (Prefer: wait); 0: never hold */  \
+    X(int, reread_interval_s, 5)      /* a held key is read again at least this often */
 
 #define FP_CONFIG_FIELD_(type, field, dflt) type field;
 #define FP_CONFIG_COUNT_(type, field, dflt) +1
@@ -42,6 +44,7 @@ typedef struct {
     int n_resources;
     const char *resources[FP_MAX_RESOURCES];
     size_t resource_len[FP_MAX_RESOURCES];
+    const char *notify_dir;        /* NULL: no notices (re-reads only) */
     const char *backend_avoid[4];  /* libevent methods to avoid (NULL-terminated) */
     fp_stats_t *stats;             /* n_workers slots */
     int n_workers;

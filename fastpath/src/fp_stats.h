@@ -10,6 +10,7 @@
 #define FP_STATUSES(X)                                  \
     X(200, "OK")                                        \
     X(204, "No Content")                                \
+    X(304, "Not Modified")                              \
     X(400, "Bad Request")                               \
     X(401, "Unauthorized")                              \
     X(404, "Not Found")                                 \
@@ -35,12 +36,23 @@
     X(conn_rejected, "fastpath_connections_rejected_total",                                       \
       "Connections closed at once: over --max-connections, draining, or accept() failed.")       \
     X(loop_waits, "fastpath_loop_waits_total", "Times the event loop waited for the backend.")     \
-    X(loop_events, "fastpath_loop_events_total", "Client socket events handled.")
+    X(loop_events, "fastpath_loop_events_total", "Client socket events handled.")                 \
+    X(holds_started, "fastpath_holds_total", "Polls held until their answer changes (Prefer: wait).") \
+    X(holds_woken, "fastpath_holds_woken_total", "Held polls answered because the answer changed.") \
+    X(hold_timeouts, "fastpath_hold_timeouts_total", "Held polls answered 304 when their wait ran out.") \
+    X(notices, "fastpath_notices_total", "Notice datagrams received from plurkcore.")             \
+    X(notice_keys, "fastpath_notice_keys_total", "Keys named by the notices received.")           \
+    X(notice_gaps, "fastpath_notice_gaps_total",                                                  \
+      "Notices lost (a sender's sequence skipped): every held key is read again.")                \
+    X(notices_malformed, "fastpath_notices_malformed_total", "Notice datagrams dropped as malformed.") \
+    X(wait_rereads, "fastpath_wait_rereads_total",                                                \
+      "Held keys read again (noticed, after a gap, or every --reread-interval).")
 
 /* X(field, metric, help): gauges (each worker's slot goes up and down), summed over workers. */
 #define FP_GAUGES(X)                                                                              \
     X(inflight, "fastpath_inflight_requests", "Gets waiting for memcached.")                      \
-    X(connections, "fastpath_connections", "Open client connections.")
+    X(connections, "fastpath_connections", "Open client connections.")                            \
+    X(held, "fastpath_held_polls", "Polls held now, waiting for their answer to change.")
 
 #define FP_LAT_BUCKETS 10
 

@@ -277,3 +277,117 @@ def test_random_credentials_read_as_django_or_ambiguous():
         assert django is not None and (got == django or not (got.isascii() or django.isascii())), \
             (headers, got, django)
     assert min(seen.values()) > 100, seen
+
+
+# ---- long-polling (contract section 7): ETag and If-None-Match ------------------------------
+# The "etag" and "conditional" vectors are written by Django's side; until they are in
+# contract.json, these run on bodies whose ETag is computed here with hashlib.
+def _etag(body):
+    import hashlib
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+ETAG_VECTORS = VECTORS.get("etag") or [[b.decode(), _etag(b)] for b in (b"", b'{"count":1}', b"\xe2\x98\x83")]
+_ONE, _OTHER = _etag(b'{"count":1}'), _etag(b'{"count":2}')
+CONDITIONAL_VECTORS = VECTORS.get("conditional") or [
+    {"why": "no validator", "headers": [], "fastpath": 200, "wait": None, "body": '{"count":1}'},
+    {"why": "matching strong tag", "headers": [["If-None-Match", _ONE]], "fastpath": 304, "wait": None,
+     "body": '{"count":1}'},
+    {"why": "matching weak tag", "headers": [["If-None-Match", "W/" + _ONE]], "fastpath": 304,
+     "wait": None, "body": '{"count":1}'},
+    {"why": "other tag", "headers": [["If-None-Match", _OTHER]], "fastpath": 200, "wait": None,
+     "body": '{"count":1}'},
+    {"why": "OWS", "headers": [["If-None-Match", f"  {_ONE}\t"]], "fastpath": 304, "wait": None,
+     "body": '{"count":1}'},
+    {"why": "a list", "headers": [["If-None-Match", f"{_OTHER}, {_ONE}"]], "fastpath": "miss",
+     "wait": None, "body": '{"count":1}'},
+    {"why": "star", "headers": [["If-None-Match", "*"]], "fastpath": "miss", "wait": None, "body": ""},
+    {"why": "garbage", "headers": [["If-None-Match", "garbage"]], "fastpath": "miss", "wait": None,
+     "body": ""},
+    {"why": "repeated", "headers": [["If-None-Match", _ONE], ["If-None-Match", _ONE]],
+     "fastpath": "miss", "wait": None, "body": '{"count":1}'},
+    {"why": "wait, other tag", "headers": [["Prefer", "wait=10"], ["If-None-Match", _OTHER]],
+     "fastpath": 200, "wait": 10, "body": '{"count":1}'},
+    {"why": "wait, matching tag: held", "headers": [["Prefer", "wait=10"], ["If-None-Match", _ONE]],
+     "fastpath": "hold", "wait": 10, "body": '{"count":1}'},
+    {"why": "unparseable wait", "headers": [["Prefer", "wait=soon"], ["If-None-Match", _ONE]],
+     "fastpath": 304, "wait": None, "body": '{"count":1}'},
+]
+
+
+@pytest.mark.parametrize("body, expected", ETAG_VECTORS, ids=lambda v: str(v)[:16])
+def test_etag(body, expected):
+    assert _server._testhelper_etag(body.encode()) == expected
+    assert _etag(body.encode()) == expected
+
+
+def _fastpath_with_memcached(tmp_path_factory, *extra):
+    from tests.fastpath.conftest import Fastpath
+    from tests.support.servers import memcached_servers
+    with memcached_servers(1) as servers:
+        fp = Fastpath(servers, tmp_path_factory.mktemp("conditional"), extra=extra).start()
+        try:
+            yield fp, Client(servers[0].spec, default_noreply=False)   # stored before we poll
+        finally:
+            fp.stop()
+
+
+@pytest.fixture(scope="module")
+def conditional_fastpath(tmp_path_factory):
+    yield from _fastpath_with_memcached(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def short_hold_fastpath(tmp_path_factory):
+    yield from _fastpath_with_memcached(tmp_path_factory, "--max-wait", "1")
+
+
+def _exchange(fp, uid, vector):
+    head = "".join(f"{name}: {value}\r\n" for name, value in vector["headers"])
+    with socket.create_connection(("127.0.0.1", fp.port), timeout=15) as s:
+        s.sendall(f"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
+                  f"{head}Connection: close\r\n\r\n".encode("latin-1"))
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head_text, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head_text.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, rest
+
+
+@pytest.mark.parametrize("vector", [v for v in CONDITIONAL_VECTORS if v["fastpath"] != "hold"],
+                         ids=lambda v: f"{v['why']}-{len(v['body'])}")
+def test_conditional(conditional_fastpath, vector):
+    fp, cache = conditional_fastpath
+    uid = 4242
+    body = vector["body"].encode()
+    cache.set(f"p1:getMessages:{uid}:0", body)
+    status, headers, rest = _exchange(fp, uid, vector)
+    if vector["fastpath"] == "miss":
+        assert status == 404 and headers["x-cache"] == "MISS", vector["why"]
+        return
+    assert status == vector["fastpath"], vector["why"]
+    assert headers["etag"] == _etag(body)
+    assert headers["x-cache"] == "HIT" and headers["cache-control"] == "no-store"
+    if vector["wait"] is None:
+        assert "preference-applied" not in headers
+    else:
+        assert headers["preference-applied"] == f"wait={vector['wait']}"
+    if status == 304:
+        assert "content-type" not in headers and "content-length" not in headers and rest == b""
+    elif status == 200:
+        assert rest == body
+
+
+@pytest.mark.parametrize("vector", [v for v in CONDITIONAL_VECTORS if v["fastpath"] == "hold"],
+                         ids=lambda v: f"{v['why']}-{len(v['body'])}")
+def test_conditional_hold(short_hold_fastpath, vector):
+    """Held (nothing changes): 304 with the same ETag once min(wait, --max-wait 1) has passed."""
+    fp, cache = short_hold_fastpath
+    uid = 4343
+    body = vector["body"].encode()
+    cache.set(f"p1:getMessages:{uid}:0", body)
+    status, headers, rest = _exchange(fp, uid, vector)
+    assert (status, rest) == (304, b"") and headers["etag"] == _etag(body), vector["why"]
+    assert headers["preference-applied"] == f"wait={min(vector['wait'], 1)}"

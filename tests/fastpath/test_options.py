@@ -23,6 +23,7 @@ SAMPLES = {
     "memcached": ("127.0.0.1:11", "[::1]:12"),
     "secret_file": "/nonexistent/secret.key",
     "resources": ("getMentions",),
+    "notify_dir": "/run/plurk/notify",
 }
 
 

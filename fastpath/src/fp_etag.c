@@ -1,0 +1,107 @@
+/* ETag, If-None-Match and Prefer: wait (fp_etag.h). */
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "fp_etag.h"
+
+int fp_etag_of(const char *body, size_t len, char tag[FP_ETAG_LEN])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int md_len = 0;
+
+    /* one-shot EVP (not deprecated): no pads to precompute here, unlike the HMAC */
+    if (EVP_Digest(body, len, md, &md_len, EVP_sha256(), NULL) != 1 || md_len < FP_ETAG_HEX / 2)
+        return -1;
+    tag[0] = '"';
+    for (int i = 0; i < FP_ETAG_HEX / 2; i++) {
+        tag[1 + 2 * i] = hex[md[i] >> 4];
+        tag[2 + 2 * i] = hex[md[i] & 15];
+    }
+    tag[FP_ETAG_LEN - 1] = '"';
+    return 0;
+}
+
+static int _is_ows(char ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+static void _trim(const char **v, size_t *len)
+{
+    while (*len > 0 && _is_ows(**v)) {
+        (*v)++;
+        (*len)--;
+    }
+    while (*len > 0 && _is_ows((*v)[*len - 1]))
+        (*len)--;
+}
+
+/* etagc = "!" / %x23-7E / obs-text (RFC 9110 8.8.3) */
+static int _is_etagc(unsigned char ch)
+{
+    return ch == 0x21 || (ch >= 0x23 && ch != 0x7f);
+}
+
+fp_inm_t fp_inm_parse(const char *v, size_t len, char tag[FP_ETAG_LEN])
+{
+    _trim(&v, &len);
+    if (len >= 2 && v[0] == 'W' && v[1] == '/') {
+        v += 2;
+        len -= 2;
+    }
+    if (len < 2 || v[0] != '"' || v[len - 1] != '"')
+        return FP_INM_UNREADABLE;
+    for (size_t i = 1; i + 1 < len; i++)
+        if (!_is_etagc((unsigned char)v[i]))
+            return FP_INM_UNREADABLE;
+    if (len != FP_ETAG_LEN)
+        return FP_INM_OTHER;
+    memcpy(tag, v, FP_ETAG_LEN);
+    return FP_INM_TAG;
+}
+
+/* preference = token [ BWS "=" BWS word ] *( OWS ";" [ OWS parameter ] ), comma-separated */
+int32_t fp_prefer_wait(const char *v, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        size_t end = i;
+        while (end < len && v[end] != ',')
+            end++;
+        const char *p = v + i;
+        size_t n = end - i;
+        const char *semi = memchr(p, ';', n);
+        if (semi != NULL)
+            n = (size_t)(semi - p);          /* parameters of a preference are ignored */
+        const char *eq = memchr(p, '=', n);
+        size_t name_len = eq != NULL ? (size_t)(eq - p) : n;
+        _trim(&p, &name_len);
+        if (name_len == 4 && (p[0] | 0x20) == 'w' && (p[1] | 0x20) == 'a' && (p[2] | 0x20) == 'i' &&
+            (p[3] | 0x20) == 't') {
+            if (eq == NULL)
+                return -1;
+            const char *q = eq + 1;
+            size_t m = (size_t)(v + end - q);
+            if (semi != NULL)
+                m = (size_t)(semi - q);
+            _trim(&q, &m);
+            if (m >= 2 && q[0] == '"' && q[m - 1] == '"') {
+                q++;
+                m -= 2;
+            }
+            if (m == 0 || m > 5)
+                return -1;
+            int32_t w = 0;
+            for (size_t k = 0; k < m; k++) {
+                if (q[k] < '0' || q[k] > '9')
+                    return -1;
+                w = w * 10 + (q[k] - '0');
+            }
+            return w <= FP_WAIT_MAX_S ? w : -1;
+        }
+        i = end + 1;
+    }
+    return -1;
+}

@@ -1,0 +1,328 @@
+/* The wait table (fp_wait.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp_hash.h"
+#include "fp_util.h"
+#include "fp_wait.h"
+
+#define WAIT_BUCKETS (1u << 14)      /* per worker; chains stay short up to ~50k held keys */
+#define WAIT_FREE_MAX 1024           /* idle key records kept for reuse */
+#define TICK_MAX_READS 64            /* re-reads started per tick: a burst is spread out */
+#define TICK_STAGGER_US 10000        /* between ticks while more keys are due */
+
+static void _read(fp_wait_table_t *t, fp_wait_key_t *k);
+
+static fp_wait_key_t **_slot(fp_wait_table_t *t, const char *key, size_t len)
+{
+    return &t->buckets[fp_murmur3_32(key, len, 0) & t->mask];
+}
+
+static fp_wait_key_t *_find(fp_wait_table_t *t, const char *key, size_t len)
+{
+    for (fp_wait_key_t *k = *_slot(t, key, len); k != NULL; k = k->hnext)
+        if (k->key_len == len && memcmp(k->key, key, len) == 0)
+            return k;
+    return NULL;
+}
+
+/* ---- the re-read queue: FIFO by due time (every key waits the same interval) ---------- */
+
+static void _arm_tick(fp_wait_table_t *t, int64_t now_us)
+{
+    if (t->qhead == NULL || evtimer_pending(t->tick, NULL))
+        return;
+    int64_t wait_us = t->qhead->due_us - now_us;
+    if (wait_us < TICK_STAGGER_US)
+        wait_us = TICK_STAGGER_US;
+    struct timeval tv = {(time_t)(wait_us / 1000000), (suseconds_t)(wait_us % 1000000)};
+    if (evtimer_add(t->tick, &tv) < 0)
+        fp_log("cannot arm the re-read timer; held polls rely on notices and their own timeout");
+}
+
+static void _queue_remove(fp_wait_table_t *t, fp_wait_key_t *k)
+{
+    if (!k->queued)
+        return;
+    if (k->qprev != NULL)
+        k->qprev->qnext = k->qnext;
+    else
+        t->qhead = k->qnext;
+    if (k->qnext != NULL)
+        k->qnext->qprev = k->qprev;
+    else
+        t->qtail = k->qprev;
+    k->qprev = k->qnext = NULL;
+    k->queued = 0;
+}
+
+static void _queue_append(fp_wait_table_t *t, fp_wait_key_t *k)
+{
+    int64_t now = fp_now_us();
+    k->due_us = now + t->interval_us;
+    k->qnext = NULL;
+    k->qprev = t->qtail;
+    if (t->qtail != NULL)
+        t->qtail->qnext = k;
+    else
+        t->qhead = k;
+    t->qtail = k;
+    k->queued = 1;
+    _arm_tick(t, now);
+}
+
+static void _on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    fp_wait_table_t *t = arg;
+    int64_t now = fp_now_us();
+    for (int n = 0; n < TICK_MAX_READS && t->qhead != NULL && t->qhead->due_us <= now; n++) {
+        t->st->wait_rereads++;
+        _read(t, t->qhead);          /* takes it off the queue */
+    }
+    _arm_tick(t, now);
+}
+
+/* ---- keys ----------------------------------------------------------------------------- */
+
+static fp_wait_key_t *_key_new(fp_wait_table_t *t, const char *key, size_t len)
+{
+    fp_wait_key_t *k = t->free_keys;
+    if (k != NULL) {
+        t->free_keys = k->hnext;
+        t->n_free--;
+    } else if ((k = malloc(sizeof(*k))) == NULL) {
+        return NULL;
+    }
+    memset(k, 0, offsetof(fp_wait_key_t, key));
+    memcpy(k->key, key, len);
+    k->key_len = (uint8_t)len;
+    fp_wait_key_t **slot = _slot(t, key, len);
+    k->hnext = *slot;
+    *slot = k;
+    return k;
+}
+
+static void _key_free(fp_wait_table_t *t, fp_wait_key_t *k)
+{
+    fp_wait_key_t **p = _slot(t, k->key, k->key_len);
+    while (*p != k)
+        p = &(*p)->hnext;
+    *p = k->hnext;
+    _queue_remove(t, k);
+    fp_mc_cancel(k->req);
+    if (t->n_free >= WAIT_FREE_MAX) {
+        free(k);
+        return;
+    }
+    k->hnext = t->free_keys;
+    t->free_keys = k;
+    t->n_free++;
+}
+
+static void _unlink(fp_wait_table_t *t, fp_waiter_t *w)
+{
+    fp_wait_key_t *k = w->key;
+    if (w->prev != NULL)
+        w->prev->next = w->next;
+    else
+        k->head = w->next;
+    if (w->next != NULL)
+        w->next->prev = w->prev;
+    else
+        k->tail = w->prev;
+    w->key = NULL;
+    w->prev = w->next = NULL;
+    t->st->held--;
+}
+
+/* Every waiter of k whose tag this answer does not carry is woken (all of them when the key is
+ * gone or unreadable); the others stay.  Afterwards k is read again if it was noticed
+ * meanwhile, queued for its periodic re-read, or freed when nobody waits any more. */
+static void _answer(fp_wait_table_t *t, fp_wait_key_t *k, fp_mc_result_t r, const char *data, size_t len)
+{
+    char tag[FP_ETAG_LEN];
+    int have_tag = (r == FP_MC_HIT || r == FP_MC_EMPTY) && fp_etag_of(data != NULL ? data : "",
+                                                                      r == FP_MC_HIT ? len : 0, tag) == 0;
+    if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && !have_tag)
+        r = FP_MC_UNAVAILABLE;       /* libcrypto failed: the waiters fall back to Django */
+    k->busy = 1;
+    for (fp_waiter_t *w = k->head, *next; w != NULL; w = next) {
+        next = w->next;
+        if (have_tag && memcmp(w->tag, tag, FP_ETAG_LEN) == 0)
+            continue;
+        _unlink(t, w);
+        if (have_tag)
+            t->st->holds_woken++;
+        w->wake(w->ctx, r, data, len);
+    }
+    k->busy = 0;
+    if (k->head == NULL)
+        _key_free(t, k);
+    else if (k->dirty)
+        _read(t, k);
+    else
+        _queue_append(t, k);
+}
+
+static void _on_read(void *ctx, fp_mc_result_t r, const char *data, size_t len)
+{
+    fp_wait_key_t *k = ctx;
+    k->req = NULL;
+    _answer(k->table, k, r, data, len);
+}
+
+
+/* One get for k (it leaves the re-read queue while in flight).  A get already in flight is
+ * not repeated: k is read once more after it.  A get that fails at once answers the waiters
+ * now, unless they are being answered (busy): then the next tick tries again. */
+static void _read(fp_wait_table_t *t, fp_wait_key_t *k)
+{
+    if (k->req != NULL) {
+        k->dirty = 1;
+        return;
+    }
+    _queue_remove(t, k);
+    k->dirty = 0;
+    fp_mc_result_t r = fp_mc_get(t->mc, k->key, k->key_len, _on_read, k, &k->req);
+    if (r == FP_MC_QUEUED)
+        return;
+    k->req = NULL;
+    if (k->busy)
+        _queue_append(t, k);
+    else
+        _answer(t, k, r, NULL, 0);
+}
+
+/* ---- the API ---------------------------------------------------------------------------- */
+
+int fp_wait_init(fp_wait_table_t *t, struct event_base *base, fp_mc_pool_t *mc, fp_stats_t *st,
+                 int reread_s)
+{
+    memset(t, 0, sizeof(*t));
+    t->base = base;
+    t->mc = mc;
+    t->st = st;
+    t->interval_us = (int64_t)reread_s * 1000000;
+    t->mask = WAIT_BUCKETS - 1;
+    t->buckets = calloc(WAIT_BUCKETS, sizeof(*t->buckets));
+    t->tick = evtimer_new(base, _on_tick, t);
+    return t->buckets != NULL && t->tick != NULL ? 0 : -1;
+}
+
+void fp_wait_fini(fp_wait_table_t *t)
+{
+    if (t->buckets != NULL) {
+        for (uint32_t i = 0; i <= t->mask; i++) {
+            while (t->buckets[i] != NULL) {
+                fp_wait_key_t *k = t->buckets[i];
+                while (k->head != NULL)
+                    _unlink(t, k->head);
+                _key_free(t, k);
+            }
+        }
+    }
+    while (t->free_keys != NULL) {
+        fp_wait_key_t *next = t->free_keys->hnext;
+        free(t->free_keys);
+        t->free_keys = next;
+    }
+    free(t->buckets);
+    if (t->tick != NULL)
+        event_free(t->tick);
+    memset(t, 0, sizeof(*t));
+}
+
+fp_mc_result_t fp_wait_add(fp_wait_table_t *t, fp_waiter_t *w, const char *key, size_t key_len,
+                           const char *tag, fp_wake_fn wake, void *ctx)
+{
+    if (key_len == 0 || key_len > FP_KEY_CAP)
+        return FP_MC_MISS;
+    fp_wait_key_t *k = _find(t, key, key_len);
+    if (k == NULL && (k = _key_new(t, key, key_len)) == NULL)
+        return FP_MC_OVERLOADED;
+    k->table = t;
+    w->key = k;
+    w->tag = tag;
+    w->wake = wake;
+    w->ctx = ctx;
+    w->next = NULL;
+    w->prev = k->tail;
+    if (k->tail != NULL)
+        k->tail->next = w;
+    else
+        k->head = w;
+    k->tail = w;
+    t->st->held++;
+    t->st->holds_started++;
+    if (k->busy || k->req != NULL) {
+        /* a get that may predate w is in flight (or being answered): one more after it */
+        k->dirty = 1;
+        return FP_MC_QUEUED;
+    }
+    _queue_remove(t, k);
+    k->dirty = 0;
+    fp_mc_result_t r = fp_mc_get(t->mc, k->key, k->key_len, _on_read, k, &k->req);
+    if (r == FP_MC_QUEUED)
+        return r;
+    k->req = NULL;
+    _unlink(t, w);                   /* the caller answers w now; the others see it next read */
+    t->st->holds_started--;
+    if (k->head == NULL)
+        _key_free(t, k);
+    else
+        _queue_append(t, k);
+    return r;
+}
+
+void fp_wait_remove(fp_wait_table_t *t, fp_waiter_t *w)
+{
+    fp_wait_key_t *k = w->key;
+    if (k == NULL)
+        return;
+    _unlink(t, w);
+    if (k->head == NULL && !k->busy)
+        _key_free(t, k);             /* its get, if any, is cancelled */
+}
+
+int fp_wait_notice(fp_wait_table_t *t, const char *key, size_t key_len)
+{
+    fp_wait_key_t *k;
+    if (key_len == 0 || key_len > FP_KEY_CAP || (k = _find(t, key, key_len)) == NULL)
+        return 0;
+    t->st->wait_rereads++;
+    if (k->busy)
+        k->dirty = 1;
+    else
+        _read(t, k);
+    return 1;
+}
+
+/* A gap: every key is read again, spread over ticks (TICK_MAX_READS each) rather than at once.
+ * A key with a get in flight is marked dirty; the others are moved to the front of the queue,
+ * due now. */
+void fp_wait_reread_all(fp_wait_table_t *t)
+{
+    fp_wait_key_t *due = NULL, *k, *next;
+    for (k = t->qhead; k != NULL; k = next) {
+        next = k->qnext;
+        _queue_remove(t, k);
+        k->qnext = due;              /* a temporary list through qnext */
+        due = k;
+    }
+    for (uint32_t i = 0; i <= t->mask; i++) {
+        for (k = t->buckets[i]; k != NULL; k = k->hnext) {
+            if (k->req != NULL || k->busy) {
+                k->dirty = 1;
+                t->st->wait_rereads++;   /* (the queued ones count when their tick reads them) */
+            }
+        }
+    }
+    for (k = due; k != NULL; k = next) {
+        next = k->qnext;
+        _queue_append(t, k);
+        k->due_us = 0;
+    }
+    if (evtimer_pending(t->tick, NULL) && evtimer_del(t->tick) < 0)
+        fp_log("cannot re-arm the re-read timer");
+    _arm_tick(t, fp_now_us());
+}
