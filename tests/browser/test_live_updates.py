@@ -205,6 +205,8 @@ def test_a_plurk_appears_for_a_follower_without_reload(stack, browsers, pair):
     writer, reader = browsers("writer"), browsers("reader")
     _login(writer, base, writer_name)
     _login(reader, base, reader_name)
+    # short polling: this test counts polls (the page's long-poll mode has its own test below)
+    reader.get(base + "/?poll=short")
     _shot(reader, "1-reader-before")
     _wait(lambda: _polls_done(reader) >= 1, what="the reader's first poll")
     reader.execute_script(RECORD_POLLS_JS)            # every poll after the first must be a cache hit
@@ -272,7 +274,7 @@ def test_a_users_page_does_not_mark_read(stack, browsers, pair):
     (writer_name, writer_token), (reader_name, reader_token) = pair
     reader = browsers("reader")
     _login(reader, base, reader_name)
-    reader.get(f"{base}/u/{writer_name}")
+    reader.get(f"{base}/u/{writer_name}?poll=short")     # "still polling" counts polls
     _wait(lambda: "followers" in _by_id(reader, "profile-stats").text and _polls_done(reader) >= 1,
           what="the user's page and its first poll")
 
