@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -466,6 +467,18 @@ static void _conn_linger(fp_conn_t *c)
         _conn_close(c);
 }
 
+/* Linger only when the client may still be sending (nginx's `lingering_close on`): bytes not
+ * yet parsed, a request not read to its end, or bytes already waiting in the socket.  Otherwise
+ * close at once: the kernel still delivers the answer, and a one-request connection (HTTP/1.0,
+ * Connection: close) costs no shutdown, no second wait and no extra read. */
+static int _conn_may_send_more(fp_conn_t *c)
+{
+    int waiting = 0;
+    if (c->in_message || (c->in != NULL && c->in->pos < c->in->len))
+        return 1;
+    return ioctl(c->fd, FIONREAD, &waiting) != 0 || waiting > 0;   /* cannot tell: linger */
+}
+
 static void _conn_lingering_readable(fp_conn_t *c)
 {
     char sink[4096];
@@ -487,7 +500,10 @@ static int _conn_after_response(fp_conn_t *c)
     int rewatch = c->state == CONN_WRITING || c->state == CONN_HELD || c->read_paused;
 
     if (!c->keep_alive || srv->stopping) {
-        _conn_linger(c);
+        if (_conn_may_send_more(c))
+            _conn_linger(c);
+        else
+            _conn_close(c);
         return -1;
     }
     if (c->state != CONN_READING)
