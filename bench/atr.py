@@ -48,7 +48,9 @@ from plurksite.services import free_port  # noqa: E402
 RATIOS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 CLAIMED_BREAK_EVEN = 0.6
 SUPERPOLL_THRESHOLD = 1.10           # issue 15 item 4: build it only if poll leads by 10% or more
-SELECT_LIMIT = 1024 - 32             # FD_SETSIZE, less the server's own descriptors
+# select() takes descriptors below FD_SETSIZE (1024) only; a worker holds 8 of its own (standard
+# streams, libevent's signal pipe, both listeners, memcached) and one more while /metrics is read
+SELECT_LIMIT = 1024 - 16
 # fastpath's memcached deadline (50 ms in the stack) would fire here: with thousands of
 # connections ready at once, one pass of the loop on a shared CPU can take longer than that, and
 # a 503 is not the work being measured.  Both backends get the same.
