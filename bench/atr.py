@@ -40,8 +40,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import progress, write_result  # noqa: E402
-from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, loop_counters,  # noqa: E402
-                           per_answer, pin, pinned, raise_fd_limit, run_client, start_memcached, tool)
+from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, fastpath_source,  # noqa: E402
+                           loop_counters, per_answer, pin, pinned, raise_fd_limit, run_client, start_memcached, tool)
 from bench.throughput import BODIES, _settle, _start_nginx, _stop, _tree  # noqa: E402
 from plurksite.services import free_port  # noqa: E402
 
@@ -221,6 +221,7 @@ def main():
                           "warmup_s": args.warmup, "pipeline": args.pipeline, "backends": backends,
                           "control_duration_s": args.control_duration, "fastpath_timeout_ms": TIMEOUT_MS,
                           "claimed_break_even": CLAIMED_BREAK_EVEN,
+                          "fastpath": fastpath_source(),
                           "cpus": {"server": SERVER_CPU, "client": CLIENT_CPU, "memcached": CLIENT_CPU,
                                    "control": SERVER_CPU}}}
     if not args.no_fastpath:

@@ -28,8 +28,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import progress, write_result  # noqa: E402
-from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, per_answer, pin,  # noqa: E402
-                           pinned, raise_fd_limit, run_client, start_memcached, tool)
+from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, fastpath_source, per_answer,  # noqa: E402
+                           pin, pinned, raise_fd_limit, run_client, start_memcached, tool)
 from bench.throughput import BODIES, _settle, _start_nginx, _stop, _tree  # noqa: E402
 from plurksite.services import find_binary, free_port  # noqa: E402
 
@@ -127,7 +127,8 @@ def main():
     with open(tokens_file) as fh:
         uid, token = fh.readline().split()          # one shared key, as the seed had
     results = {"config": {"rounds": args.rounds, "ab_requests": args.requests, "concurrency": args.concurrency,
-                          "duration_s": args.duration, "user": int(uid)}, "seeds": SEEDS}
+                          "duration_s": args.duration, "user": int(uid), "fastpath": fastpath_source()},
+               "seeds": SEEDS}
     procs = []
     try:
         mc, mc_port = start_memcached(log)

@@ -19,6 +19,16 @@ from plurkcore import tokens  # noqa: E402
 from plurksite.services import free_port, memcached_command, wait_for_port  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 1, 0        # the server under test on one CPU, the load on the other
+# The fastpath measured: this checkout's, or another checkout whose extension is built in place
+# (to compare two builds with the same bench).
+FASTPATH_ROOT = os.environ.get("PLURK_BENCH_FASTPATH_ROOT") or ROOT
+
+
+def fastpath_source():
+    """Which fastpath a result measured: its checkout (None: this one) and commit."""
+    commit = subprocess.run(["git", "-C", FASTPATH_ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or None
+    return {"root": None if FASTPATH_ROOT == ROOT else FASTPATH_ROOT, "commit": commit}
 
 
 def tool(name):
@@ -140,7 +150,7 @@ class Fastpath:
                 "--admin", f"127.0.0.1:{self.admin}", "--memcached", f"127.0.0.1:{mc_port}",
                 "--secret-file", secret_file, "--workers", str(workers), "--idle-timeout", "3600",
                 "--max-connections", str(max_connections), "--timeout-ms", str(timeout_ms)]
-        self.proc = _spawn(argv + (["--backend", backend] if backend else []), log, cwd=ROOT)
+        self.proc = _spawn(argv + (["--backend", backend] if backend else []), log, cwd=FASTPATH_ROOT)
         # the admin listener opens with the data listener, before the workers start
         wait_for_port("127.0.0.1", self.admin, process=self.proc, name="fastpath admin")
         if not unix:

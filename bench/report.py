@@ -144,7 +144,8 @@ def _atr_lines(doc):
     """The active-ratio sweep: per total and ATR, each backend's req/s, the paired epoll/poll ratios
     for fastpath and for the kernel-only control, and fastpath's ready events per wait."""
     m, cfg = doc["machine"], doc["config"]
-    out = [f"Active ratio, epoll against poll ({m['date']}, Linux {m['kernel']}, commit {m['commit']}; "
+    commit = (cfg.get("fastpath") or {}).get("commit") or m["commit"]
+    out = [f"Active ratio, epoll against poll ({m['date']}, Linux {m['kernel']}, fastpath at {commit}; "
            f"one fastpath worker on CPU 1, bench/atr_client on CPU 0, {cfg['duration_s']:g} s per point, "
            f"median of {cfg['rounds']} interleaved rounds, ratios paired within a round; control: "
            f"bench/pipetest, raw poll()/epoll_wait() on socketpairs). Above 1, epoll is ahead:\n"]
@@ -188,7 +189,8 @@ def _atr_lines(doc):
 def _connbench_lines(doc):
     """Connections without keep-alive, beside the seeds' published figures."""
     m, cfg = doc["machine"], doc["config"]
-    out = [f"Without keep-alive ({m['date']}, commit {m['commit']}; median of {cfg['rounds']} interleaved "
+    commit = (cfg.get("fastpath") or {}).get("commit") or m["commit"]
+    out = [f"Without keep-alive ({m['date']}, fastpath at {commit}; median of {cfg['rounds']} interleaved "
            f"rounds): `ab -c {cfg['concurrency']} -n {cfg['ab_requests']}` through nginx (one worker each, "
            f"one shared key as the seed had), and new connections per second straight to the server "
            f"(bench/atr_client --close, {cfg['concurrency']} at once):\n"]
