@@ -281,11 +281,23 @@ def _fastpath_sweep(args, totals, ratios, backends):
         for proc in reversed(procs):
             _stop(proc)
         log.close()
+    return {"fastpath": _fastpath_summary(runs, checks, in_use), "superpoll": superpoll(summarize(runs, FASTPATH_RATIOS, "rps"))}
+
+
+def _fastpath_summary(runs, checks, in_use):
     sweep = summarize(runs, FASTPATH_RATIOS, "rps")
-    return {"fastpath": {"backends_in_use": in_use, "sweep": sweep, "runs": runs,
-                         "break_even": {t: break_even(rows, "epoll/poll req/s") for t, rows in sweep.items()},
-                         "client_check": _client_check(sweep, checks)},
-            "superpoll": superpoll(sweep)}
+    limits = {}
+    for r in runs:
+        limits[r["point"]["limited_by"]] = limits.get(r["point"]["limited_by"], 0) + 1
+    return {"backends_in_use": in_use, "sweep": sweep, "runs": runs,
+            "break_even": _break_evens(sweep, ("epoll/poll req/s", "poll/epoll CPU per request")),
+            # the generator's own share of its CPU at its busiest, and what limited the runs
+            "client_max_cpu_pct": max((r["point"]["client"]["cpu_pct"] for r in runs), default=None),
+            "limited_by": limits, "client_check": _client_check(sweep, checks)}
+
+
+def _break_evens(sweep, labels):
+    return {label: {t: break_even(rows, label) for t, rows in sweep.items()} for label in labels}
 
 
 def _client_check(sweep, checks):
@@ -315,7 +327,7 @@ def _control_sweep(args, totals, ratios, backends):
                      f"{point['events_per_wait']:.0f} events/wait")
     sweep = summarize(runs, CONTROL_RATIOS, "rate")
     return {"sweep": sweep, "runs": runs,
-            "break_even": {t: break_even(rows, "epoll/poll rate") for t, rows in sweep.items()}}
+            "break_even": _break_evens(sweep, ("epoll/poll rate", "poll/epoll CPU per token"))}
 
 
 def _print(results):

@@ -165,10 +165,10 @@ def _atr_lines(doc):
                        f"{_f(c.get('poll/epoll CPU per token'))} |")
     out.append("")
     for name, part in (("fastpath", doc.get("fastpath")), ("control", doc.get("control"))):
-        if part and part.get("break_even"):
-            out.append(f"- {name}: epoll/poll crosses 1.0 " + "; ".join(
+        for label, by_total in (part or {}).get("break_even", {}).items():
+            out.append(f"- {name}, {label}: crosses 1.0 " + "; ".join(
                 f"at N={int(t):,} between ATR {', '.join(f'{a:g}-{b:g}' for a, b in spans)}" if spans
-                else f"nowhere at N={int(t):,}" for t, spans in part["break_even"].items()))
+                else f"nowhere at N={int(t):,}" for t, spans in by_total.items()))
     sp = doc.get("superpoll")
     if sp:
         lead = sp.get("largest_poll_lead") or {}
@@ -176,11 +176,15 @@ def _atr_lines(doc):
                    f"req/s and CPU per request at {len(sp['poll_ahead'])} point(s); poll's largest req/s lead "
                    f"{_f(lead.get('poll/epoll req/s'), '.3f')}x (N={lead.get('total')}, ATR {lead.get('atr')}): "
                    f"**{'build it' if sp['build'] else 'not built'}**")
-    checks = doc.get("fastpath", {}).get("client_check") or []
+    fp = doc.get("fastpath") or {}
+    if fp.get("limited_by"):
+        out.append(f"- the load generator used at most {fp['client_max_cpu_pct']:.0f}% of its CPU; runs limited by "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(fp["limited_by"].items())))
+    checks = fp.get("client_check") or []
     if checks:
-        out.append("- the load generator is not the bottleneck: through it nginx `return 200` answers "
+        out.append("- client check: through the same generator nginx `return 200` answers "
                    + ", ".join(f"{c['nginx/fastpath']:.2f}x" for c in checks if c.get("nginx/fastpath"))
-                   + " fastpath's best backend at the checked points (N, ATR) "
+                   + " fastpath's best backend at (N, ATR) "
                    + ", ".join(f"({c['total']:,}, {c['atr']:g})" for c in checks))
     out.append("")
     return out
