@@ -40,8 +40,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import progress, write_result  # noqa: E402
-from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, fastpath_source,  # noqa: E402
-                           loop_counters, per_answer, pin, pinned, raise_fd_limit, run_client, start_memcached, tool)
+from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, exit_on_sigterm,  # noqa: E402
+                           fastpath_source, limited_by, loop_counters, per_answer, pin, pinned, raise_fd_limit,
+                           run_client, start_memcached, tool)
 from bench.throughput import BODIES, _settle, _start_nginx, _stop, _tree  # noqa: E402
 from plurksite.services import free_port  # noqa: E402
 
@@ -84,18 +85,6 @@ def _schedule(args, totals, ratios, backends):
                 step += 1
 
 
-def _limited_by(server_pct, client_pct, busy):
-    """What held a point back: the server's CPU, the generator's, other tenants on the server's
-    CPU, or neither (the round trips of one request in flight per connection)."""
-    if server_pct >= 85:
-        return "server"
-    if client_pct >= 85:
-        return "client"
-    if busy.get(SERVER_CPU, 0) >= 95:
-        return "neighbours"
-    return "round trips"
-
-
 def _client_argv(client, port, total, active, args, tokens_file):
     return pinned([client, "--connect", f"127.0.0.1:{port}", "--connections", str(total),
                    "--active", str(active), "--pipeline", str(args.pipeline), "--duration", str(args.duration),
@@ -114,7 +103,7 @@ def _http_point(argv, pids, admin=None):
              "client": {"cpu_pct": r["cpu_pct"], "cpu_us_per_request": r["cpu_us_per_answer"],
                         "events_per_wait": r["events_per_wait"], "sources": r["sources"]},
              "cpu_busy_pct": srv["cpu_busy_pct"],
-             "limited_by": _limited_by(server_pct, r["cpu_pct"], srv["cpu_busy_pct"])}
+             "limited_by": limited_by(server_pct, r["cpu_pct"], srv["cpu_busy_pct"])}
     point.update(loop_counters(before, after, r["answers"]))
     return point
 
@@ -214,6 +203,7 @@ def main():
     ratios = [float(x) for x in args.ratios.split(",")]
     backends = args.backends.split(",")
     raise_fd_limit()
+    exit_on_sigterm()
     if os.cpu_count() < 2:
         progress("atr: one CPU only: the server and the load generator share it")
     started = time.monotonic()

@@ -279,9 +279,10 @@ static void _connect(client_t *cl, conn_t *c, uint32_t index)
     if (c->fd < 0)
         die("socket (raise RLIMIT_NOFILE?)");
     int one = 1;
-    if (setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
-        die("TCP_NODELAY");
     if (!cl->close_mode) {
+        /* requests leave one by one, each at once (close mode sends only one: no Nagle wait) */
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
+            die("TCP_NODELAY");
         /* keep-alive connections end with RST: no TIME_WAIT left behind to eat ports */
         struct linger lg = { .l_onoff = 1, .l_linger = 0 };
         if (setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) < 0)

@@ -28,8 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import progress, write_result  # noqa: E402
-from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, fastpath_source, per_answer,  # noqa: E402
-                           pin, pinned, raise_fd_limit, run_client, start_memcached, tool)
+from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, exit_on_sigterm,  # noqa: E402
+                           fastpath_source, limited_by, per_answer, pin, pinned, raise_fd_limit, run_client,
+                           start_memcached, tool)
 from bench.throughput import BODIES, _settle, _start_nginx, _stop, _tree  # noqa: E402
 from plurksite.services import find_binary, free_port  # noqa: E402
 
@@ -39,13 +40,18 @@ SEEDS = {
     "leader-follower epoll server, short connections, 12 cores": {"rps": 70000, "rps_per_core": 70000 / 12},
 }
 AB_CONFIGS = ("nginx+fastpath", "nginx+fastpath unix", "nginx memcached_pass", "nginx return 200")
-# ratio -> (numerator, denominator, goal or None); above 1 the numerator is faster
+# ratio -> (numerator, denominator, goal or None, field); above 1 the numerator is ahead: req/s
+# divided as is, CPU per connection (of every process that answers: server and memcached)
+# divided the other way round, so that it reads as the throughput a CPU-bound server would get
+CONNECT = {"fastpath / return 200": ("fastpath", "nginx return 200", 0.8, "rps"),
+           "fastpath / return 200 by CPU per connection": ("fastpath", "nginx return 200", None,
+                                                           "server_cpu_us_per_request")}
 RATIOS = {
-    "ab": {"nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass", 1.0),
-           "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass", 1.0),
-           "nginx memcached_pass / return 200": ("nginx memcached_pass", "nginx return 200", None)},
-    "connect 1 worker": {"fastpath / return 200": ("fastpath", "nginx return 200", 0.8)},
-    "connect 2 workers": {"fastpath / return 200": ("fastpath", "nginx return 200", 0.8)},
+    "ab": {"nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass", 1.0, "rps"),
+           "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass", 1.0, "rps"),
+           "nginx memcached_pass / return 200": ("nginx memcached_pass", "nginx return 200", None, "rps")},
+    "connect 1 worker": CONNECT,
+    "connect 2 workers": CONNECT,
 }
 
 
@@ -72,9 +78,10 @@ def _ab(port, path, token, concurrency, requests):
 def _paired(samples, ratios):
     """Median over rounds of each ratio, the rounds beside it, and its goal."""
     out = {}
-    for label, (num, den, goal) in ratios.items():
-        paired = [s[num]["rps"] / s[den]["rps"] for s in samples
-                  if s.get(num, {}).get("rps") and s.get(den, {}).get("rps")]
+    for label, (num, den, goal, field) in ratios.items():
+        pairs = [(s[num][field], s[den][field]) for s in samples
+                 if s.get(num, {}).get(field) and s.get(den, {}).get(field)]
+        paired = [a / b if field == "rps" else b / a for a, b in pairs]
         if paired:
             out[label] = {"median": round(statistics.median(paired), 4), "rounds": [round(x, 4) for x in paired],
                           "goal": goal, "met": None if goal is None else statistics.median(paired) >= goal}
@@ -120,6 +127,7 @@ def main():
     if args.smoke:
         args.rounds, args.requests, args.duration, args.settle = 1, 500, 0.3, 0.3
     raise_fd_limit()
+    exit_on_sigterm()
     started = time.monotonic()
     client = tool("atr_client")
     work = Workdir("plurk-connbench-")
@@ -171,11 +179,15 @@ def main():
                                "--tokens", tokens_file], CLIENT_CPU if workers == 1 else None)
                 r, before, after = run_client(argv, {"server": pid, "memcached": mc.pid})
                 srv = per_answer(r, before, after)
+                server_pct = srv["cpu_pct"]["server"] / workers
                 return {"rps": r["rps"], "connections_per_s": r["connections_per_s"], "p50_ms": r["p50_ms"],
                         "p99_ms": r["p99_ms"], "max_ms": r["max_ms"], "socket_errors": r["closed"] + r["errors"],
                         "non_2xx": r["non_2xx"], "cpu_us_per_request": srv["cpu_us_per_request"],
-                        "client_cpu_pct": r["cpu_pct"], "client_cpu_us_per_request": r["cpu_us_per_answer"],
-                        "cpu_busy_pct": srv["cpu_busy_pct"]}
+                        "server_cpu_us_per_request": round(sum(srv["cpu_us_per_request"].values()), 2),
+                        "server_cpu_pct": round(server_pct, 1), "client_cpu_pct": r["cpu_pct"],
+                        "client_cpu_us_per_request": r["cpu_us_per_answer"], "cpu_busy_pct": srv["cpu_busy_pct"],
+                        "limited_by": limited_by(server_pct, r["cpu_pct"], srv["cpu_busy_pct"],
+                                                 (SERVER_CPU,) if workers == 1 else tuple(srv["cpu_busy_pct"]))}
 
             samples = _rounds(list(targets), args.rounds, connect, args.settle)
             results[key] = {"workers": workers, "pinned": workers == 1, "configs": _medians(samples),

@@ -5,6 +5,7 @@ measured window."""
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,12 @@ class Workdir:
         self.tokens_file = write_tokens(os.path.join(self.path, "tokens.txt"))
 
 
+def exit_on_sigterm():
+    """SIGTERM ends a run as Ctrl-C does, through the `finally` that stops its servers (a run
+    started in the background ignores SIGINT)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def raise_fd_limit():
     """The soft descriptor limit up to the hard one (10,000 connections need as many)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -211,6 +218,19 @@ def per_answer(result, before, after):
     return {"cpu_us_per_request": {name: round(v * 1e6 / answers, 2) for name, v in cpu.items()},
             "cpu_pct": {name: round(100 * v / seconds, 1) for name, v in cpu.items()},
             "cpu_busy_pct": busy_pct(before["cpus"], after["cpus"])}
+
+
+def limited_by(server_pct, client_pct, busy, server_cpus=(SERVER_CPU,)):
+    """What held a run back: the server's CPU (its share of one CPU per worker), the generator's,
+    other tenants on the server's CPUs, or none of them (the round trips of the requests in
+    flight)."""
+    if server_pct >= 85:
+        return "server"
+    if client_pct >= 85:
+        return "client"
+    if all(busy.get(cpu, 0) >= 95 for cpu in server_cpus):
+        return "neighbours"
+    return "round trips"
 
 
 def loop_counters(before, after, answers):

@@ -140,11 +140,16 @@ def _head(*cells):
     return ["| " + " | ".join(cells) + " |", "|" + "---|" * len(cells)]
 
 
+def _measured(doc):
+    """Machine facts, the run's configuration, and the fastpath commit it measured."""
+    m, cfg = doc["machine"], doc["config"]
+    return m, cfg, (cfg.get("fastpath") or {}).get("commit") or m["commit"]
+
+
 def _atr_lines(doc):
     """The active-ratio sweep: per total and ATR, each backend's req/s, the paired epoll/poll ratios
     for fastpath and for the kernel-only control, and fastpath's ready events per wait."""
-    m, cfg = doc["machine"], doc["config"]
-    commit = (cfg.get("fastpath") or {}).get("commit") or m["commit"]
+    m, cfg, commit = _measured(doc)
     out = [f"Active ratio, epoll against poll ({m['date']}, Linux {m['kernel']}, fastpath at {commit}; "
            f"one fastpath worker on CPU 1, bench/atr_client on CPU 0, {cfg['duration_s']:g} s per point, "
            f"median of {cfg['rounds']} interleaved rounds, ratios paired within a round; control: "
@@ -192,22 +197,23 @@ def _atr_lines(doc):
 
 def _connbench_lines(doc):
     """Connections without keep-alive, beside the seeds' published figures."""
-    m, cfg = doc["machine"], doc["config"]
-    commit = (cfg.get("fastpath") or {}).get("commit") or m["commit"]
+    m, cfg, commit = _measured(doc)
     out = [f"Without keep-alive ({m['date']}, fastpath at {commit}; median of {cfg['rounds']} interleaved "
            f"rounds): `ab -c {cfg['concurrency']} -n {cfg['ab_requests']}` through nginx (one worker each, "
            f"one shared key as the seed had), and new connections per second straight to the server "
            f"(bench/atr_client --close, {cfg['concurrency']} at once):\n"]
-    out += _head("run", "config", "req/s", "p50 / p99 / max ms")
+    out += _head("run", "config", "req/s", "p50 / p99 / max ms", "CPU us per connection: servers / client; limited by")
     for key in ("ab", "connect 1 worker", "connect 2 workers"):
         for name, p in doc.get(key, {}).get("configs", {}).items():
             errors = p.get("failed", 0) + p.get("socket_errors", 0) + p.get("non_2xx", 0)
+            cpu = (f"{p['server_cpu_us_per_request']:.1f} / {p['client_cpu_us_per_request']:.1f}; {p['limited_by']}"
+                   if "limited_by" in p else "")
             out.append(f"| {key} | {name} | {p['rps']:,.0f}" + (f" **{errors:,} errors**" if errors else "")
-                       + f" | {_ms(p['p50_ms'])} / {_ms(p['p99_ms'])} / {_ms(p['max_ms'])} |")
+                       + f" | {_ms(p['p50_ms'])} / {_ms(p['p99_ms'])} / {_ms(p['max_ms'])} | {cpu} |")
     seeds = doc.get("seeds", {})
     for label, fig in seeds.items():
         extra = ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in fig.items() if k != "rps")
-        out.append(f"| published | {label} | {fig['rps']:,} | {extra} |")
+        out.append(f"| published | {label} | {fig['rps']:,} | {extra} | |")
     out.append("")
     for key in ("ab", "connect 1 worker", "connect 2 workers"):
         ratios = doc.get(key, {}).get("ratios", {})

@@ -126,7 +126,9 @@ def test_atr_smoke(tmp_path):
             assert all(p[key] > 0 for p in row["backends"].values())
             labels = [k for k in row["ratios"] if not k.endswith(" rounds")]
             assert len(labels) == 4 and all(row["ratios"][k] > 0 for k in labels)
-        assert set(doc[part]["break_even"]) == {"200"}
+        # where each ratio crosses 1.0, per total
+        assert len(doc[part]["break_even"]) == 2
+        assert all(set(by_total) == {"200"} for by_total in doc[part]["break_even"].values())
     for row in doc["fastpath"]["sweep"]["200"]:
         assert row["active"] == {0.1: 20, 1.0: 200}[row["atr"]]
         for p in row["backends"].values():
