@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import progress, write_result  # noqa: E402
 from bench.loadgen import (CLIENT_CPU, SERVER_CPU, Fastpath, Workdir, exit_on_sigterm,  # noqa: E402
                            fastpath_source, limited_by, per_answer, pin, pinned, raise_fd_limit, run_client,
-                           start_memcached, tool)
+                           snapshot, start_memcached, tool)
 from bench.throughput import BODIES, _settle, _start_nginx, _stop, _tree  # noqa: E402
 from plurksite.services import find_binary, free_port  # noqa: E402
 
@@ -49,7 +49,12 @@ CONNECT = {"fastpath / return 200": ("fastpath", "nginx return 200", 0.8, "rps")
 RATIOS = {
     "ab": {"nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass", 1.0, "rps"),
            "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass", 1.0, "rps"),
-           "nginx memcached_pass / return 200": ("nginx memcached_pass", "nginx return 200", None, "rps")},
+           "nginx memcached_pass / return 200": ("nginx memcached_pass", "nginx return 200", None, "rps"),
+           "nginx+fastpath / memcached_pass by CPU per connection": ("nginx+fastpath", "nginx memcached_pass", None,
+                                                                     "server_cpu_us_per_request"),
+           "nginx+fastpath unix / memcached_pass by CPU per connection": ("nginx+fastpath unix",
+                                                                          "nginx memcached_pass", None,
+                                                                          "server_cpu_us_per_request")},
     "connect 1 worker": CONNECT,
     "connect 2 workers": CONNECT,
 }
@@ -149,13 +154,25 @@ def main():
         upstreams = {"fastpath": fp.port, "fastpath_unix": os.path.join(tmp, "fastpath.sock"),
                      "memcached": mc_port, "ret200": free_port()}
         ports = {}
+        answering = {}               # config -> the processes that answer its requests
         for name in AB_CONFIGS:
             ports[name] = free_port()
             procs.append(_start_nginx(tmp, name, ports[name], BODIES[name], upstreams, log))
+            answering[name] = {"nginx": procs[-1].pid}
+            if "fastpath" in name:
+                answering[name]["fastpath"] = (fpu if "unix" in name else fp).proc.pid
+            if "return 200" not in name:
+                answering[name]["memcached"] = mc.pid
 
         def ab(name):
             path = f"/Poll/getUnreadCount?u={uid}" if "memcached_pass" in name else "/Poll/getUnreadCount"
-            return _ab(ports[name], path, token, args.concurrency, args.requests)
+            before = snapshot(answering[name])
+            r = _ab(ports[name], path, token, args.concurrency, args.requests)
+            after = snapshot(answering[name])
+            cpu = {k: (after["cpu_s"][k] - before["cpu_s"][k]) * 1e6 / args.requests for k in answering[name]}
+            r["cpu_us_per_request"] = {k: round(v, 2) for k, v in cpu.items()}
+            r["server_cpu_us_per_request"] = round(sum(cpu.values()), 2)
+            return r
 
         samples = _rounds(list(AB_CONFIGS), args.rounds, ab, args.settle)
         results["ab"] = {"configs": _medians(samples), "ratios": _paired(samples, RATIOS["ab"]), "rounds": samples}
