@@ -207,7 +207,7 @@ def _connbench_lines(doc):
         for name, p in doc.get(key, {}).get("configs", {}).items():
             errors = p.get("failed", 0) + p.get("socket_errors", 0) + p.get("non_2xx", 0)
             cpu = (f"{p['server_cpu_us_per_request']:.1f} / {p['client_cpu_us_per_request']:.1f}; {p['limited_by']}"
-                   if "limited_by" in p else f"{p['server_cpu_us_per_request']:.1f} / ab"
+                   if "limited_by" in p else f"{p['server_cpu_us_per_request']:.1f} / n/a (ab)"
                    if "server_cpu_us_per_request" in p else "")
             out.append(f"| {key} | {name} | {p['rps']:,.0f}" + (f" **{errors:,} errors**" if errors else "")
                        + f" | {_ms(p['p50_ms'])} / {_ms(p['p99_ms'])} / {_ms(p['max_ms'])} | {cpu} |")
