@@ -25,7 +25,7 @@ FUZZ_CFLAGS  := -g -O1 -Werror=implicit-function-declaration -fsanitize=fuzzer,a
 FUZZ_SRC     := $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
                 $(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c
 
-.PHONY: test-asan fuzz run test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
+.PHONY: bench-tools test-asan fuzz run test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
 
 help:
 	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
@@ -71,7 +71,7 @@ demo: migrate
 run: demo
 	$(PY) manage.py runstack
 
-test: install
+test: install bench-tools
 	$(PYTEST) $(PYTEST_ARGS) tests
 	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/plurkcore
 	$(MAKE) test-asan fuzz
@@ -82,6 +82,18 @@ test-asan: install
 	FASTPATH_SANITIZE=address,undefined $(PY) setup.py -q build_ext --force --build-lib $(ASAN_ROOT) --build-temp build/asan-tmp
 	FASTPATH_ASAN_ROOT=$(CURDIR)/$(ASAN_ROOT) FASTPATH_ASAN_RUNTIME=$(ASAN_RUNTIME) \
 		$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/fastpath
+
+# the C tools of bench/atr.py and bench/connbench.py: the load generator (keep-alive or one
+# request per connection) and the kernel-only poll/epoll control; the smoke test in `make test`
+# runs them too
+BENCH_TOOLS  := build/bench/atr_client build/bench/pipetest
+BENCH_CFLAGS := -O2 -g -std=c11 -Wall -Wextra -Werror
+
+build/bench/%: bench/%.c bench/bench_tool.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BENCH_CFLAGS) $< -o $@
+
+bench-tools: $(BENCH_TOOLS)
 
 build/fuzz/fuzz_%: fastpath/fuzz/fuzz_%.c $(EXT_SRC) $(APT_STAMP)
 	@mkdir -p $(dir $@)
@@ -112,7 +124,7 @@ load-10k: migrate
 	$(PY) bench/load.py --preset 10k
 	$(PY) bench/plot.py
 
-bench: migrate
+bench: migrate bench-tools
 	$(PY) bench/run_all.py
 
 clean:

@@ -106,8 +106,73 @@ def load_run(name, doc):
     return True
 
 
+def _ratio_panel(ax, sweep, label, claimed, title, ylabel):
+    """One curve per total (median paired ratio, the rounds' range as error bars), 1.0 and the
+    claimed break-even marked."""
+    for total, rows in sweep.items():
+        pts = [(r["atr"], r["ratios"][label], r["ratios"][label + " rounds"]) for r in rows if label in r["ratios"]]
+        if not pts:
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        err = [[y - min(p[2]) for y, p in zip(ys, pts)], [max(p[2]) - y for y, p in zip(ys, pts)]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{int(total):,} descriptors")
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.axvline(claimed, color="red", linestyle="--", linewidth=1, label=f"claimed break-even ({claimed:g})")
+    ax.set(xlabel="active / total (ATR)", ylabel=ylabel, title=title, xlim=(0, 1.05))
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=8)
+
+
+def atr(doc):
+    """Like the 2010 original: x = ATR, y = epoll/poll, one curve per total; fastpath above, the
+    kernel-only control below; throughput on the left, CPU per request on the right."""
+    claimed = doc["config"]["claimed_break_even"]
+    parts = [(name, doc[name]["sweep"]) for name in ("fastpath", "control") if doc.get(name)]
+    fig, axes = plt.subplots(len(parts), 2, figsize=(12, 4.5 * len(parts)), squeeze=False)
+    labels = {"fastpath": ("epoll/poll req/s", "poll/epoll CPU per request", "request"),
+              "control": ("epoll/poll rate", "poll/epoll CPU per token", "token")}
+    for row, (name, sweep) in zip(axes, parts):
+        rate, cpu, unit = labels[name]
+        what = "fastpath (one worker, libevent)" if name == "fastpath" else "control (pipetest: raw poll / epoll_wait)"
+        _ratio_panel(row[0], sweep, rate, claimed, f"{what}: throughput",
+                     f"epoll / poll {'requests' if unit == 'request' else 'tokens'}/s (above 1: epoll ahead)")
+        _ratio_panel(row[1], sweep, cpu, claimed, f"{what}: CPU per {unit}",
+                     f"poll / epoll CPU per {unit} (above 1: epoll cheaper)")
+    m = doc["machine"]
+    fig.suptitle(f"epoll against poll by active ratio: Linux {m['kernel']}, {m['cpus']} CPUs {m['host_cpu']}, "
+                 f"{m['date'][:10]}, median of {doc['config']['rounds']} paired rounds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "atr.png"), dpi=110)
+
+
+def connbench(doc):
+    """Requests per second without keep-alive: ab through nginx, and new connections straight to
+    the server with one and two workers; the seeds' figures as lines."""
+    groups = [(key, doc[key]["configs"]) for key in ("ab", "connect 1 worker", "connect 2 workers") if doc.get(key)]
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4.5), squeeze=False)
+    seeds = list(doc.get("seeds", {}).values())
+    for ax, (key, configs) in zip(axes[0], groups):
+        names = list(configs)
+        ax.bar(range(len(names)), [configs[n]["rps"] for n in names])
+        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+        title = f"ab -c {doc['config']['concurrency']} -n {doc['config']['ab_requests']}" if key == "ab" else key
+        ax.set(ylabel="requests/s, one connection each", title=title)
+        if key == "ab" and seeds:
+            ax.axhline(seeds[0]["rps"], color="red", linestyle="--", label="Plurk 2009 (ab -c 50, laptop)")
+        elif len(seeds) > 1:
+            ax.axhline(seeds[1]["rps_per_core"] * (2 if "2" in key else 1), color="red", linestyle="--",
+                       label="leader-follower, per core used")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "connbench.png"), dpi=110)
+
+
 def main():
     made = []
+    for name, draw in (("atr", atr), ("connbench", connbench)):
+        if (doc := _load(name)):
+            draw(doc)
+            made.append(f"{name}.png")
     if (doc := _load("throughput")):
         throughput(doc)
         made.append("throughput.png")

@@ -101,6 +101,9 @@ def main():
                           f"{ic['private_before_kb']:,} KB idle, {ic['private_with_connections_kb']:,} KB "
                           f"with the connections" if "private_before_kb" in ic else ""))
         out.append("")
+    for name, lines in (("atr", _atr_lines), ("connbench", _connbench_lines)):
+        if (doc := _load(name)):
+            out += lines(doc)
     doc = _load("fanout")
     if doc:
         m = doc["machine"]
@@ -130,6 +133,102 @@ def main():
     print(text)
     if "--write-readme" in sys.argv:
         _write_readme(text)
+
+
+def _f(value, spec=".2f"):
+    return "n/a" if value is None else format(value, spec)
+
+
+def _head(*cells):
+    """A markdown table's first two lines."""
+    return ["| " + " | ".join(cells) + " |", "|" + "---|" * len(cells)]
+
+
+def _measured(doc):
+    """Machine facts, the run's configuration, and the fastpath commit it measured."""
+    m, cfg = doc["machine"], doc["config"]
+    return m, cfg, (cfg.get("fastpath") or {}).get("commit") or m["commit"]
+
+
+def _atr_lines(doc):
+    """The active-ratio sweep: per total and ATR, each backend's req/s, the paired epoll/poll ratios
+    for fastpath and for the kernel-only control, and fastpath's ready events per wait."""
+    m, cfg, commit = _measured(doc)
+    out = [f"Active ratio, epoll against poll ({m['date']}, Linux {m['kernel']}, fastpath at {commit}; "
+           f"one fastpath worker on CPU 1, bench/atr_client on CPU 0, {cfg['duration_s']:g} s per point, "
+           f"median of {cfg['rounds']} interleaved rounds, ratios paired within a round; control: "
+           f"bench/pipetest, raw poll()/epoll_wait() on socketpairs). Above 1, epoll is ahead:\n"]
+    fp, ctl = doc.get("fastpath", {}).get("sweep", {}), doc.get("control", {}).get("sweep", {})
+    out += _head("N", "ATR", "fastpath epoll / poll / select req/s", "epoll/poll req/s", "poll/epoll CPU per request",
+                 "events per wait (epoll / poll)", "control epoll/poll rate", "control poll/epoll CPU")
+    for total in sorted(set(fp) | set(ctl), key=int):
+        ctl_rows = {r["atr"]: r for r in ctl.get(total, [])}
+        for row in fp.get(total, []) or ctl.get(total, []):
+            b = row["backends"] if total in fp else {}
+            c = ctl_rows.get(row["atr"], {}).get("ratios", {})
+            rps = " / ".join(f"{b[k]['rps']:,.0f}" for k in ("epoll", "poll", "select") if k in b)
+            epw = " / ".join(_f(b.get(k, {}).get("events_per_wait"), ".1f") for k in ("epoll", "poll"))
+            r = row["ratios"] if total in fp else {}
+            out.append(f"| {int(total):,} | {row['atr']:g} | {rps} | {_f(r.get('epoll/poll req/s'))} | "
+                       f"{_f(r.get('poll/epoll CPU per request'))} | {epw} | {_f(c.get('epoll/poll rate'))} | "
+                       f"{_f(c.get('poll/epoll CPU per token'))} |")
+    out.append("")
+    for name, part in (("fastpath", doc.get("fastpath")), ("control", doc.get("control"))):
+        for label, by_total in (part or {}).get("break_even", {}).items():
+            out.append(f"- {name}, {label}: crosses 1.0 " + "; ".join(
+                f"at N={int(t):,} between ATR {', '.join(f'{a:g}-{b:g}' for a, b in spans)}" if spans
+                else f"nowhere at N={int(t):,}" for t, spans in by_total.items()))
+    sp = doc.get("superpoll")
+    if sp:
+        lead = sp.get("largest_poll_lead") or {}
+        out.append(f"- superpoll (issue 15 item 4): poll ahead of epoll by {sp['threshold']:.2f}x or more in both "
+                   f"req/s and CPU per request at {len(sp['poll_ahead'])} point(s); poll's largest req/s lead "
+                   f"{_f(lead.get('poll/epoll req/s'), '.3f')}x (N={lead.get('total')}, ATR {lead.get('atr')}): "
+                   f"**{'build it' if sp['build'] else 'not built'}**")
+    fp = doc.get("fastpath") or {}
+    if fp.get("limited_by"):
+        out.append(f"- the load generator used at most {fp['client_max_cpu_pct']:.0f}% of its CPU; runs limited by "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(fp["limited_by"].items())))
+    checks = fp.get("client_check") or []
+    if checks:
+        out.append("- client check: through the same generator nginx `return 200` answers "
+                   + ", ".join(f"{c['nginx/fastpath']:.2f}x" for c in checks if c.get("nginx/fastpath"))
+                   + " fastpath's best backend at (N, ATR) "
+                   + ", ".join(f"({c['total']:,}, {c['atr']:g})" for c in checks))
+    out.append("")
+    return out
+
+
+def _connbench_lines(doc):
+    """Connections without keep-alive, beside the seeds' published figures."""
+    m, cfg, commit = _measured(doc)
+    out = [f"Without keep-alive ({m['date']}, fastpath at {commit}; median of {cfg['rounds']} interleaved "
+           f"rounds): `ab -c {cfg['concurrency']} -n {cfg['ab_requests']}` through nginx (one worker each, "
+           f"one shared key as the seed had), and new connections per second straight to the server "
+           f"(bench/atr_client --close, {cfg['concurrency']} at once):\n"]
+    out += _head("run", "config", "req/s", "p50 / p99 / max ms", "CPU us per connection: servers / client; limited by")
+    for key in ("ab", "connect 1 worker", "connect 2 workers"):
+        for name, p in doc.get(key, {}).get("configs", {}).items():
+            errors = p.get("failed", 0) + p.get("socket_errors", 0) + p.get("non_2xx", 0)
+            cpu = (f"{p['server_cpu_us_per_request']:.1f} / {p['client_cpu_us_per_request']:.1f}; {p['limited_by']}"
+                   if "limited_by" in p else f"{p['server_cpu_us_per_request']:.1f} / n/a (ab)"
+                   if "server_cpu_us_per_request" in p else "")
+            out.append(f"| {key} | {name} | {p['rps']:,.0f}" + (f" **{errors:,} errors**" if errors else "")
+                       + f" | {_ms(p['p50_ms'])} / {_ms(p['p99_ms'])} / {_ms(p['max_ms'])} | {cpu} |")
+    seeds = doc.get("seeds", {})
+    for label, fig in seeds.items():
+        extra = ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in fig.items() if k != "rps")
+        out.append(f"| published | {label} | {fig['rps']:,} | {extra} | |")
+    out.append("")
+    for key in ("ab", "connect 1 worker", "connect 2 workers"):
+        ratios = doc.get(key, {}).get("ratios", {})
+        if ratios:
+            out.append(f"- {key}: " + ", ".join(
+                f"{label} **{r['median']:.3f}**" + ("" if r["goal"] is None else
+                                                   f" (goal {r['goal']:g}: {'met' if r['met'] else 'not met'})")
+                for label, r in ratios.items()))
+    out.append("")
+    return out
 
 
 START, END = "<!-- bench:start (bench/report.py --write-readme) -->", "<!-- bench:end -->"

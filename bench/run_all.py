@@ -3,9 +3,13 @@
     .venv/bin/python bench/run_all.py [--quick] [--with-10k]
 
 1. bench/throughput.py  fastpath vs nginx+fastpath, memcached_pass, return 200, Django (wrk)
-2. bench/fanout.py      one plurk to 1,000 / 10,000 followers (SQLite and PostgreSQL)
-3. bench/load.py        the locust simulation, 300 users for 60 s, with the delivery verdict
-4. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
+2. bench/atr.py         epoll against poll (and select) by active ratio, fastpath and the
+                        kernel-only control (bench/pipetest.c), 1,000 and 10,000 connections
+3. bench/connbench.py   without keep-alive: the seed's ab -c 50 -n 50000 through nginx, new
+                        connections per second straight to fastpath and to nginx return 200
+4. bench/fanout.py      one plurk to 1,000 / 10,000 followers (SQLite and PostgreSQL)
+5. bench/load.py        the locust simulation, 300 users for 60 s, with the delivery verdict
+6. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
                         CPU and memory (bench/load.py --preset 10k, also `make load-10k`)
 Results: bench/results/*.json and *.png; bench/report.py prints the markdown table.
 """
@@ -36,6 +40,11 @@ def main():
     args = ap.parse_args()
     failures = 0
     failures += step("throughput", ["bench/throughput.py"] + (["--quick"] if args.quick else ["--duration", "5"])) != 0
+    # --quick: one round of the ATR sweep at 1,000 connections, one short round without keep-alive
+    failures += step("active ratio", ["bench/atr.py"] + (["--rounds", "1", "--totals", "1000", "--duration", "1"]
+                                                         if args.quick else [])) != 0
+    failures += step("connections", ["bench/connbench.py"] + (["--rounds", "1", "--requests", "5000"]
+                                                              if args.quick else [])) != 0
     failures += step("fan-out", ["bench/fanout.py"]) != 0
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
     if args.with_10k:

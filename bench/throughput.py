@@ -69,7 +69,7 @@ end
 
 NGINX = """
 {user}
-worker_processes 1;
+worker_processes {workers};
 pid {var}/nginx-{name}.pid;
 error_log {var}/nginx-{name}-error.log warn;
 worker_rlimit_nofile 65536;
@@ -148,14 +148,16 @@ def _stop(proc):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _start_nginx(tmp, name, port, body, upstreams, log, extra_listen=""):
-    """One nginx (one worker) on port whose /Poll/ location is body; upstreams: the addresses
-    NGINX's upstream blocks name (fastpath, fastpath_unix, memcached, ret200, ret200_unix).
+def _start_nginx(tmp, name, port, body, upstreams, log, extra_listen="", workers=1):
+    """One nginx (``workers`` worker processes) on port whose /Poll/ location is body; upstreams:
+    the addresses NGINX's upstream blocks name (fastpath, fastpath_unix, memcached, ret200,
+    ret200_unix); extra_listen: another listen directive (the do-nothing upstream's unix socket).
     Returns once it listens."""
     conf = os.path.join(tmp, f"{name.replace(' ', '_').replace('+', '_')}.conf")
     with open(conf, "w") as fh:
         # as root, workers must stay root to reach the private unix socket
-        fh.write(NGINX.format(var=tmp, name=port, port=port, body=body, extra_listen=extra_listen, **upstreams,
+        fh.write(NGINX.format(var=tmp, name=port, port=port, body=body, extra_listen=extra_listen,
+                              workers=workers, **upstreams,
                               user="user root;" if os.geteuid() == 0 else ""))
     proc = _spawn([find_binary("nginx", "nginx"), "-p", tmp, "-c", conf, "-g", "daemon off;"], log)
     wait_for_port("127.0.0.1", port, process=proc, name=name)
