@@ -238,7 +238,7 @@ def _fastpath_sweep(args, totals, ratios, backends):
             procs.append(servers[b].proc)
         nginx_port = free_port()
         upstreams = {"fastpath": free_port(), "fastpath_unix": os.path.join(tmp, "none.sock"),
-                     "memcached": mc_port, "ret200": free_port()}
+                     "memcached": mc_port, "ret200": free_port(), "ret200_unix": os.path.join(tmp, "none-ret200.sock")}
         nginx = _start_nginx(tmp, "nginx return 200", nginx_port, BODIES["nginx return 200"], upstreams, log)
         procs.append(nginx)
         pin(_tree(nginx.pid), SERVER_CPU)

@@ -152,7 +152,7 @@ def main():
         fpu = Fastpath(mc_port, secret_file, log, cpu=None, unix=os.path.join(tmp, "fastpath.sock"))
         procs += [fp.proc, fpu.proc]
         upstreams = {"fastpath": fp.port, "fastpath_unix": os.path.join(tmp, "fastpath.sock"),
-                     "memcached": mc_port, "ret200": free_port()}
+                     "memcached": mc_port, "ret200": free_port(), "ret200_unix": os.path.join(tmp, "none-ret200.sock")}
         ports = {}
         answering = {}               # config -> the processes that answer its requests
         for name in AB_CONFIGS:
