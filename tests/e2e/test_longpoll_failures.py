@@ -86,21 +86,29 @@ def _pollers(stack, tokens, per_token, short_s=2.0):
 
 
 def _seen(pollers):
-    """How many answers (or errors) each poller has had so far: a mark for _answers_after."""
-    return [len(p.answers) + len(p.errors) for p in pollers]
+    """How many answers and errors each poller has had so far: a mark for _answers_after."""
+    return [(len(p.answers), len(p.errors)) for p in pollers]
 
 
-async def _answers_after(pollers, mark, timeout, stack=None):
-    """The first answer (or error) each poller got after ``mark``; raise if any has none within
+def _after(poller, mark):
+    """The poller's first answer after ``mark``, else its last error (a str), else None."""
+    answers, errors = mark
+    if len(poller.answers) > answers:
+        return poller.answers[answers]
+    return poller.errors[-1] if len(poller.errors) > errors else None
+
+
+async def _answers_after(pollers, marks, timeout, stack=None):
+    """The first answer (or error) each poller got after its mark; raise if any has none within
     ``timeout``."""
     deadline = time.monotonic() + timeout
-    while any(n == m for n, m in zip(_seen(pollers), mark)):
+    while any(_after(p, m) is None for p, m in zip(pollers, marks)):
         if time.monotonic() > deadline:
-            late = sum(n == m for n, m in zip(_seen(pollers), mark))
+            late = sum(_after(p, m) is None for p, m in zip(pollers, marks))
             raise AssertionError(f"{late} of {len(pollers)} clients got no answer within {timeout}s"
                                  + (f"; fastpath: {metrics(stack.config)}" if stack else ""))
         await asyncio.sleep(0.05)
-    return [p.answers[m] if len(p.answers) > m else p.errors[-1] for p, m in zip(pollers, mark)]
+    return [_after(p, m) for p, m in zip(pollers, marks)]
 
 
 async def _cancel(tasks):
@@ -124,14 +132,17 @@ def test_fastpath_killed_while_held_gives_djangos_answers_then_holds_again(stack
         tasks = [asyncio.create_task(p.run(stop)) for p in pollers]
         try:
             await wait_held(stack.config, len(pollers))
-            mark, killed = _seen(pollers), time.monotonic()
+            mark = _seen(pollers)
+            await asyncio.sleep(1.0)
+            assert _seen(pollers) == mark, "a poll was answered instead of held"
+            killed = time.monotonic()
             await asyncio.to_thread(fastpath.kill)           # its supervisor and workers, SIGKILL
             answers = await _answers_after(pollers, mark, SLACK_S)
             assert all(not isinstance(a, str) for a in answers), answers
             assert all(_django_answer(a) and a.status == 304 for a in answers), answers
             assert all(a.ended - killed < SLACK_S for a in answers)
             # ... and they carry on: the next poll, after the short-poll interval, is Django's too
-            answers = await _answers_after(pollers, [m + 1 for m in mark], SLACK_S)
+            answers = await _answers_after(pollers, [(answers + 1, errors) for answers, errors in mark], SLACK_S)
             assert all(not isinstance(a, str) and _django_answer(a) for a in answers), answers
             assert all(a.ended - a.began < SLACK_S for a in answers), "Django held a long-poll"
             _start(fastpath)

@@ -96,7 +96,8 @@ async def fetch(address, path, headers=None, method="GET", body=b"", timeout=120
 
 class Poller:
     """One page's long-poll loop on ``resource`` with ``token``.  Every answer is kept in
-    ``answers``; ``etag`` is the ETag of the last 200/204/304, as the page keeps it."""
+    ``answers`` (``errors`` has the requests that got none); ``etag`` is the ETag of the last
+    200/204/304, as the page keeps it."""
 
     def __init__(self, address, token, resource="getUnreadCount", wait=50, short_s=2.0, etag=None):
         self.address, self.token, self.resource = address, token, resource
@@ -133,8 +134,6 @@ class Poller:
                 delay, backoff = backoff * random.uniform(0.5, 1.0), min(backoff * 2, 30)
             else:
                 backoff = 1.0
-                if answer.status >= 500:
-                    self.errors.append(repr(answer))
                 delay = self.next_delay(answer)
             if delay:
                 try:
