@@ -93,6 +93,11 @@ def _fastpath_etag(stack, token, resource):
     return resp.status_code, resp.headers.get("ETag")
 
 
+def _explain(stack, poller, want):
+    return (poller.resource, poller.etag, want, _fastpath_etag(stack, poller.token, poller.resource),
+            poller.answers[-3:])
+
+
 def _stale(stack, pollers):
     """The pollers whose last ETag is not the one Django computes now."""
     oracle = {}
@@ -143,10 +148,9 @@ def test_after_a_soak_of_random_changes_every_client_holds_djangos_etag(soak_sta
 
     stale = asyncio.run(asyncio.wait_for(scenario(), SOAK_S + 120))
     assert world.changes > 3 * SOAK_S, f"only {world.changes} changes were made"
-    assert not stale, (f"{len(stale)} of {len(pollers)} clients hold a stale ETag; (resource, client's, "
-                       f"Django's, fastpath's now, last answers): "
-                       f"{[(p.resource, p.etag, want, _fastpath_etag(stack, p.token, p.resource), p.answers[-3:]) for p, want in stale[:3]]}; "
-                       f"fastpath: {metrics(stack.config)}")
+    assert not stale, (f"{len(stale)} of {len(pollers)} clients hold a stale ETag; fastpath: "
+                       f"{metrics(stack.config)}; (resource, client's ETag, Django's, fastpath's now, "
+                       f"last answers): {[_explain(stack, p, want) for p, want in stale[:3]]}")
     assert all(not p.errors for p in pollers), [p.errors for p in pollers if p.errors][:5]
     answers = [a for p in pollers for a in p.answers]
     assert all(a.status in (200, 204, 304) for a in answers), [a for a in answers if a.status >= 300 and
