@@ -359,6 +359,13 @@ def serve(options=None, **kwargs):
         # would reach the main thread's default handler and kill the process instead
         raise ConfigurationError("fastpath.serve() must run in the main thread")
     _raise_fd_limit(opts.max_connections + 64 + len(opts.node_names))
+    if opts.notify_dir:
+        # made here, with its parents, so that every worker (and a restarted one) finds it; a
+        # directory that cannot be made stops fastpath now with one line, not in a restart loop
+        try:
+            os.makedirs(opts.notify_dir, mode=0o755, exist_ok=True)
+        except OSError as exc:
+            raise FastpathError(f"--notify-dir {opts.notify_dir}: cannot make it ({exc.strerror})") from None
     unix_listener = None
     if opts.listen_addr[0] == "unix":
         unix_listener = _unix_listen_socket(opts.listen_addr[1])

@@ -100,10 +100,14 @@ def test_fallback_on_fastpath_miss_keeps_body(nginx_with_recorder, memcached, tm
 
     config = dataclasses.replace(nginx_with_recorder, memcached=((memcached.host, memcached.port),))
     key = ensure_secret(config.secret_file)
-    proc = subprocess.Popen(services.fastpath_command(config), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "fastpath.log"
+    proc = subprocess.Popen(services.fastpath_command(config), stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        services.wait_for_port(*config.fastpath, process=proc, name="fastpath")
+        try:
+            services.wait_for_port(*config.fastpath, process=proc, name="fastpath")
+        except services.ServiceError as exc:
+            raise AssertionError(f"{exc}: {log.read_text()[-2000:]}") from None
         token = tokens.sign(key, 7, 0, int(time.time()) + 60)
         body = json.dumps({"hello": "world", "pad": "z" * 3000})
         resp = requests.post(config.base_url + "/Poll/getUnreadCount", data=body, timeout=5,

@@ -480,3 +480,14 @@ def test_bytes_sent_while_held_do_not_extend_the_hold(fastpath_factory, memcache
     poll.sock.sendall(pipelined[sent:].encode())
     status, _, body = poll.answer(timeout=SLACK)   # the pipelined request, answered after it
     assert (status, body) == (200, b"a")
+
+
+def test_notify_dir_is_made_with_its_parents(fastpath_factory, memcached, tmp_path):
+    """--notify-dir under directories that do not exist yet (a fresh var dir): fastpath makes
+    them before the workers start, instead of each worker failing and being restarted."""
+    notify_dir = tmp_path / "fresh-var" / "run" / "notify"
+    fastpath_factory([memcached], extra=("--notify-dir", str(notify_dir)))
+    deadline = time.monotonic() + 5
+    while not (notify_dir / "0.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (notify_dir / "0.sock").is_socket()
