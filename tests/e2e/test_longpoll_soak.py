@@ -28,7 +28,10 @@ MAX_WAIT_S = 12                 # holds also end in 304s and are renewed during 
 SOAK_S = 30
 WRITERS = 3                     # concurrent API clients making changes
 REREAD_S = 5                    # fastpath's default --reread-interval
-SLACK_S = 10
+# Under heavy load a woken client's next poll can meet fastpath's 50 ms memcached deadline (503)
+# and fall back to Django, queued behind the writers in a busy gunicorn: the oracle waits for
+# that answer too (it returns as soon as nothing is stale, so the slack costs a passing run nothing)
+SLACK_S = 25
 
 
 @pytest.fixture(scope="module")
