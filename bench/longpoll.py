@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import ROOT, RESULTS_DIR, progress, write_result  # noqa: E402
 from bench.throughput import _cpu_seconds, _spawn, _stop, _tree  # noqa: E402
+from plurksite.config import format_hostport  # noqa: E402
 from plurksite.services import find_binary, free_port, wait_for_port  # noqa: E402
 
 NCHAN_MODULE = "/usr/lib/nginx/modules/ngx_nchan_module.so"
@@ -52,15 +53,16 @@ worker_processes {workers};
 worker_rlimit_nofile 20000;
 pid {var}/nginx-nchan.pid;
 error_log {var}/nginx-nchan-error.log warn;
-events {{ worker_connections 19000; }}
+events {{ worker_connections 19000; multi_accept on; }}    # as the stack's nginx
 http {{
     access_log off;
     client_body_temp_path {var}/tmp; proxy_temp_path {var}/tmp; fastcgi_temp_path {var}/tmp;
     uwsgi_temp_path {var}/tmp; scgi_temp_path {var}/tmp;
     keepalive_timeout 65s;
     nchan_shared_memory_size 256M;
+    {header_buffer}
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        listen 127.0.0.1:{port} backlog=4096{reuseport};
         location = /sub {{ nchan_subscriber longpoll; nchan_channel_id bench; nchan_subscriber_timeout {hold}s; }}
         location = /pub {{ nchan_publisher; nchan_channel_id bench; nchan_message_timeout 60s; }}
         location = /status {{ nchan_stub_status; }}
@@ -258,7 +260,26 @@ def _per_held(before, after, count):
 
 # --- the two systems --------------------------------------------------------------------------
 
-def start_stack(var_dir, workers):
+def _with_reuseport(render):
+    """nginxconf.render, plus ``reuseport`` on the public listen: one socket per worker, which the
+    kernel fills evenly.  On the template's shared socket (multi_accept on) a burst of 40,000
+    connects went 17,833 / 12,883 / 5,991 / ... over 8 workers: the first reached its 19,000
+    worker_connections ("not enough, reusing connections") and refused the rest."""
+    def patched(config, worker_processes="auto"):
+        path = render(config, worker_processes)
+        with open(path) as fh:
+            text = fh.read()
+        listen = f"listen {format_hostport(*config.http)} backlog=4096;"
+        if listen not in text:
+            raise SystemExit(f"error: {path} has no `{listen}` to add reuseport to")
+        with open(path, "w") as fh:
+            fh.write(text.replace(listen, listen[:-1] + " reuseport;"))
+        return path
+    return patched
+
+
+def start_stack(var_dir, workers, reuseport=True):
+    from plurksite import stack as stack_module
     from plurksite.stack import Stack
     from tests.support.stack import manage, stack_config
 
@@ -273,17 +294,21 @@ def start_stack(var_dir, workers):
                           # held); bench/load.py's 10k preset waits 500 ms for the same reason
                           PLURK_MEMCACHED_TIMEOUT_MS="500")
     manage(config, "migrate", "--noinput", "-v", "0")
+    if reuseport:
+        stack_module.nginxconf.render = _with_reuseport(stack_module.nginxconf.render)
     stack = Stack(config, nginx_workers=workers["nginx"], with_repair=False).start()
     return stack, config
 
 
-def start_nchan(var_dir, workers, log):
+def start_nchan(var_dir, workers, log, reuseport=True, header_buffer=None):
     os.makedirs(os.path.join(var_dir, "tmp"), exist_ok=True)
     port = free_port()
     conf = os.path.join(var_dir, "nchan.conf")
     with open(conf, "w") as fh:
         fh.write(NCHAN_CONF.format(user="user root;" if os.geteuid() == 0 else "", module=NCHAN_MODULE,
-                                   workers=workers, var=var_dir, port=port, hold=HOLD_S))
+                                   workers=workers, var=var_dir, port=port, hold=HOLD_S,
+                                   reuseport=" reuseport" if reuseport else "",
+                                   header_buffer=f"client_header_buffer_size {header_buffer};" if header_buffer else ""))
     proc = _spawn([find_binary("nginx", "nginx"), "-p", var_dir, "-c", conf, "-g", "daemon off;"], log)
     wait_for_port("127.0.0.1", port, process=proc, name="nchan")
     return proc, port
@@ -428,9 +453,14 @@ def load_summary(name):
             "problems": v["problems"]}
 
 
+def _load_name(mode, users):
+    return f"load-{mode}poll" + ("" if users == 300 else f"-{users}")
+
+
 def run_load(users, run_time):
     out = {}
-    for mode, name in (("long", "load-longpoll"), ("short", "load-shortpoll")):
+    for mode in ("long", "short"):
+        name = _load_name(mode, users)
         progress(f"=== locust {mode} polling: {users} users, {run_time}s")
         started = time.monotonic()
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--load-child", mode, "--load-users",
@@ -475,15 +505,27 @@ def main(argv=None):
     ap.add_argument("--load-users", type=int, default=300)
     ap.add_argument("--load-time", type=int, default=60)
     ap.add_argument("--no-load", action="store_true", help="skip the locust runs")
+    ap.add_argument("--load-only", action="store_true", help="only the locust runs (no held polls, no nchan)")
+    ap.add_argument("--nchan-header-buffer", default=None,
+                    help="nchan's client_header_buffer_size (default nginx's 1k; the stack's template sets 2k)")
     ap.add_argument("--quick", action="store_true", help="100 held, 100 followers, no locust (the smoke test)")
     ap.add_argument("--result-name", default="longpoll")
+    ap.add_argument("--no-reuseport", action="store_true",
+                    help="the stack's nginx exactly as its template renders it (one shared listen socket)")
     ap.add_argument("--load-child", choices=["long", "short"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.load_child:
-        return _load_child(args.load_child, args.load_users, args.load_time, f"load-{args.load_child}poll")
+        return _load_child(args.load_child, args.load_users, args.load_time, _load_name(args.load_child, args.load_users))
     if args.quick:
         args.counts, args.fanout, args.no_load = "100", 100, True
     counts = [int(c) for c in args.counts.split(",") if c]
+    if args.load_only:
+        result = {"load": run_load(args.load_users, args.load_time)}
+        result["goals"] = goals(result)
+        path = write_result(args.result_name, result)
+        progress(f"results: {path}")
+        print(json.dumps(result["goals"], indent=1))
+        return 0
     if not os.path.exists(NCHAN_MODULE):
         raise SystemExit(f"error: {NCHAN_MODULE} is missing: apt-get install libnginx-mod-nchan")
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
@@ -497,14 +539,16 @@ def main(argv=None):
     result = {"counts": counts, "fanout_followers": args.fanout, "workers": workers, "hold_s": HOLD_S,
               "client_processes_max": -(-biggest // CLIENT_CONNS), "quiet_window_s": QUIET_S,
               "note": "shared 2-core machine (other agents ran at the same time): compare within this run",
+              "listen_reuseport": not args.no_reuseport,
+              "nchan_client_header_buffer_size": args.nchan_header_buffer or "1k (nginx default)",
               "held": {}}
     var = tempfile.mkdtemp(prefix="plurk-longpoll-")
     log = open(os.path.join(var, "nchan.log"), "ab")
     stack = nchan = None
     try:
         progress(f"starting the stack ({workers}) and nchan under {var} ...")
-        stack, config = start_stack(var, workers)
-        nchan, nchan_port = start_nchan(var, workers["nginx"], log)
+        stack, config = start_stack(var, workers, not args.no_reuseport)
+        nchan, nchan_port = start_nchan(var, workers["nginx"], log, not args.no_reuseport, args.nchan_header_buffer)
         t = time.monotonic()
         fans = make_accounts(config, args.fanout + 1, "lpf", os.path.join(var, "fan.json"), True) if args.fanout else []
         rest = max(0, biggest - args.fanout)
