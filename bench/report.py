@@ -137,10 +137,18 @@ def _kb(value):
     return f"{value / 1024:.1f} KB"
 
 
+# the runs bench/longpoll.py makes besides its default one: name -> what makes them differ
+LONGPOLL_EXTRA = {"longpoll-100k": "stretch: `--counts 100000 --fanout 0 --no-load`",
+                  "longpoll-nchan-2k": "nchan with the stack's client_header_buffer_size 2k: "
+                                       "`--counts 10000 --fanout 0 --no-load --nchan-header-buffer 2k`",
+                  "longpoll-load-100": "`--load-only --load-users 100`"}
+
+
 def longpoll_rows(doc):
     """Long-polling against nchan (bench/longpoll.py): held polls, fan-out, locust in both modes."""
     if not doc:
         return []
+    extra = {name: d for name in LONGPOLL_EXTRA if (d := _load(name))}
     m = doc["machine"]
     out = [f"Long-polling against nchan ({m['date']}, commit {m['commit']}, `bench/longpoll.py`, "
            f"{doc['runtime_s']} s; the stack's nginx with {doc['workers']['nginx']} workers -> fastpath with "
@@ -149,14 +157,19 @@ def longpoll_rows(doc):
            f"changing (100% = one core); a shared 2-core machine, compare within the run):\n",
            "| held | fastpath | nginx (stack) | nginx + fastpath | nchan | CPU quiet: fastpath + nginx / nchan |",
            "|---|---|---|---|---|---|"]
-    for count, point in doc["held"].items():
+    points = [(count, point, "") for count, point in doc["held"].items()]
+    points += [(count, point, f" ({LONGPOLL_EXTRA[name]}; {d['workers']['nginx']} nginx workers)")
+               for name, d in extra.items() for count, point in d.get("held", {}).items()]
+    for count, point, note in points:
         s, n = point["stack"], point["nchan"]
         cell = (lambda d: f"{_kb(d['pss_bytes'])} ({_kb(d['rss_bytes'])})")
-        held = f"{int(count):,}" + ("" if s["held"] == n["held"] == int(count) else
+        held = f"{int(count):,}{note}" + ("" if s["held"] == n["held"] == int(count) else
                                     f" (held {s['held']:,} / {n['held']:,})")
         out.append(f"| {held} | {cell(s['per_held']['fastpath'])} | {cell(s['per_held']['nginx'])} | "
                    f"**{cell(s['per_held']['nginx+fastpath'])}** | **{cell(n['per_held']['nchan nginx'])}** | "
-                   f"{s['cpu_pct_quiet']['fastpath']:g}% + {s['cpu_pct_quiet']['nginx']:g}% / "
+                   f"{s['cpu_pct_quiet']['fastpath']:g}% + {s['cpu_pct_quiet']['nginx']:g}%"
+                   + (f" (memcached {s['cpu_pct_quiet']['memcached']:g}%)" if "memcached" in s["cpu_pct_quiet"] else "")
+                   + " / "
                    f"{n['cpu_pct_quiet']['nchan nginx']:g}% |")
     out.append("")
     fan = doc.get("fanout")
@@ -168,8 +181,9 @@ def longpoll_rows(doc):
                    f"{s['statuses']}); nchan, one publish to {doc['fanout_followers']:,} subscribers: "
                    f"**{t(n['last_answer_s'])}**" + (f"; ratio {fan['stack_over_nchan']:.2f}"
                                                       if fan.get("stack_over_nchan") else ""))
-    load = doc.get("load")
-    if load:
+    for load in [doc.get("load")] + [d["load"] for d in extra.values() if d.get("load")]:
+        if not load:
+            continue
         for mode in ("long", "short"):
             r = load.get(mode, {})
             if "requests_per_s" not in r:

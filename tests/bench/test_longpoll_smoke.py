@@ -35,7 +35,7 @@ def test_every_poll_is_held_by_fastpath_and_every_subscriber_by_nchan(result):
     for side, parts in (("stack", ("fastpath", "nginx", "nginx+fastpath")), ("nchan", ("nchan nginx",))):
         for part in parts:
             assert set(point[side]["per_held"][part]) == {"rss_bytes", "pss_bytes"}
-    assert set(point["stack"]["cpu_pct_quiet"]) == {"fastpath", "nginx"}
+    assert set(point["stack"]["cpu_pct_quiet"]) == {"fastpath", "nginx", "memcached"}
 
 
 def test_a_post_through_the_api_answers_every_held_follower_with_its_new_answer(result):
