@@ -167,6 +167,34 @@ def connbench(doc):
     fig.savefig(os.path.join(RESULTS_DIR, "connbench.png"), dpi=110)
 
 
+def longpoll(doc):
+    """Memory per held request against nchan's per subscriber, and the fan-out times."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    counts = list(doc["held"])
+    xs = range(len(counts))
+    series = [("fastpath", lambda p: p["stack"]["per_held"]["fastpath"]),
+              ("nginx + fastpath", lambda p: p["stack"]["per_held"]["nginx+fastpath"]),
+              ("nchan", lambda p: p["nchan"]["per_held"]["nchan nginx"])]
+    for i, (label, get) in enumerate(series):
+        ax1.bar([x + (i - 1) * .27 for x in xs], [get(doc["held"][c])["pss_bytes"] / 1024 for c in counts],
+                width=.27, label=label)
+    ax1.axhline(1.0, color="red", linestyle="--", linewidth=1, label="goal for fastpath (1 KB)")
+    ax1.set_xticks(list(xs), [f"{int(c):,} held" for c in counts])
+    ax1.set(ylabel="KB per held request (PSS growth)", title="Held long-polls against nchan subscribers")
+    ax1.legend(fontsize=8)
+    fan = doc.get("fanout")
+    if fan:
+        values = [fan["stack"]["last_answer_s"] or 0, fan["nchan"]["last_answer_s"] or 0]
+        ax2.bar([0, 1], values, color=["tab:orange", "tab:green"])
+        ax2.axhline(0.5, color="red", linestyle="--", linewidth=1, label="goal (0.5 s)")
+        ax2.set_xticks([0, 1], ["plurk via API\n-> held followers", "nchan publish\n-> subscribers"])
+        ax2.set(ylabel="seconds, before the POST to the last answer",
+                title=f"Fan-out to {doc['fanout_followers']:,}")
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "longpoll.png"), dpi=110)
+
+
 def main():
     made = []
     for name, draw in (("atr", atr), ("connbench", connbench)):
@@ -186,6 +214,9 @@ def main():
     for name, doc in docs:
         if name == "load-10k" and load_run(name, doc):
             made.append(f"{name}.png")
+    if (doc := _load("longpoll")) and doc.get("held"):
+        longpoll(doc)
+        made.append("longpoll.png")
     print("plots:", ", ".join(os.path.join(RESULTS_DIR, m) for m in made))
 
 

@@ -129,6 +129,7 @@ def main():
                        f"deliveries checked, **{doc['lost']} lost**, poll hit ratio "
                        f"**{'n/a' if doc['hit_ratio'] is None else format(doc['hit_ratio'], '.4f')}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
                        f"max {f(lat['max'])}.\n")
+    out += longpoll_rows(_load("longpoll"))
     text = "\n".join(out)
     print(text)
     if "--write-readme" in sys.argv:
@@ -227,6 +228,77 @@ def _connbench_lines(doc):
                 f"{label} **{r['median']:.3f}**" + ("" if r["goal"] is None else
                                                    f" (goal {r['goal']:g}: {'met' if r['met'] else 'not met'})")
                 for label, r in ratios.items()))
+    out.append("")
+    return out
+
+
+def _kb(value):
+    return f"{value / 1024:.1f} KB"
+
+
+# the runs bench/longpoll.py makes besides its default one: name -> what makes them differ
+LONGPOLL_EXTRA = {"longpoll-100k": "stretch: `--counts 100000 --fanout 0 --no-load`",
+                  "longpoll-nchan-2k": "nchan with the stack's client_header_buffer_size 2k: "
+                                       "`--counts 10000 --fanout 0 --no-load --nchan-header-buffer 2k`",
+                  "longpoll-load-100": "`--load-only --load-users 100`"}
+
+
+def longpoll_rows(doc):
+    """Long-polling against nchan (bench/longpoll.py): held polls, fan-out, locust in both modes."""
+    if not doc:
+        return []
+    extra = {name: d for name in LONGPOLL_EXTRA if (d := _load(name))}
+    m = doc["machine"]
+    out = [f"Long-polling against nchan ({m['date']}, commit {m['commit']}, `bench/longpoll.py`, "
+           f"{doc['runtime_s']} s; the stack's nginx with {doc['workers']['nginx']} workers -> fastpath with "
+           f"{doc['workers']['fastpath']} over its unix socket; nchan {doc['workers']['nginx']} workers; memory "
+           f"growth per held request (PSS, RSS in brackets), CPU over {doc['quiet_window_s']:g} s with nothing "
+           f"changing (100% = one core); a shared 2-core machine, compare within the run):\n",
+           "| held | fastpath | nginx (stack) | nginx + fastpath | nchan | CPU quiet: fastpath + nginx / nchan |",
+           "|---|---|---|---|---|---|"]
+    points = [(count, point, "") for count, point in doc["held"].items()]
+    points += [(count, point, f" ({LONGPOLL_EXTRA[name]}; {d['workers']['nginx']} nginx workers)")
+               for name, d in extra.items() for count, point in d.get("held", {}).items()]
+    for count, point, note in points:
+        s, n = point["stack"], point["nchan"]
+        cell = (lambda d: f"{_kb(d['pss_bytes'])} ({_kb(d['rss_bytes'])})")
+        held = f"{int(count):,}{note}" + ("" if s["held"] == n["held"] == int(count) else
+                                    f" (held {s['held']:,} / {n['held']:,})")
+        out.append(f"| {held} | {cell(s['per_held']['fastpath'])} | {cell(s['per_held']['nginx'])} | "
+                   f"**{cell(s['per_held']['nginx+fastpath'])}** | **{cell(n['per_held']['nchan nginx'])}** | "
+                   f"{s['cpu_pct_quiet']['fastpath']:g}% + {s['cpu_pct_quiet']['nginx']:g}%"
+                   + (f" (memcached {s['cpu_pct_quiet']['memcached']:g}%)" if "memcached" in s["cpu_pct_quiet"] else "")
+                   + " / "
+                   f"{n['cpu_pct_quiet']['nchan nginx']:g}% |")
+    out.append("")
+    fan = doc.get("fanout")
+    if fan:
+        s, n = fan["stack"], fan["nchan"]
+        t = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")
+        out.append(f"- fan-out: an author with {doc['fanout_followers']:,} held followers posts (POST /api/plurks): "
+                   f"last follower answered after **{t(s['last_answer_s'])}** ({s['answered']:,} answered, "
+                   f"{s['statuses']}); nchan, one publish to {doc['fanout_followers']:,} subscribers: "
+                   f"**{t(n['last_answer_s'])}**" + (f"; ratio {fan['stack_over_nchan']:.2f}"
+                                                      if fan.get("stack_over_nchan") else ""))
+    for load in [doc.get("load")] + [d["load"] for d in extra.values() if d.get("load")]:
+        if not load:
+            continue
+        for mode in ("long", "short"):
+            r = load.get(mode, {})
+            if "requests_per_s" not in r:
+                out.append(f"- locust, {mode} polling: {r.get('error', 'no result')}")
+                continue
+            out.append(f"- locust, {mode} polling ({r['users']} users, {r['run_time_s']} s): "
+                       f"{r['requests_per_s']:,} requests/s, {r['failures']} failures, **{r['lost']} lost** of "
+                       f"{r['deliveries_checked']:,} deliveries, delivery latency p50 **{r['delivery_p50_ms']} ms**, "
+                       f"p95 {r['delivery_p95_ms']} ms, p99 **{r['delivery_p99_ms_locust']} ms** (locust's "
+                       f"histogram), max {r['delivery_max_ms']} ms")
+        if load.get("requests_per_s_long_over_short"):
+            out.append(f"- requests per second, long / short polling at equal users: "
+                       f"**{load['requests_per_s_long_over_short']:.2f}**")
+    goals = doc.get("goals") or {}
+    if goals:
+        out.append("- goals: " + "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in goals.items()))
     out.append("")
     return out
 
