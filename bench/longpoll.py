@@ -388,43 +388,40 @@ def held_nchan(proc, port, count):
     return r
 
 
-def fanout_stack(config, author_token, reqs, count):
-    clients = Clients(config.http[0], config.http[1], reqs[:count])
+def _fanout(clients, held_gauge, count, publish, held_name):
+    """Hold count requests, publish once, time the answers: from before the publish to the
+    first and the last answer."""
     try:
-        held = _wait_gauge(lambda: _fastpath_held(config.fastpath_admin), count, 60 + count / 200)
+        held = _wait_gauge(held_gauge, count, 60 + count / 200)
         time.sleep(1.0)
-        body = json.dumps({"content": "fan-out to every held follower"}).encode()
-        req = urllib.request.Request(f"http://{config.http[0]}:{config.http[1]}/api/plurks", data=body,
-                                     method="POST", headers={"Authorization": f"Bearer {author_token}",
-                                                             "Content-Type": "application/json"})
         t0 = time.monotonic()
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(publish, timeout=30) as resp:
             status = resp.status
         t_post = time.monotonic() - t0
         st = clients.wait_answered(count, 30)
     finally:
         clients.close()
-    return {"followers_held": held, "post_status": status, "post_s": round(t_post, 4), "answered": st["answered"],
+    return {held_name: held, "post_status": status, "post_s": round(t_post, 4), "answered": st["answered"],
             "statuses": st["statuses"], "first_answer_s": round(st["first"] - t0, 4) if st["first"] else None,
             "last_answer_s": round(st["last"] - t0, 4) if st["last"] else None}
+
+
+def fanout_stack(config, author_token, reqs, count):
+    """An author with count held followers posts through the API (plurkcore's writer and notices
+    run for real)."""
+    body = json.dumps({"content": "fan-out to every held follower"}).encode()
+    post = urllib.request.Request(f"http://{config.http[0]}:{config.http[1]}/api/plurks", data=body,
+                                  method="POST", headers={"Authorization": f"Bearer {author_token}",
+                                                          "Content-Type": "application/json"})
+    return _fanout(Clients(config.http[0], config.http[1], reqs[:count]),
+                   lambda: _fastpath_held(config.fastpath_admin), count, post, "followers_held")
 
 
 def fanout_nchan(port, count):
-    clients = Clients("127.0.0.1", port, [NCHAN_REQUEST] * count)
-    try:
-        held = _wait_gauge(lambda: _nchan_subscribers(port), count, 60 + count / 200)
-        time.sleep(1.0)
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/pub", data=b'{"count":1}', method="POST")
-        t0 = time.monotonic()
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            status = resp.status
-        t_post = time.monotonic() - t0
-        st = clients.wait_answered(count, 30)
-    finally:
-        clients.close()
-    return {"subscribers_held": held, "post_status": status, "post_s": round(t_post, 4), "answered": st["answered"],
-            "statuses": st["statuses"], "first_answer_s": round(st["first"] - t0, 4) if st["first"] else None,
-            "last_answer_s": round(st["last"] - t0, 4) if st["last"] else None}
+    """One publish to a channel with count long-poll subscribers."""
+    pub = urllib.request.Request(f"http://127.0.0.1:{port}/pub", data=b'{"count":1}', method="POST")
+    return _fanout(Clients("127.0.0.1", port, [NCHAN_REQUEST] * count), lambda: _nchan_subscribers(port),
+                   count, pub, "subscribers_held")
 
 
 # --- 3. the locust simulation in both modes ---------------------------------------------------

@@ -64,6 +64,20 @@ def _makedirs_searchable(directory):
         os.chmod(path, 0o755)
 
 
+def _prepare_socket_dir(directory, where, other):
+    """Make the directory fastpath binds its socket(s) in, and refuse to start with one line
+    (where: the variable and its value; other: the alternative to offer) when this user could
+    not create a socket there."""
+    try:
+        _makedirs_searchable(directory)
+    except OSError as exc:
+        raise ServiceError(f"{where}: cannot create {exc.filename} ({exc.strerror}); create it or "
+                           f"{other}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ServiceError(f"{where}: fastpath (this user) cannot create its socket in {directory}; "
+                           f"make it writable (chmod u+w) or {other}")
+
+
 # The line nginx's probe log (nginx/plurk.conf.template, format "plurk") has for one request.
 _LOGGED = re.compile(r'" (?P<status>\d{3}) .* upstream=(?P<upstream>.*?) ustatus=(?P<ustatus>.*?) urt=')
 # "... [crit] 12#12: *3 connect() to unix:/x failed (13: Permission denied) while ..., client: ..."
@@ -300,15 +314,8 @@ class Stack:
         the socket in it: every connect would fail ("Permission denied" in nginx's error log) and
         every poll would fall back to Django, about 80 times slower, in silence."""
         where = f"PLURK_FASTPATH=unix:{path}"
-        directory = os.path.dirname(path)
-        try:
-            _makedirs_searchable(directory)
-        except OSError as exc:
-            raise ServiceError(f"{where}: cannot create {exc.filename} ({exc.strerror}); create it or set "
-                               f"PLURK_FASTPATH to another unix:/path or a loopback host:port") from None
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise ServiceError(f"{where}: fastpath (this user) cannot create its socket in {directory}; "
-                               f"make it writable (chmod u+w) or set PLURK_FASTPATH to another unix:/path")
+        _prepare_socket_dir(os.path.dirname(path), where,
+                            "set PLURK_FASTPATH to another unix:/path or a loopback host:port")
         why = nginxconf.unreachable_socket(path, with_socket=False)  # fastpath makes a new one, 0666
         if why:
             raise ServiceError(f"{where}: {why}, or set PLURK_FASTPATH to a socket in a directory they can "
@@ -318,15 +325,8 @@ class Stack:
     def _prepare_notify_dir(directory):
         """fastpath binds its notice sockets there and Django (the same user) sends to them:
         refuse at once when it cannot, rather than let every held poll wait for a re-read."""
-        where = f"PLURK_FASTPATH_NOTIFY={directory}"
-        try:
-            _makedirs_searchable(directory)
-        except OSError as exc:
-            raise ServiceError(f"{where}: cannot create {exc.filename} ({exc.strerror}); create it, "
-                               f"set PLURK_FASTPATH_NOTIFY to another directory, or to off") from None
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise ServiceError(f"{where}: fastpath (this user) cannot create its sockets there; make it "
-                               f"writable (chmod u+w), set PLURK_FASTPATH_NOTIFY to another directory, or to off")
+        _prepare_socket_dir(directory, f"PLURK_FASTPATH_NOTIFY={directory}",
+                            "set PLURK_FASTPATH_NOTIFY to another directory, or to off")
 
     def verify_polls(self, attempts=3):
         """Prove the path a user's poll takes: a poll through nginx without a token must get
