@@ -35,10 +35,9 @@ SLACK_S = 10            # "promptly", on a shared machine
 
 @pytest.fixture(scope="module")
 def lp_stack(tmp_path_factory):
-    from tests.support.stack import TestStack, stack_config
+    from tests.support.stack import longpoll_stack
 
-    config = stack_config(tmp_path_factory.mktemp("lpfail"), PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S))
-    with TestStack(config, nginx_workers=1, supervise=False) as running:
+    with longpoll_stack(tmp_path_factory, "lpfail", MAX_WAIT_S, supervise=False) as running:
         yield running
 
 

@@ -33,10 +33,9 @@ SLACK_S = 10
 
 @pytest.fixture(scope="module")
 def soak_stack(tmp_path_factory):
-    from tests.support.stack import TestStack, stack_config
+    from tests.support.stack import longpoll_stack
 
-    config = stack_config(tmp_path_factory.mktemp("lpsoak"), PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S))
-    with TestStack(config, nginx_workers=1) as running:
+    with longpoll_stack(tmp_path_factory, "lpsoak", MAX_WAIT_S) as running:
         yield running
 
 

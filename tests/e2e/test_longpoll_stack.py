@@ -30,10 +30,9 @@ MAX_WAIT_S = 4
 
 @pytest.fixture(scope="module")
 def lp_stack(tmp_path_factory):
-    from tests.support.stack import TestStack, stack_config
+    from tests.support.stack import longpoll_stack
 
-    config = stack_config(tmp_path_factory.mktemp("longpoll"), PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S))
-    with TestStack(config, nginx_workers=1) as running:
+    with longpoll_stack(tmp_path_factory, "longpoll", MAX_WAIT_S) as running:
         yield running
 
 

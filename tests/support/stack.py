@@ -1,4 +1,5 @@
 """A whole stack (memcached, gunicorn, fastpath, nginx) on free loopback ports, for tests."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -76,3 +77,11 @@ class TestStack(Stack):
         headers["Authorization"] = f"Bearer {token}"
         return requests.request(method, (base or self.base_url) + f"/Poll/{resource}",
                                 headers=headers, timeout=10, **kwargs)
+
+
+@contextlib.contextmanager
+def longpoll_stack(tmp_path_factory, name, max_wait_s, **kwargs):
+    """A whole stack whose long-polls are held at most ``max_wait_s`` (the long-poll tests')."""
+    config = stack_config(tmp_path_factory.mktemp(name), PLURK_LONGPOLL_MAX_WAIT_S=str(max_wait_s))
+    with TestStack(config, nginx_workers=1, **kwargs) as running:
+        yield running
