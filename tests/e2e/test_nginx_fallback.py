@@ -7,14 +7,13 @@ nginx forwarded; the end-to-end tests in test_stack.py do the same through the r
 import json
 import os
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
 
 from plurksite import nginxconf, services
-from tests.support.stack import stack_config
+from tests.support.stack import nginx_in_front_of, stack_config
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -44,22 +43,9 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def nginx_with_recorder(tmp_path):
     config = stack_config(tmp_path)
-    server = ThreadingHTTPServer(config.django, Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    conf = nginxconf.render(config, worker_processes=1)
-    services.nginx_test(conf, config.var_dir)
-    proc = subprocess.Popen(services.nginx_command(conf, config.var_dir),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        services.wait_for_port(*config.http, process=proc, name="nginx")
+    with nginx_in_front_of(config, {config.django: Recorder}):
         Recorder.seen.clear()
         yield config
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        server.shutdown()
-        server.server_close()
 
 
 def test_rendered_config_has_no_placeholders(tmp_path):

@@ -6,16 +6,14 @@ fastpath and Django are small recording HTTP servers here, so the test sees exac
 forwarded and can make "fastpath" slow or answer any status.
 """
 import json
-import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
 
 from plurksite import nginxconf, services
-from tests.support.stack import stack_config
+from tests.support.stack import nginx_in_front_of, stack_config
 
 
 def _recorder(who, seen):
@@ -61,23 +59,9 @@ def _recorder(who, seen):
 def nginx_with_fakes(tmp_path):
     config = stack_config(tmp_path, PLURK_LONGPOLL_MAX_WAIT_S="5")
     seen = []
-    servers = [ThreadingHTTPServer(config.django, _recorder("django", seen)),
-               ThreadingHTTPServer(config.fastpath, _recorder("fastpath", seen))]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    conf = nginxconf.render(config, worker_processes=1)
-    services.nginx_test(conf, config.var_dir)
-    proc = subprocess.Popen(services.nginx_command(conf, config.var_dir),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        services.wait_for_port(*config.http, process=proc, name="nginx")
+    with nginx_in_front_of(config, {config.django: _recorder("django", seen),
+                                    config.fastpath: _recorder("fastpath", seen)}):
         yield config, seen
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        for server in servers:
-            server.shutdown()
-            server.server_close()
 
 
 def test_the_long_poll_read_timeout_follows_the_max_wait(tmp_path):

@@ -2,6 +2,7 @@
 import contextlib
 import os
 import subprocess
+import threading
 import sys
 import uuid
 
@@ -85,3 +86,32 @@ def longpoll_stack(tmp_path_factory, name, max_wait_s, **kwargs):
     config = stack_config(tmp_path_factory.mktemp(name), PLURK_LONGPOLL_MAX_WAIT_S=str(max_wait_s))
     with TestStack(config, nginx_workers=1, **kwargs) as running:
         yield running
+
+
+@contextlib.contextmanager
+def nginx_in_front_of(config, handlers):
+    """The stack's rendered nginx (one worker) alone, with small HTTP servers standing in for the
+    upstreams: ``handlers`` maps an address of ``config`` (config.django, config.fastpath) to a
+    BaseHTTPRequestHandler class.  Yields once nginx listens; stops everything afterwards."""
+    from http.server import ThreadingHTTPServer
+
+    from plurksite import nginxconf, services
+
+    servers = [ThreadingHTTPServer(address, handler) for address, handler in handlers.items()]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    proc = None
+    try:
+        conf = nginxconf.render(config, worker_processes=1)
+        services.nginx_test(conf, config.var_dir)
+        proc = subprocess.Popen(services.nginx_command(conf, config.var_dir),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        services.wait_for_port(*config.http, process=proc, name="nginx")
+        yield
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        for server in servers:
+            server.shutdown()
+            server.server_close()
