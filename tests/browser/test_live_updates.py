@@ -127,10 +127,7 @@ def browsers(request):
 @pytest.fixture
 def pair(stack):
     """(writer, reader): two new users, the reader following the writer; each (name, token)."""
-    writer, reader = stack.signup("writer"), stack.signup("reader")
-    resp = stack.api("POST", "/api/follow", reader[1], json={"username": writer[0]})
-    assert resp.status_code in (200, 201), resp.text
-    return writer, reader
+    return stack.follower_pair()
 
 
 def _shot(driver, name):
@@ -366,9 +363,7 @@ def _fastpath_holds():
 
 def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_stopped(private_stack, browsers):
     stack, base = private_stack, private_stack.base_url
-    writer_name, writer_token = stack.signup("writer")
-    reader_name, reader_token = stack.signup("reader")
-    assert stack.api("POST", "/api/follow", reader_token, json={"username": writer_name}).status_code in (200, 201)
+    (writer_name, writer_token), (reader_name, reader_token) = stack.follower_pair()
     reader = browsers("reader")
     _login(reader, base, reader_name)
     assert reader.execute_script("return document.body.dataset.pollMode") == "long"

@@ -62,8 +62,7 @@ def _followers(stack, readers):
     tokens = []
     for _ in range(readers):
         _, token = stack.signup("reader")
-        resp = stack.api("POST", "/api/follow", token, json={"username": writer[0]})
-        assert resp.status_code in (200, 201), resp.text
+        stack.follow(token, writer[0])
         tokens.append(token)
     return writer[1], tokens
 

@@ -38,10 +38,7 @@ def lp_stack(tmp_path_factory):
 
 @pytest.fixture
 def pair(lp_stack):
-    writer, reader = lp_stack.signup("writer"), lp_stack.signup("reader")
-    resp = lp_stack.api("POST", "/api/follow", reader[1], json={"username": writer[0]})
-    assert resp.status_code in (200, 201), resp.text
-    return writer, reader
+    return lp_stack.follower_pair()
 
 
 def _current_etag(stack, token):

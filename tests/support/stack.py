@@ -68,6 +68,17 @@ class TestStack(Stack):
         assert resp.status_code == 201, resp.text
         return username, resp.json()["token"]
 
+    def follow(self, token, username):
+        """The user of ``token`` follows ``username`` through the public API."""
+        resp = self.api("POST", "/api/follow", token, json={"username": username})
+        assert resp.status_code in (200, 201), resp.text
+
+    def follower_pair(self):
+        """(writer, reader): two new users, the reader following the writer; each (name, token)."""
+        writer, reader = self.signup("writer"), self.signup("reader")
+        self.follow(reader[1], writer[0])
+        return writer, reader
+
     def api(self, method, path, token, **kwargs):
         headers = kwargs.pop("headers", {})
         headers["Authorization"] = f"Bearer {token}"
