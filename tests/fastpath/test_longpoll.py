@@ -44,6 +44,14 @@ def key(uid, resource="getMessages"):
     return f"p1:{resource}:{uid}:0"
 
 
+def held_poll(fp, cache, uid, body):
+    """Store body as uid's answer, then one poll that holds over it (Prefer: wait=50) is held."""
+    cache.set(key(uid), body)
+    poll = Poll(fp, uid, etag(body), wait=50)
+    held(fp, 1)
+    return poll
+
+
 class Poll:
     """One raw HTTP/1.1 poll on its own connection: send now, read the answer later."""
 
@@ -130,9 +138,7 @@ def test_hold_times_out_with_304_and_the_same_etag(fastpath_factory, memcached, 
 
 def test_change_is_found_by_the_periodic_reread_when_notices_are_off(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
-    cache.set(key(4), b'{"count":1}')
-    poll = Poll(fp, 4, etag(b'{"count":1}'), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 4, b'{"count":1}')
     time.sleep(0.3)
     assert not poll.ready()
     cache.set(key(4), b'{"count":2}')
@@ -145,9 +151,7 @@ def test_change_is_found_by_the_periodic_reread_when_notices_are_off(fastpath_fa
 
 def test_same_bytes_stored_again_do_not_wake(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--reread-interval", "1", "--max-wait", "4")
-    cache.set(key(5), b'{"count":5}')
-    poll = Poll(fp, 5, etag(b'{"count":5}'), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 5, b'{"count":5}')
     cache.set(key(5), b'{"count":5}')
     before = metric(fp, "fastpath_wait_rereads_total")
     deadline = time.monotonic() + SLACK
@@ -161,9 +165,7 @@ def test_same_bytes_stored_again_do_not_wake(fastpath_factory, memcached, cache)
 @pytest.mark.parametrize("how", ["delete", "flush"])
 def test_key_deleted_or_flushed_while_held_is_404(fastpath_factory, memcached, cache, how):
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
-    cache.set(key(6), b'{"count":6}')
-    poll = Poll(fp, 6, etag(b'{"count":6}'), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 6, b'{"count":6}')
     if how == "delete":
         cache.delete(key(6))
     else:
@@ -175,9 +177,7 @@ def test_key_deleted_or_flushed_while_held_is_404(fastpath_factory, memcached, c
 
 def test_memcached_restarted_while_held_ends_the_hold(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
-    cache.set(key(7), b'{"count":7}')
-    poll = Poll(fp, 7, etag(b'{"count":7}'), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 7, b'{"count":7}')
     memcached.stop()
     memcached.start()
     status, headers, _ = poll.answer(timeout=1 + SLACK)
@@ -265,9 +265,7 @@ def test_each_worker_binds_its_socket(fastpath_factory, memcached, notify_dir):
 def test_notice_wakes_a_held_poll_at_once(fastpath_factory, memcached, cache, notify_dir):
     fp = start(fastpath_factory, memcached, notify=notify_dir)     # re-reads every 60 s only
     notifier = Notifier(notify_dir)
-    cache.set(key(20), b'{"count":1}')
-    poll = Poll(fp, 20, etag(b'{"count":1}'), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 20, b'{"count":1}')
     cache.set(key(20), b'{"count":2}')
     notifier.send([key(20), key(999)])          # a key nobody waits on is ignored
     status, headers, body = poll.answer(timeout=SLACK)
@@ -335,9 +333,7 @@ def test_notice_gap_rereads_every_held_key(fastpath_factory, memcached, cache, n
 ])
 def test_malformed_notices_are_counted_and_dropped(fastpath_factory, memcached, cache, notify_dir, data):
     fp = start(fastpath_factory, memcached, notify=notify_dir)
-    cache.set(key(40), b"a")
-    poll = Poll(fp, 40, etag(b"a"), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 40, b"a")
     Notifier(notify_dir).raw(data)
     wait_metric(fp, "fastpath_notices_malformed_total", 1)
     assert metric(fp, "fastpath_notices_total") == 0 and not poll.ready()
@@ -441,9 +437,7 @@ def test_a_restarted_worker_binds_its_socket_again(fastpath_factory, memcached, 
         time.sleep(0.05)
     from plurksite.services import wait_for_port
     wait_for_port("127.0.0.1", fp.port, process=fp.proc, name="fastpath")
-    cache.set(key(51), b"a")
-    poll = Poll(fp, 51, etag(b"a"), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 51, b"a")
     cache.set(key(51), b"b")
     Notifier(notify_dir).send([key(51)])
     assert poll.answer(timeout=SLACK)[2] == b"b"
@@ -452,9 +446,7 @@ def test_a_restarted_worker_binds_its_socket_again(fastpath_factory, memcached, 
 def test_draining_answers_held_polls_at_once(fastpath_factory, memcached, cache):
     import signal
     fp = start(fastpath_factory, memcached, "--drain-timeout", "30")
-    cache.set(key(60), b"a")
-    poll = Poll(fp, 60, etag(b"a"), wait=50)
-    held(fp, 1)
+    poll = held_poll(fp, cache, 60, b"a")
     started = time.monotonic()
     fp.proc.send_signal(signal.SIGTERM)
     status, headers, _ = poll.answer(timeout=SLACK)
