@@ -20,7 +20,7 @@ import time
 import pytest
 
 from fastpath.options import OPTIONS
-from tests.support.longpoll import Poller, etag_of, fetch, metric, metrics, wait_held
+from tests.support.longpoll import Poller, etag_of, fetch, metric, metrics, polling, wait_held
 
 pytestmark = [
     pytest.mark.slow,
@@ -109,13 +109,6 @@ async def _answers_after(pollers, marks, timeout, stack=None):
     return [_after(p, m) for p, m in zip(pollers, marks)]
 
 
-async def _cancel(tasks):
-    """Stop the pollers: a held request is abandoned, not waited for."""
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
 def _django_answer(answer):
     return answer.cache == "MISS" and not answer.held and answer.status in (200, 204, 304)
 
@@ -126,9 +119,7 @@ def test_fastpath_killed_while_held_gives_djangos_answers_then_holds_again(stack
     fastpath = stack.service("fastpath")
 
     async def scenario():
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(p.run(stop)) for p in pollers]
-        try:
+        async with polling(pollers):
             await wait_held(stack.config, len(pollers))
             mark = _seen(pollers)
             await asyncio.sleep(1.0)
@@ -154,9 +145,6 @@ def test_fastpath_killed_while_held_gives_djangos_answers_then_holds_again(stack
             assert all(not isinstance(a, str) and a.status == 200 and a.cache == "HIT" and a.held
                        for a in answers), answers
             assert all(a.body == b'{"count":1}' and a.etag == etag_of(a.body) for a in answers), answers
-        finally:
-            stop.set()
-            await _cancel(tasks)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
     # no poll was a 5xx (nginx fell back to Django at once when fastpath died)
@@ -179,9 +167,7 @@ def test_thousands_of_long_polls_with_fastpath_down_keep_gunicorn_free(stack):
     api_seconds = []
 
     async def scenario():
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(p.run(stop, first_delay=random.uniform(0, SPREAD_S))) for p in pollers]
-        try:
+        async with polling(pollers, first_delay=lambda: random.uniform(0, SPREAD_S)):
             began = time.monotonic()
             while (time.monotonic() - began < SPREAD_S or not all(p.answers for p in pollers)) \
                     and time.monotonic() - began < SPREAD_S + SLACK_S:
@@ -189,9 +175,6 @@ def test_thousands_of_long_polls_with_fastpath_down_keep_gunicorn_free(stack):
                 answer = await fetch(stack.config.http, "/api/me", {"Authorization": f"Bearer {writer}"})
                 assert answer.status == 200, answer
                 api_seconds.append(answer.ended - answer.began)
-        finally:
-            stop.set()
-            await _cancel(tasks)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
     answers = [a for p in pollers for a in p.answers]
@@ -227,9 +210,7 @@ def test_memcached_emptied_while_held_gives_djangos_answer_never_a_stale_200(sta
     held_etags = [p.etag for p in pollers]
 
     async def scenario():
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(p.run(stop)) for p in pollers]
-        try:
+        async with polling(pollers):
             await wait_held(stack.config, len(pollers))
             mark, emptied = _seen(pollers), time.monotonic()
             (_flush if fault == "flush" else _restart_memcached)(stack)
@@ -239,9 +220,6 @@ def test_memcached_emptied_while_held_gives_djangos_answer_never_a_stale_200(sta
             assert all(_django_answer(a) and a.status == 304 for a in answers), answers
             assert [a.etag for a in answers] == held_etags
             assert all(a.ended - emptied < REREAD_S + SLACK_S for a in answers)
-        finally:
-            stop.set()
-            await _cancel(tasks)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
@@ -252,9 +230,7 @@ def test_logout_while_held_gives_401_and_the_others_stay_held(stack):
     out, stays = pollers[:5], pollers[5:]
 
     async def scenario():
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(p.run(stop)) for p in pollers]
-        try:
+        async with polling(pollers):
             await wait_held(stack.config, len(pollers))
             mark, logged_out = _seen(out), time.monotonic()
             resp = await asyncio.to_thread(stack.api, "POST", "/api/logout", tokens[0])
@@ -264,9 +240,6 @@ def test_logout_while_held_gives_401_and_the_others_stay_held(stack):
             assert all(a.ended - logged_out < SLACK_S for a in answers)
             assert all(not p.answers for p in stays), "another user's hold was ended"
             assert await asyncio.to_thread(metric, stack.config, "fastpath_held_polls") == len(stays)
-        finally:
-            stop.set()
-            await _cancel(tasks)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
     assert all(a.status == 401 for p in out for a in p.answers)

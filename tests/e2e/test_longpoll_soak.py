@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from fastpath.options import OPTIONS
-from tests.support.longpoll import Poller, etag_of, metrics
+from tests.support.longpoll import Poller, etag_of, metrics, polling
 
 pytestmark = [
     pytest.mark.slow,
@@ -126,28 +126,23 @@ def test_after_a_soak_of_random_changes_every_client_holds_djangos_etag(soak_sta
             await asyncio.sleep(rng.uniform(0, 0.2))
 
     async def scenario():
-        # the changers stop after SOAK_S; the pollers only once the oracle is done (one event for
-        # both stopped the pollers too, and a client whose last poll ended just before the last
-        # change never asked again: stale in the test, not in fastpath)
-        stop, polls_stop = asyncio.Event(), asyncio.Event()
-        tasks = [asyncio.create_task(p.run(polls_stop, first_delay=rng.uniform(0, 2))) for p in pollers]
-        try:
-            await asyncio.sleep(3)              # every client has its first answer and is held
-            changers = [asyncio.create_task(changer(stop)) for _ in range(WRITERS)]
-            await asyncio.sleep(SOAK_S)
-            stop.set()
-            await asyncio.gather(*changers)     # the last change is committed
+        # the changers stop after SOAK_S; the pollers only once the oracle is done (stopping both
+        # together left a client whose last poll ended just before the last change never asking
+        # again: stale in the test, not in fastpath)
+        stop = asyncio.Event()
+        async with polling(pollers, first_delay=lambda: rng.uniform(0, 2)):
+            try:
+                await asyncio.sleep(3)              # every client has its first answer and is held
+                changers = [asyncio.create_task(changer(stop)) for _ in range(WRITERS)]
+                await asyncio.sleep(SOAK_S)
+            finally:
+                stop.set()
+            await asyncio.gather(*changers)         # the last change is committed
             # quiescence: every held client is woken (notice, or re-read) and holds again
             deadline = time.monotonic() + REREAD_S + SLACK_S
             while (stale := await asyncio.to_thread(_stale, stack, pollers)) and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
             return stale
-        finally:
-            stop.set()
-            polls_stop.set()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     stale = asyncio.run(asyncio.wait_for(scenario(), SOAK_S + 120))
     assert world.changes > 3 * SOAK_S, f"only {world.changes} changes were made"

@@ -5,6 +5,7 @@ rule (plurkweb/static/.../app.js, pollCount): re-poll at once after an answer fa
 with a jittered backoff after errors.
 """
 import asyncio
+import contextlib
 import hashlib
 import random
 import time
@@ -140,6 +141,21 @@ class Poller:
                     await asyncio.wait_for(stop.wait(), delay)
                 except asyncio.TimeoutError:
                     pass
+
+
+@contextlib.asynccontextmanager
+async def polling(pollers, first_delay=lambda: 0.0):
+    """The pollers' loops run while the block does (each first waits ``first_delay()`` s); then
+    they stop, and a request still held is abandoned, not waited for."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(p.run(stop, first_delay=first_delay())) for p in pollers]
+    try:
+        yield
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def metrics(config):
