@@ -409,10 +409,13 @@ static int _conn_respond_metrics(fp_conn_t *c)
     return rc;
 }
 
-/* The ETag of a 200/204 answer (an empty body too).  -1: libcrypto failed. */
-static int _conn_set_etag(fp_conn_t *c, const char *data, size_t len)
+/* The ETag of a 200/204 answer (an empty body too): tag when the caller has it already (a wake
+ * computes it once for all the waiters it answers), else computed.  -1: libcrypto failed. */
+static int _conn_set_etag(fp_conn_t *c, const char *data, size_t len, const char *tag)
 {
-    if (fp_etag_of(data != NULL ? data : "", len, c->etag) != 0)
+    if (tag != NULL)
+        memcpy(c->etag, tag, FP_ETAG_LEN);
+    else if (fp_etag_of(data != NULL ? data : "", len, c->etag) != 0)
         return -1;
     c->has_etag = 1;
     return 0;
@@ -424,12 +427,14 @@ static int _conn_not_modified(const fp_conn_t *c)
     return c->inm == FP_INM_TAG && c->has_etag && memcmp(c->inm_tag, c->etag, FP_ETAG_LEN) == 0;
 }
 
-static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len)
+/* Answer what memcached said (tag: the answer's ETag if known, else NULL). */
+static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
+                               const char *tag)
 {
     switch (r) {
     case FP_MC_HIT:
     case FP_MC_EMPTY:
-        if (_conn_set_etag(c, data, r == FP_MC_HIT ? len : 0) != 0)
+        if (_conn_set_etag(c, data, r == FP_MC_HIT ? len : 0, tag) != 0)
             return _conn_respond_error(c, 503, "etag failed", "MISS");
         if (_conn_not_modified(c))
             return _conn_respond(c, 304, NULL, "HIT", NULL, 0);
@@ -524,7 +529,7 @@ static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_
 {
     fp_conn_t *c = ctx;
     c->mc_req = NULL;
-    if (_conn_answer_result(c, r, data, len) == 0 && c->state == CONN_READING)
+    if (_conn_answer_result(c, r, data, len, NULL) == 0 && c->state == CONN_READING)
         _conn_process(c);            /* pipelined requests waiting in the buffer */
 }
 
@@ -555,10 +560,10 @@ static uint64_t _rand(fp_server_t *srv)
 }
 
 /* The key's answer changed, or the key is gone or unreadable (fp_wake_fn). */
-static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len)
+static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
 {
     fp_conn_t *c = ctx;
-    if (_conn_answer_result(c, r, data, len) == 0 && c->state == CONN_READING)
+    if (_conn_answer_result(c, r, data, len, tag) == 0 && c->state == CONN_READING)
         _conn_process(c);
 }
 
@@ -586,7 +591,7 @@ static int _conn_hold(fp_conn_t *c)
     fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, c->key, c->key_len, c->inm_tag,
                                    _conn_on_wake, c);
     if (r != FP_MC_QUEUED)
-        return _conn_answer_result(c, r, NULL, 0);
+        return _conn_answer_result(c, r, NULL, 0, NULL);
     _conn_set_state(c, CONN_HELD);
     if (_conn_hold_arm(c) < 0) {
         _conn_close(c);              /* no timeout and no read event: it could hang forever */
@@ -732,7 +737,7 @@ static int _dispatch(fp_conn_t *c)
         _conn_set_state(c, CONN_WAITING);
         return 0;
     }
-    return _conn_answer_result(c, r, NULL, 0);
+    return _conn_answer_result(c, r, NULL, 0, NULL);
 }
 
 /* ---- llhttp callbacks ---------------------------------------------------------------- */

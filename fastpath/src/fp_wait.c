@@ -153,7 +153,7 @@ static void _answer(fp_wait_table_t *t, fp_wait_key_t *k, fp_mc_result_t r, cons
         _unlink(t, w);
         if (have_tag)
             t->st->holds_woken++;
-        w->wake(w->ctx, r, data, len);
+        w->wake(w->ctx, r, data, len, have_tag ? tag : NULL);
     }
     k->busy = 0;
     if (k->head == NULL)

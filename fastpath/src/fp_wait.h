@@ -23,10 +23,11 @@
 typedef struct fp_wait_key fp_wait_key_t;
 
 /* The key's answer no longer carries the waiter's tag (r FP_MC_HIT/EMPTY, data/len valid during
- * the call), or the key is gone (FP_MC_MISS) or cannot be read (UNAVAILABLE/OVERLOADED).  The
+ * the call, and tag its ETag, FP_ETAG_LEN bytes, computed once for every waiter it wakes), or
+ * the key is gone (FP_MC_MISS) or cannot be read (UNAVAILABLE/OVERLOADED; tag NULL).  The
  * waiter is already out of the table; the callback may free its ctx and may call fp_wait_add
  * and fp_wait_remove. */
-typedef void (*fp_wake_fn)(void *ctx, fp_mc_result_t r, const char *data, size_t len);
+typedef void (*fp_wake_fn)(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
 
 typedef struct fp_waiter {
     fp_wait_key_t *key;              /* NULL: not waiting */
