@@ -179,6 +179,71 @@ class FakeMemcached:
             conn.close()
 
 
+class AnswerHoldingProxy:
+    """A TCP proxy in front of a real memcached: requests pass at once, so memcached reads its
+    entries when they arrive, while answers wait here as long as ``answering`` is clear.  It
+    pins an order a paused memcached cannot: a get is answered from the old value, and a store
+    and its notice complete while that answer is still on its way."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.answering = threading.Event()
+        self.answering.set()
+        self.held_bytes = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def spec(self):
+        return f"127.0.0.1:{self.port}"
+
+    def _accept(self):
+        host, port = self.upstream.spec.rsplit(":", 1)
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection((host, int(port)))
+            self._socks += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, src, dst, answers):
+        held = b""
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                if select.select([src], [], [], 0.01)[0]:
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    held += data
+                    if answers:
+                        self.held_bytes += len(data)
+                if held and (not answers or self.answering.is_set()):
+                    dst.sendall(held)
+                    held = b""
+
+    def close(self):
+        self.answering.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+@pytest.fixture
+def holding_proxy(memcached):
+    proxy = AnswerHoldingProxy(memcached)
+    yield proxy
+    proxy.close()
+
+
 @pytest.fixture
 def fake_memcached():
     fake = FakeMemcached()
