@@ -138,6 +138,21 @@ def is_loopback(host):
     return fastpath_is_loopback(host)
 
 
+def is_local_address(host):
+    """True when ``host`` is an address of one of this host's (this network namespace's)
+    interfaces: binding to it succeeds.  Every host of a cluster reads the same lists
+    (PLURK_MEMCACHED, the notice destinations) and serves the entries that are its own."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
 def format_hostport(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

@@ -206,3 +206,10 @@ def test_runner_leaves_out_long_poll_flags_this_fastpath_lacks():
     argv = services.fastpath_command(StackConfig.from_env({}))
     assert ("--max-wait" in argv) == _fastpath_knows("--max-wait")
     assert ("--notify-dir" in argv) == _fastpath_knows("--notify-dir")
+
+
+def test_is_local_address_is_true_only_for_this_hosts_addresses():
+    from plurksite.config import is_local_address
+
+    assert is_local_address("127.0.0.1") and is_local_address("127.0.0.9")
+    assert not is_local_address("192.0.2.1")        # TEST-NET-1: never configured here
