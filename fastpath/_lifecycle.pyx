@@ -78,6 +78,22 @@ def _check_port_free(addr, what):
     _listen_socket(addr, what, reuse_port=False).close()
 
 
+def _check_notify_udp(addr, workers):
+    """Every worker's notice port bindable now, so that a port taken or an address not of this
+    host stops fastpath with one line instead of a worker restart loop (each worker binds its
+    own again: nothing crosses the fork)."""
+    host, first = addr
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for i in range(workers):
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind((host, first + i))
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"--notify-udp {host}:{first}: worker {i} cannot bind UDP port {first + i} "
+                    f"({exc.strerror}); give an address of this host and {workers} free ports") from None
+
+
 def _raise_fd_limit(needed):
     """Each connection is a descriptor: lift the soft limit toward the hard one, or say how."""
     import resource
@@ -366,6 +382,8 @@ def serve(options=None, **kwargs):
             os.makedirs(opts.notify_dir, mode=0o755, exist_ok=True)
         except OSError as exc:
             raise FastpathError(f"--notify-dir {opts.notify_dir}: cannot make it ({exc.strerror})") from None
+    if opts.notify_udp_addr:
+        _check_notify_udp(opts.notify_udp_addr, opts.workers)
     unix_listener = None
     if opts.listen_addr[0] == "unix":
         unix_listener = _unix_listen_socket(opts.listen_addr[1])

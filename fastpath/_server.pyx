@@ -73,6 +73,11 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
         b = os.fsencode(opts.notify_dir)
         keep.append(b)
         cfg.notify_dir = b
+    if opts.notify_udp_addr:
+        b = opts.notify_udp_addr[0].encode("ascii")
+        keep.append(b)
+        cfg.notify_udp_host = b
+        cfg.notify_udp_port = opts.notify_udp_addr[1]
     cfg.n_workers = opts.workers
     return 0
 
@@ -179,7 +184,9 @@ def _testhelper_config(opts=None, int worker_index=0):
         secret=cfg.secret[:cfg.secret_len] if cfg.secret != NULL else b"",
         resources=[cfg.resources[i][:cfg.resource_len[i]].decode("ascii") for i in range(cfg.n_resources)],
         backend_avoid=[(<bytes>cfg.backend_avoid[i]).decode("ascii")
-                       for i in range(4) if cfg.backend_avoid[i] != NULL])
+                       for i in range(4) if cfg.backend_avoid[i] != NULL],
+        notify_udp=((<bytes>cfg.notify_udp_host).decode("ascii"), cfg.notify_udp_port)
+        if cfg.notify_udp_host != NULL else None)
     return out
 
 

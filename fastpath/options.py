@@ -115,6 +115,9 @@ OPTIONS = (
     Option("--notify-dir", "notify_dir", str, None,
            "directory of the notice sockets: each worker reads <dir>/<index>.sock (made if "
            "missing); unset: no notices, held polls rely on --reread-interval"),
+    Option("--notify-udp", "notify_udp", str, None,
+           "HOST:PORT (numeric, a private address): worker i also reads notices from other hosts "
+           "on UDP HOST:PORT+i; may be used with --notify-dir"),
     Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
            "poll resources served (others: 404, so Django answers)"),
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
@@ -160,6 +163,18 @@ def parse_address(text, what="address"):
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigurationError(f"bad {what} {text!r}: expected host:port")
     return host, int(port)
+
+
+def parse_notify_udp(text, workers):
+    """``--notify-udp HOST:PORT`` -> (host, port): a numeric address (every host of a cluster
+    names it the same way), and a port range PORT..PORT+workers-1 that fits."""
+    host, port = parse_address(text, "--notify-udp")
+    if not _is_numeric(host):
+        raise ConfigurationError(f"--notify-udp {text}: give a numeric address, for example 10.0.0.21:{port}")
+    if port + workers - 1 > 65535:
+        raise ConfigurationError(f"--notify-udp {text}: {workers} workers need ports {port}..{port + workers - 1}, "
+                                 f"beyond 65535; give a lower port")
+    return host, port
 
 
 def parse_listen(text):
@@ -221,8 +236,10 @@ def connect_address(host, port):
 class Options:
     """Every setting of a fastpath run: one typed attribute per row of OPTIONS (its default when
     not given), plus ``secret`` (bytes; overrides ``secret_file``; Python only).  ``validate()``
-    checks them and derives ``listen_addr``, ``admin_addr``, ``node_names`` and ``node_addrs``."""
-    __slots__ = tuple(_BY_ATTR) + ("secret", "listen_addr", "admin_addr", "node_names", "node_addrs")
+    checks them and derives ``listen_addr``, ``admin_addr``, ``node_names``, ``node_addrs`` and
+    ``notify_udp_addr``."""
+    __slots__ = tuple(_BY_ATTR) + ("secret", "listen_addr", "admin_addr", "node_names", "node_addrs",
+                                   "notify_udp_addr")
 
     def __init__(self, **kwargs):
         for name in kwargs:
@@ -232,6 +249,7 @@ class Options:
             setattr(self, opt.attr, kwargs.get(opt.attr, opt.default))
         self.secret = kwargs.get("secret")
         self.listen_addr = self.admin_addr = self.node_names = self.node_addrs = None
+        self.notify_udp_addr = None
 
     def __setattr__(self, name, value):
         opt = _BY_ATTR.get(name)
@@ -274,6 +292,7 @@ class Options:
             raise ConfigurationError("secret must be 32..1024 bytes")
         if self.workers == 0:
             self.workers = os.cpu_count() or 1
+        self.notify_udp_addr = parse_notify_udp(self.notify_udp, self.workers) if self.notify_udp else None
         return self
 
     def avoid_backends(self):

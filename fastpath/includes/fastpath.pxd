@@ -71,6 +71,8 @@ cdef extern from "fp_server.h" nogil:
         const char *resources[16]
         size_t resource_len[16]
         const char *notify_dir
+        const char *notify_udp_host
+        int notify_udp_port
         const char *backend_avoid[4]
         fp_stats_t *stats
         int n_workers

@@ -121,7 +121,7 @@ typedef struct fp_server {
     struct evconnlistener *listener, *admin_listener;
     fp_mc_pool_t mc;                 /* the memcached servers */
     fp_wait_table_t waits;           /* held polls by key */
-    fp_notify_t notify;              /* fd -1: no --notify-dir */
+    fp_notify_t notify;              /* its sources: --notify-dir, --notify-udp */
     uint64_t rng;                    /* xorshift: hold jitter */
     fp_buf_t *buf_pool;
     int buf_pool_n;

@@ -5,11 +5,14 @@
  * sender = 16 lowercase hex digits, seq = 1*20 DIGIT without leading zero (>= 1), key = 1..80
  * bytes of %x21-7E; at most 4096 bytes.  Anything else is counted and dropped whole.
  *
- * The socket is made by each worker, not before fork: a worker the supervisor restarts binds
- * its own path again (a stale file of the worker that died is unlinked first), and nothing of
- * it has to cross the fork.
+ * The sockets are made by each worker, not before fork: a worker the supervisor restarts binds
+ * its own path (a stale file of the worker that died is unlinked first) and its own UDP port
+ * again, and nothing of them has to cross the fork.  A datagram is the same whichever socket
+ * it came in on: the sender table (gaps) is shared, since a sender uses one transport.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -121,78 +124,148 @@ void fp_notify_datagram(fp_notify_t *n, const char *data, size_t len)
 
 static void _on_readable(evutil_socket_t fd, short what, void *arg)
 {
-    fp_notify_t *n = arg;
+    fp_notify_source_t *src = arg;
     char buf[FP_NOTIFY_MAX + 1];
     for (int i = 0; i < READS_PER_EVENT; i++) {
         ssize_t len = recv(fd, buf, sizeof(buf), MSG_TRUNC);
         if (len < 0) {
+            /* ECONNREFUSED cannot come to an unconnected socket; logged like any other */
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                fp_log("notice socket %s: recv failed (%s)", n->path, strerror(errno));
+                fp_log("notice socket %s: recv failed (%s)", src->name, strerror(errno));
             return;
         }
+        if (src->udp)
+            src->owner->st->notice_udp_datagrams++;
         /* MSG_TRUNC: len is the datagram's real size, so one too large is seen as such */
-        fp_notify_datagram(n, buf, (size_t)len <= sizeof(buf) ? (size_t)len : FP_NOTIFY_MAX + 1);
+        fp_notify_datagram(src->owner, buf, (size_t)len <= sizeof(buf) ? (size_t)len : FP_NOTIFY_MAX + 1);
     }
 }
 
-static int _fail(char *err, size_t err_len, const char *what, const char *path)
+static int _fail(char *err, size_t err_len, const char *what, const char *name)
 {
-    snprintf(err, err_len, "notice socket %s: %s (%s)", path, what, strerror(errno));
+    snprintf(err, err_len, "notice socket %s: %s (%s)", name, what, strerror(errno));
     return -1;
 }
 
-int fp_notify_init(fp_notify_t *n, struct event_base *base, fp_wait_table_t *waits, fp_stats_t *st,
-                   const char *dir, int index, char *err, size_t err_len)
+static void _source_reset(fp_notify_source_t *src, fp_notify_t *owner, int udp)
 {
-    struct sockaddr_un sa;
-    int rcvbuf = RCVBUF_BYTES;
+    memset(src, 0, sizeof(*src));
+    src->fd = -1;
+    src->udp = udp;
+    src->owner = owner;
+}
 
+/* The bound socket src->fd: a large receive buffer, then read on base. */
+static int _watch(fp_notify_source_t *src, struct event_base *base, char *err, size_t err_len)
+{
+    int rcvbuf = RCVBUF_BYTES;
+    if (setsockopt(src->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) != 0)
+        fp_log("notice socket %s: SO_RCVBUF not raised (%s)", src->name, strerror(errno));
+    src->ev = event_new(base, src->fd, EV_READ | EV_PERSIST, _on_readable, src);
+    if (src->ev == NULL || event_add(src->ev, NULL) < 0)
+        return _fail(err, err_len, "cannot watch it", src->name);
+    return 0;
+}
+
+void fp_notify_init(fp_notify_t *n, fp_wait_table_t *waits, fp_stats_t *st)
+{
     memset(n, 0, sizeof(*n));
-    n->fd = -1;
+    _source_reset(&n->unix_src, n, 0);
+    _source_reset(&n->udp_src, n, 1);
     n->waits = waits;
     n->st = st;
-    int plen = snprintf(n->path, sizeof(n->path), "%s/%d.sock", dir, index);
-    if (plen < 0 || (size_t)plen >= sizeof(n->path)) {
+}
+
+int fp_notify_listen_unix(fp_notify_t *n, struct event_base *base, const char *dir, int index,
+                          char *err, size_t err_len)
+{
+    fp_notify_source_t *src = &n->unix_src;
+    struct sockaddr_un sa;
+
+    int plen = snprintf(src->name, sizeof(src->name), "%s/%d.sock", dir, index);
+    if (plen < 0 || (size_t)plen >= sizeof(src->name)) {
         snprintf(err, err_len, "--notify-dir %.200s: too long for a unix socket path", dir);
-        n->path[0] = '\0';
+        src->name[0] = '\0';
         return -1;
     }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return _fail(err, err_len, "cannot make its directory", n->path);
-    if (unlink(n->path) != 0 && errno != ENOENT)
-        return _fail(err, err_len, "cannot remove the stale socket", n->path);
-    n->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (n->fd < 0)
-        return _fail(err, err_len, "socket failed", n->path);
+        return _fail(err, err_len, "cannot make its directory", src->name);
+    if (unlink(src->name) != 0 && errno != ENOENT)
+        return _fail(err, err_len, "cannot remove the stale socket", src->name);
+    src->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (src->fd < 0)
+        return _fail(err, err_len, "socket failed", src->name);
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
-    memcpy(sa.sun_path, n->path, (size_t)plen);
-    if (bind(n->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
-        return _fail(err, err_len, "cannot bind", n->path);
+    memcpy(sa.sun_path, src->name, (size_t)plen);
+    if (bind(src->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+        return _fail(err, err_len, "cannot bind", src->name);
     struct stat sb;
-    if (stat(n->path, &sb) != 0)
-        return _fail(err, err_len, "cannot stat it", n->path);
+    if (stat(src->name, &sb) != 0)
+        return _fail(err, err_len, "cannot stat it", src->name);
     n->ino = (uint64_t)sb.st_ino;
-    if (setsockopt(n->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) != 0)
-        fp_log("notice socket %s: SO_RCVBUF not raised (%s)", n->path, strerror(errno));
-    n->ev = event_new(base, n->fd, EV_READ | EV_PERSIST, _on_readable, n);
-    if (n->ev == NULL || event_add(n->ev, NULL) < 0)
-        return _fail(err, err_len, "cannot watch it", n->path);
-    return 0;
+    return _watch(src, base, err, err_len);
+}
+
+int fp_notify_listen_udp(fp_notify_t *n, struct event_base *base, const char *host, int port,
+                         char *err, size_t err_len)
+{
+    fp_notify_source_t *src = &n->udp_src;
+    struct sockaddr_storage ss;
+    socklen_t ss_len;
+    int v6 = strchr(host, ':') != NULL;
+
+    snprintf(src->name, sizeof(src->name), v6 ? "udp:[%.64s]:%d" : "udp:%.64s:%d", host, port);
+    memset(&ss, 0, sizeof(ss));
+    if (v6) {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons((uint16_t)port);
+        ss_len = sizeof(*sin6);
+        if (evutil_inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1)
+            ss_len = 0;
+    } else {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons((uint16_t)port);
+        ss_len = sizeof(*sin);
+        if (evutil_inet_pton(AF_INET, host, &sin->sin_addr) != 1)
+            ss_len = 0;
+    }
+    if (ss_len == 0 || port <= 0 || port > 65535) {
+        snprintf(err, err_len, "notice socket %s: not a numeric address and port", src->name);
+        return -1;
+    }
+    /* no SO_REUSEADDR/SO_REUSEPORT: a second fastpath on the same port must fail, not split
+     * the notices between the two */
+    src->fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (src->fd < 0)
+        return _fail(err, err_len, "socket failed", src->name);
+    if (bind(src->fd, (struct sockaddr *)&ss, ss_len) != 0)
+        return _fail(err, err_len, "cannot bind", src->name);
+    return _watch(src, base, err, err_len);
+}
+
+static void _source_close(fp_notify_source_t *src)
+{
+    if (src->ev != NULL)
+        event_free(src->ev);
+    src->ev = NULL;
+    if (src->fd >= 0)
+        close(src->fd);
+    src->fd = -1;
 }
 
 void fp_notify_fini(fp_notify_t *n)
 {
-    if (n->ev != NULL)
-        event_free(n->ev);
-    n->ev = NULL;
-    if (n->fd >= 0) {
+    int had_unix = n->unix_src.fd >= 0;
+    _source_close(&n->udp_src);
+    _source_close(&n->unix_src);
+    if (had_unix) {
         struct stat sb;
-        close(n->fd);
         /* only if it is still the file we bound (a new worker may have replaced it); a failure
          * leaves a stale file that the next worker of this index replaces */
-        if (n->ino != 0 && stat(n->path, &sb) == 0 && (uint64_t)sb.st_ino == n->ino)
-            (void)unlink(n->path);
+        if (n->ino != 0 && stat(n->unix_src.name, &sb) == 0 && (uint64_t)sb.st_ino == n->ino)
+            (void)unlink(n->unix_src.name);
     }
-    n->fd = -1;
 }

@@ -155,10 +155,10 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     struct timeval idle = {cfg->idle_timeout_s, 0};
 
     memset(srv, 0, sizeof(*srv));
-    srv->notify.fd = -1;
     srv->cfg = cfg;
     srv->st = &cfg->stats[cfg->worker_index];
     srv->st->pid = (uint64_t)getpid();
+    fp_notify_init(&srv->notify, &srv->waits, srv->st);      /* no source yet: fini is safe */
     srv->buf_cap = cfg->max_headers + 1024;
     srv->drained = _on_drained;
     srv->drained_arg = srv;
@@ -198,8 +198,11 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     if (fp_wait_init(&srv->waits, srv->base, &srv->mc, srv->st, cfg->reread_interval_s) < 0)
         return _init_fail(err, err_len, "cannot set up the wait table (out of memory)");
     if (cfg->notify_dir != NULL &&
-        fp_notify_init(&srv->notify, srv->base, &srv->waits, srv->st, cfg->notify_dir,
-                       cfg->worker_index, err, err_len) < 0)
+        fp_notify_listen_unix(&srv->notify, srv->base, cfg->notify_dir, cfg->worker_index, err, err_len) < 0)
+        return -1;
+    if (cfg->notify_udp_host != NULL &&
+        fp_notify_listen_udp(&srv->notify, srv->base, cfg->notify_udp_host,
+                             cfg->notify_udp_port + cfg->worker_index, err, err_len) < 0)
         return -1;
     if (cfg->listen_fd >= 0) {
         srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);

@@ -44,7 +44,9 @@ typedef struct {
     int n_resources;
     const char *resources[FP_MAX_RESOURCES];
     size_t resource_len[FP_MAX_RESOURCES];
-    const char *notify_dir;        /* NULL: no notices (re-reads only) */
+    const char *notify_dir;        /* NULL: no unix notices */
+    const char *notify_udp_host;   /* numeric, no brackets; NULL: no UDP notices */
+    int notify_udp_port;           /* worker i binds notify_udp_port + i */
     const char *backend_avoid[4];  /* libevent methods to avoid (NULL-terminated) */
     fp_stats_t *stats;             /* n_workers slots */
     int n_workers;

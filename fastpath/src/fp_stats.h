@@ -45,6 +45,8 @@
     X(notice_gaps, "fastpath_notice_gaps_total",                                                  \
       "Notices lost (a sender's sequence skipped): every held key is read again.")                \
     X(notices_malformed, "fastpath_notices_malformed_total", "Notice datagrams dropped as malformed.") \
+    X(notice_udp_datagrams, "fastpath_notice_udp_datagrams_total",                                \
+      "Notice datagrams received over UDP (--notify-udp), well-formed or not.")                   \
     X(wait_rereads, "fastpath_wait_rereads_total",                                                \
       "Held keys read again (noticed, after a gap, or every --reread-interval).")
 

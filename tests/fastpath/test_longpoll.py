@@ -1,7 +1,9 @@
 """Long-polling in fastpath (issue 14, docs/contract.md section 7): a poll that sends
 ``Prefer: wait=N`` and the ETag it has is held until its answer changes, and ended by the
-notices plurkcore sends (unix datagrams), by the periodic re-read, by a miss, or by its timeout.
+notices plurkcore sends (unix or UDP datagrams), by the periodic re-read, by a miss, or by its
+timeout.
 Real memcached, real fastpath, real sockets; notices are sent from here in the fixed format."""
+import contextlib
 import hashlib
 import os
 import socket
@@ -216,15 +218,19 @@ def test_max_wait_zero_never_holds(fastpath_factory, memcached, cache):
 # ---- notices ---------------------------------------------------------------------------------
 
 class Notifier:
-    """plurkcore's side of the notice format: one sender, its sequence per socket path."""
+    """plurkcore's side of the notice format: one sender, its sequence per destination (a
+    socket path of ``directory``, or with ``udp`` a list of (host, port) that each is one
+    worker's port)."""
 
-    def __init__(self, directory):
-        self.directory = directory
+    def __init__(self, directory=None, udp=None):
+        self.directory, self.udp = directory, udp
         self.sender = os.urandom(8).hex()
         self.seq = {}
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock = socket.socket(socket.AF_INET if udp else socket.AF_UNIX, socket.SOCK_DGRAM)
 
     def paths(self):
+        if self.udp:
+            return list(self.udp)
         return sorted(str(p) for p in self.directory.glob("*.sock"))
 
     def send(self, keys, skip=0):
@@ -483,3 +489,169 @@ def test_notify_dir_is_made_with_its_parents(fastpath_factory, memcached, tmp_pa
     while not (notify_dir / "0.sock").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (notify_dir / "0.sock").is_socket()
+
+
+# ---- notices over UDP (--notify-udp HOST:PORT: worker i reads PORT+i; issue 16) ---------------
+
+def udp_ports(n):
+    """n consecutive free UDP ports on 127.0.0.1 (free now: bound and released)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + n - 1 > 65535:
+            continue
+        try:
+            socks = []
+            for i in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", first + i))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free UDP ports")
+
+
+def _socket_inodes(table, local_port, remote_port=None):
+    """Inodes of the /proc/net/<table> sockets on 127.0.0.1:local_port (and remote_port)."""
+    with open(f"/proc/net/{table}") as fh:
+        rows = [line.split() for line in fh.readlines()[1:]]
+    return {row[9] for row in rows if int(row[1].split(":")[1], 16) == local_port and
+            (remote_port is None or int(row[2].split(":")[1], 16) == remote_port)}
+
+
+def _holder(pids, inodes):
+    """The pid among ``pids`` that holds one of the sockets ``inodes``."""
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    return pid
+    return None
+
+
+def _workers(fp, n):
+    deadline = time.monotonic() + SLACK
+    while True:
+        with open(f"/proc/{fp.proc.pid}/task/{fp.proc.pid}/children") as fh:
+            pids = [int(p) for p in fh.read().split()]
+        if len(pids) == n:
+            return pids
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+
+
+def start_udp(fastpath_factory, memcached, port, workers=1):
+    return fastpath_factory([memcached], workers=workers,
+                            extra=("--reread-interval", "60", "--timeout-ms", "2000",
+                                   "--notify-udp", f"127.0.0.1:{port}"))
+
+
+def test_udp_notice_to_each_workers_port_wakes_the_polls_that_worker_holds(fastpath_factory, memcached, cache):
+    port = udp_ports(2)
+    fp = start_udp(fastpath_factory, memcached, port, workers=2)
+    pids = _workers(fp, 2)
+    # which worker bound which port, and which worker holds which poll (the kernel spreads
+    # connections over the SO_REUSEPORT group: poll until each worker holds some)
+    deadline = time.monotonic() + SLACK
+    while None in (owner := {p: _holder(pids, _socket_inodes("udp", p)) for p in (port, port + 1)}).values():
+        assert time.monotonic() < deadline, owner
+        time.sleep(0.05)
+    assert set(owner.values()) == set(pids)
+    polls = {}
+    uid = 100
+    while len(polls) < 8 or len(set(polls.values())) < 2:
+        assert uid < 200, "every poll went to one worker"
+        cache.set(key(uid), b"old")
+        poll = Poll(fp, uid, etag(b"old"), wait=50)
+        polls[poll] = _holder(pids, _socket_inodes("tcp", fp.port, poll.sock.getsockname()[1]))
+        poll.uid, poll.answered = uid, False
+        uid += 1
+    held(fp, len(polls))
+    for poll in polls:
+        cache.set(key(poll.uid), b"new")
+    notifier = Notifier(udp=[("127.0.0.1", port), ("127.0.0.1", port + 1)])
+    for dest in notifier.paths():                    # one worker's port, then the other's
+        notifier.udp = [dest]
+        mine = [p for p, pid in polls.items() if pid == owner[dest[1]]]
+        notifier.send([key(p.uid) for p in polls])
+        for poll in mine:
+            assert poll.answer(timeout=SLACK)[:3:2] == (200, b"new")
+        others = [p for p in polls if p not in mine and not p.answered]
+        time.sleep(0.3)
+        assert not any(p.ready() for p in others)    # the other worker got nothing
+        for poll in mine:
+            poll.answered = True
+    assert metric(fp, "fastpath_notice_udp_datagrams_total") == 2
+    assert metric(fp, "fastpath_notices_total") == 2 and metric(fp, "fastpath_held_polls") == 0
+
+
+def test_udp_notice_gap_rereads_every_held_key(fastpath_factory, memcached, cache):
+    port = udp_ports(1)
+    fp = start_udp(fastpath_factory, memcached, port)
+    notifier = Notifier(udp=[("127.0.0.1", port)])
+    for uid in (130, 131, 132):
+        cache.set(key(uid), b"a")
+    polls = {uid: Poll(fp, uid, etag(b"a"), wait=50) for uid in (130, 131, 132)}
+    held(fp, 3)
+    notifier.send([])                           # seq 1: a new sender is not a gap
+    wait_metric(fp, "fastpath_notices_total", 1)
+    cache.set(key(131), b"b")                   # stored, and its notice lost:
+    notifier.send([], skip=1)                   # seq 3
+    assert polls[131].answer(timeout=SLACK)[2] == b"b"
+    wait_metric(fp, "fastpath_notice_gaps_total", 1)
+    assert metric(fp, "fastpath_notice_udp_datagrams_total") == 2
+    assert not polls[130].ready() and not polls[132].ready()
+
+
+def test_udp_and_unix_notices_together(fastpath_factory, memcached, cache, notify_dir):
+    port = udp_ports(1)
+    fp = fastpath_factory([memcached], extra=("--reread-interval", "60", "--notify-dir", str(notify_dir),
+                                              "--notify-udp", f"127.0.0.1:{port}"))
+    for uid, notifier in ((140, Notifier(notify_dir)), (141, Notifier(udp=[("127.0.0.1", port)]))):
+        poll = held_poll(fp, cache, uid, b"a")
+        cache.set(key(uid), b"b")
+        notifier.send([key(uid)])
+        assert poll.answer(timeout=SLACK)[2] == b"b"
+    assert metric(fp, "fastpath_notice_udp_datagrams_total") == 1
+    assert metric(fp, "fastpath_notices_total") == 2
+
+
+def _start_error(tmp_path, memcached, *args):
+    """``python -m fastpath`` that must refuse to start: (exit status, its last stderr line)."""
+    import subprocess
+    import sys
+    from tests.fastpath.conftest import SECRET, fastpath_env
+    from plurksite.services import free_port
+
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(SECRET + b"\n")
+    env, cwd = fastpath_env(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{free_port()}",
+                           "--memcached", memcached.spec, "--secret-file", str(secret), *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=30)
+    return done.returncode, done.stderr.splitlines()[-1] if done.stderr else ""
+
+
+def test_bad_notify_udp_is_a_one_line_error(tmp_path, memcached):
+    port = udp_ports(2)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        cases = [
+            (["--workers", "2", "--notify-udp", f"127.0.0.1:{port}"],
+             f"--notify-udp 127.0.0.1:{port}: worker 1 cannot bind UDP port {port + 1} (Address already in use)"),
+            (["--notify-udp", "192.0.2.1:9100"],       # TEST-NET-1: not an address of this host
+             "--notify-udp 192.0.2.1:9100: worker 0 cannot bind UDP port 9100 (Cannot assign requested address)"),
+            (["--workers", "2", "--notify-udp", "127.0.0.1:65535"],
+             "--notify-udp 127.0.0.1:65535: 2 workers need ports 65535..65536, beyond 65535"),
+            (["--notify-udp", "localhost:9100"], "--notify-udp localhost:9100: give a numeric address"),
+            (["--notify-udp", "127.0.0.1"], "bad --notify-udp '127.0.0.1': expected host:port"),
+        ]
+        for args, complaint in cases:
+            code, line = _start_error(tmp_path, memcached, *args)
+            assert code == 2 and line.startswith("python -m fastpath: error: ") and complaint in line, (args, line)

@@ -24,6 +24,7 @@ SAMPLES = {
     "secret_file": "/nonexistent/secret.key",
     "resources": ("getMentions",),
     "notify_dir": "/run/plurk/notify",
+    "notify_udp": "10.77.0.21:9100",
 }
 
 
@@ -107,6 +108,7 @@ def test_every_option_round_trips_from_the_command_line_to_c(opt):
     assert config["resources"] == list(opts.resources)
     assert config["n_workers"] == opts.workers and config["secret"] == SECRET
     assert config["backend_avoid"] == opts.avoid_backends()
+    assert config["notify_udp"] == (("10.77.0.21", 9100) if opt.attr == "notify_udp" else None)
     if opt.attr == "memcached":
         assert config["node_names"] == ["127.0.0.1:11", "::1:12"]        # as pymemcache names them
         assert config["node_addrs"] == ["127.0.0.1:11", "[::1]:12"]      # as libevent parses them
