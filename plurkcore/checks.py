@@ -16,6 +16,7 @@
 | W004 | CsrfViewMiddleware is not installed |
 | E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
+| E011 | NOTIFY_UDP is not a list of host:port strings |
 
 When PLURKCORE is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -135,6 +136,18 @@ def check_notify(config):
     if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) and d for d in dirs):
         errors.append(checks.Error(f"PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got {dirs!r}.",
                                    hint="fastpath's --notify-dir; [] sends no notices.", id="plurkcore.E009"))
+    udp = config["NOTIFY_UDP"]
+    from .notify import parse_udp_destination
+
+    try:
+        if not isinstance(udp, (list, tuple)) or not all(isinstance(d, str) for d in udp):
+            raise ValueError
+        for entry in udp:
+            parse_udp_destination(entry)
+    except ValueError:
+        errors.append(checks.Error(f"PLURKCORE['NOTIFY_UDP'] must be a list of host:port strings, got {udp!r}.",
+                                   hint="One entry per fastpath worker port (--notify-udp); [] sends none.",
+                                   id="plurkcore.E011"))
     backend = config["NOTIFY_BACKEND"]
     from django.utils.module_loading import import_string
 

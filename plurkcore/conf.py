@@ -37,6 +37,9 @@ DEFAULTS = {
     # directories of fastpath worker sockets (<dir>/<worker>.sock) that get a notice of every key
     # stored or deleted (docs/contract.md, section 7); empty: no notices, fastpath re-reads only.
     "NOTIFY_DIRS": [],
+    # fastpath workers' UDP notice ports as "host:port" / "[v6]:port", one entry per worker
+    # (fastpath --notify-udp HOST:FIRST: worker i on FIRST+i), read by plurkcore.notify.UdpNotifier.
+    "NOTIFY_UDP": [],
     # dotted path of the notice backend: a class whose instances have send(keys).
     "NOTIFY_BACKEND": "plurkcore.notify.UnixDatagramNotifier",
 }

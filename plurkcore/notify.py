@@ -5,7 +5,9 @@ sent once, never retried, and a failure is counted and logged, never raised (doc
 "Notices to fastpath"; the wire format is docs/contract.md, section 7).
 
 The backend is any object with ``send(keys)``, chosen by dotted path in
-``PLURKCORE["NOTIFY_BACKEND"]``; :func:`get_backend` builds it once per configuration.
+``PLURKCORE["NOTIFY_BACKEND"]``; :func:`get_backend` builds it once per configuration.  Two are
+here: :class:`UnixDatagramNotifier` (the fastpath workers of this host, ``NOTIFY_DIRS``) and
+:class:`UdpNotifier` (every worker of every web host, ``NOTIFY_UDP``); the same datagrams.
 :func:`keys_stored` is the receiver of :data:`plurkcore.signals.answers_stored` (connected in
 ``PlurkCoreConfig.ready()``).
 """
@@ -39,7 +41,8 @@ FULL_WAIT = 0.05
 stats = {"notices": 0, "datagrams": 0, "missing": 0, "refused": 0, "full": 0, "errors": 0}
 
 #: errno of a failed sendto -> its counter in ``stats``
-_FAILURES = {errno.ENOENT: "missing", errno.ECONNREFUSED: "refused", errno.EAGAIN: "full"}
+_FAILURES = {errno.ENOENT: "missing", errno.ECONNREFUSED: "refused", errno.EAGAIN: "full",
+             errno.ENOBUFS: "full"}
 
 
 class Notifier:
@@ -71,8 +74,10 @@ def batches(keys, limit=MAX_DATAGRAM - HEADER_ROOM):
 
 
 class _Sender:
-    """This process's identity on the wire: a random sender id and a seq per destination path.
-    Rebuilt in a forked child (two processes must never share a sender id)."""
+    """This process's identity on the wire: a random sender id and a seq per destination (a
+    socket path, or a (host, port) pair), one unix datagram socket and one connected UDP socket
+    per UDP destination.  Rebuilt in a forked child (two processes must never share a sender
+    id)."""
 
     def __init__(self):
         self.pid = os.getpid()
@@ -80,14 +85,39 @@ class _Sender:
         self.seqs = {}
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
+        self.udp = {}
 
-    def next_seq(self, path):
-        seq = self.seqs.get(path, 0) + 1
-        self.seqs[path] = seq
+    def next_seq(self, dest):
+        seq = self.seqs.get(dest, 0) + 1
+        self.seqs[dest] = seq
         return seq
+
+    def udp_socket(self, dest):
+        """The non-blocking UDP socket connected to ``dest``: connected so that an ICMP "port
+        unreachable" comes back as ECONNREFUSED on a later send (an unconnected socket never
+        reports it), and the route is looked up once."""
+        sock = self.udp.get(dest)
+        if sock is None:
+            host, port = dest
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.setblocking(False)
+                sock.connect((host, port))
+            except OSError:
+                sock.close()
+                raise
+            self.udp[dest] = sock
+        return sock
+
+    def forget_udp(self, dest):
+        sock = self.udp.pop(dest, None)
+        if sock is not None:
+            sock.close()
 
     def close(self):
         self.sock.close()
+        for dest in list(self.udp):
+            self.forget_udp(dest)
 
 
 _sender = None
@@ -99,7 +129,7 @@ def _current_sender():
     """The sender of this process (call with ``_lock`` held)."""
     global _sender
     if _sender is None or _sender.pid != os.getpid():
-        # in a forked child the parent's socket is shared: leave it to the parent, open our own
+        # in a forked child the parent's sockets are shared: leave them to the parent, open ours
         _sender = _Sender()
     return _sender
 
@@ -118,13 +148,19 @@ def sender_id():
         return _current_sender().id.decode()
 
 
-def _log_failure(kind, path, exc):
+def _log_failure(kind, name, exc):
     """At most one line per kind of failure every LOG_INTERVAL seconds."""
     now = time.monotonic()
     if now - _last_log.get(kind, -LOG_INTERVAL) < LOG_INTERVAL:
         return
     _last_log[kind] = now
-    logger.warning("notice to %s not sent (%s): %s; %d such failures so far", path, kind, exc, stats[kind])
+    logger.warning("notice to %s not sent (%s): %s; %d such failures so far", name, kind, exc, stats[kind])
+
+
+def _failure_kind(exc):
+    if isinstance(exc, (TimeoutError, BlockingIOError)):
+        return "full"
+    return _FAILURES.get(exc.errno, "errors")
 
 
 def socket_paths(dirs):
@@ -139,7 +175,56 @@ def socket_paths(dirs):
     return sorted(paths)
 
 
-class UnixDatagramNotifier(Notifier):
+class _DatagramNotifier(Notifier):
+    """What every datagram transport shares: batching, this process's sender id and a seq per
+    destination, one failure giving a destination up for the rest of the notice (its seqs
+    still spent, so the receiver sees the gap at the next datagram), counting and rate-limited
+    logging.  A transport says where (``destinations()``) and how (``_channel(sender, dest)``:
+    an object with ``name``, ``send(datagram)`` raising OSError, and ``close()``)."""
+
+    def destinations(self):
+        raise NotImplementedError
+
+    def _channel(self, sender, dest):
+        raise NotImplementedError
+
+    def send(self, keys):
+        bodies = batches(sorted(keys))
+        if not bodies:
+            return
+        dests = self.destinations()
+        if not dests:
+            return
+        stats["notices"] += 1
+        with _lock:
+            sender = _current_sender()
+            for dest in dests:
+                channel = self._channel(sender, dest)
+                try:
+                    _send_bodies(sender, dest, bodies, channel)
+                finally:
+                    channel.close()
+
+
+def _send_bodies(sender, dest, bodies, channel):
+    """Send every body to ``dest`` through ``channel``, in order, until the first failure."""
+    failed = None
+    for body in bodies:
+        datagram = b"%s %s %d\n%s" % (MAGIC, sender.id, sender.next_seq(dest), body)
+        if failed is not None:
+            stats[failed] += 1
+            continue
+        try:
+            channel.send(datagram)
+        except OSError as exc:
+            failed = _failure_kind(exc)
+            stats[failed] += 1
+            _log_failure(failed, channel.name, exc)
+        else:
+            stats["datagrams"] += 1
+
+
+class UnixDatagramNotifier(_DatagramNotifier):
     """Sends each batch of keys to every fastpath worker socket in ``dirs`` (default
     ``PLURKCORE["NOTIFY_DIRS"]``).  The directories are listed on every send: a worker that
     starts or restarts (re-binding its path) is reached by the next notice."""
@@ -147,52 +232,33 @@ class UnixDatagramNotifier(Notifier):
     def __init__(self, dirs=None):
         self.dirs = list(conf.get_config()["NOTIFY_DIRS"] if dirs is None else dirs)
 
-    def send(self, keys):
-        if not self.dirs:
-            return
-        bodies = batches(sorted(keys))
-        if not bodies:
-            return
-        paths = socket_paths(self.dirs)
-        if not paths:
-            return
-        stats["notices"] += 1
-        with _lock:
-            sender = _current_sender()
-            for path in paths:
-                _send_path(sender, path, bodies)
+    def destinations(self):
+        return socket_paths(self.dirs) if self.dirs else []
+
+    def _channel(self, sender, dest):
+        return _UnixChannel(sender.sock, dest)
 
 
-def _send_path(sender, path, bodies):
-    """Send every body to ``path``, in order.  The first failure gives the path up for this
-    notice; its seqs are still spent, so the receiver sees the gap at the next datagram."""
-    waiting = None                 # a connected socket once the queue was found full
-    failed = None
-    try:
-        for body in bodies:
-            datagram = b"%s %s %d\n%s" % (MAGIC, sender.id, sender.next_seq(path), body)
-            if failed is not None:
-                stats[failed] += 1
-                continue
+class _UnixChannel:
+    """sendto on the shared socket; once the receiver's queue is full, a connected socket that
+    waits for room until FULL_WAIT from then."""
+
+    def __init__(self, sock, path):
+        self.sock, self.name = sock, path
+        self.waiting = None
+
+    def send(self, datagram):
+        if self.waiting is None:
             try:
-                if waiting is None:
-                    try:
-                        sender.sock.sendto(datagram, path)
-                    except BlockingIOError:
-                        waiting = _connected(path, time.monotonic() + FULL_WAIT)
-                        waiting.send(datagram)
-                else:
-                    waiting.send(datagram)
-            except OSError as exc:
-                failed = "full" if isinstance(exc, (TimeoutError, BlockingIOError)) else \
-                    _FAILURES.get(exc.errno, "errors")
-                stats[failed] += 1
-                _log_failure(failed, path, exc)
-            else:
-                stats["datagrams"] += 1
-    finally:
-        if waiting is not None:
-            waiting.close()
+                self.sock.sendto(datagram, self.name)
+                return
+            except BlockingIOError:
+                self.waiting = _connected(self.name, time.monotonic() + FULL_WAIT)
+        self.waiting.send(datagram)
+
+    def close(self):
+        if self.waiting is not None:
+            self.waiting.close()
 
 
 class _Deadline(socket.socket):
@@ -216,6 +282,61 @@ def _connected(path, deadline):
         sock.close()
         raise
     return sock
+
+
+def parse_udp_destination(text):
+    """``"host:port"`` / ``"[v6]:port"`` -> (host, port); ValueError if it is not one."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port")
+    return host, int(port)
+
+
+class UdpNotifier(_DatagramNotifier):
+    """Sends each batch of keys to every ``"host:port"`` of ``destinations`` (default
+    ``PLURKCORE["NOTIFY_UDP"]``), each one fastpath worker's port (--notify-udp), on whatever
+    host it is.  Never waits: a send the kernel cannot take at once (EAGAIN, ENOBUFS) counts as
+    "full"; a port where nothing listens is found by the ICMP error of an earlier send and
+    counts as "refused"."""
+
+    def __init__(self, destinations=None):
+        entries = conf.get_config()["NOTIFY_UDP"] if destinations is None else destinations
+        self.dests = [parse_udp_destination(entry) for entry in entries]
+
+    def destinations(self):
+        return self.dests
+
+    def _channel(self, sender, dest):
+        return _UdpChannel(sender, dest)
+
+
+class _UdpChannel:
+    def __init__(self, sender, dest):
+        self.sender, self.dest = sender, dest
+        host, port = dest
+        self.name = f"udp:[{host}]:{port}" if ":" in host else f"udp:{host}:{port}"
+
+    def send(self, datagram):
+        try:
+            try:
+                self.sender.udp_socket(self.dest).send(datagram)
+            except ConnectionRefusedError as exc:
+                # the error of an earlier datagram (nobody listened then): counted once, and
+                # this one is tried again, so a worker that came back since loses nothing
+                stats["refused"] += 1
+                _log_failure("refused", self.name, exc)
+                self.sender.udp_socket(self.dest).send(datagram)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED):
+                self.sender.forget_udp(self.dest)       # connect again next time
+            raise
+
+    def close(self):
+        pass
 
 
 _backend = None

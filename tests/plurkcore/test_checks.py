@@ -46,6 +46,12 @@ def run(plurkcore=None, **overrides):
      [("plurkcore.E009", "PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
     ({"NOTIFY_DIRS": ["/run/n", ""]},
      [("plurkcore.E009", "PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got ['/run/n', ''].")]),
+    ({"NOTIFY_UDP": ["10.77.0.21:9100", "[::1]:9101"], "NOTIFY_BACKEND": "plurkcore.notify.UdpNotifier"}, []),
+    ({"NOTIFY_UDP": "10.77.0.21:9100"},
+     [("plurkcore.E011", "PLURKCORE['NOTIFY_UDP'] must be a list of host:port strings, got '10.77.0.21:9100'.")]),
+    ({"NOTIFY_UDP": ["10.77.0.21:9100", "10.77.0.22"]},
+     [("plurkcore.E011", "PLURKCORE['NOTIFY_UDP'] must be a list of host:port strings, got "
+                         "['10.77.0.21:9100', '10.77.0.22'].")]),
     ({"NOTIFY_BACKEND": "plurkcore.notify.Nope"},
      [("plurkcore.E010", "PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
                          "'plurkcore.notify.Nope'.")]),

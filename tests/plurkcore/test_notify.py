@@ -221,3 +221,88 @@ def test_the_backend_is_chosen_by_dotted_path(signup, cache1, settings):
     before = notify.stats["errors"]
     assert b.call("POST", "/api/follow", {"username": "a"}).status_code < 300
     assert notify.stats["errors"] > before
+
+
+# ---- UdpNotifier: the same datagrams to every worker port of every web host (issue 16) --------
+
+class UdpWorker(Worker):
+    """A stand-in for one fastpath worker's UDP notice port (--notify-udp)."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.dest = "127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def datagrams(self, expect=0):
+        """As Worker.datagrams, waiting (SLACK at most) until at least ``expect`` arrived."""
+        out, deadline = [], time.monotonic() + 10
+        while True:
+            out += super().datagrams()
+            if len(out) >= expect or time.monotonic() > deadline:
+                return out
+            select.select([self.sock], [], [], 0.05)
+
+
+@pytest.fixture
+def udp_workers(settings):
+    made = []
+
+    def make(n):
+        made.extend(UdpWorker() for _ in range(n))
+        settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_BACKEND="plurkcore.notify.UdpNotifier",
+                                  NOTIFY_UDP=[w.dest for w in made[-n:]])
+        return made[-n:]
+
+    yield make
+    for worker in made:
+        worker.close()
+
+
+def test_udp_datagrams_batched_with_a_seq_per_destination(udp_workers):
+    a, b = udp_workers(2)
+    many = [f"p1:getMessages:{uid}:{uid % 7}" for uid in range(1, 301)]      # several datagrams
+    notifier = notify.get_backend()
+    assert isinstance(notifier, notify.UdpNotifier)
+    notifier.send(many)
+    notifier.send(["p1:getUnreadCount:1:0"])
+    for worker in (a, b):
+        got = worker.datagrams(expect=len(notify.batches(many)) + 1)
+        assert len(got) == len(notify.batches(many)) + 1 > 2
+        assert {sender for sender, _, _ in got} == {notify.sender_id()}
+        assert [seq for _, seq, _ in got] == list(range(1, len(got) + 1))
+        assert keys_of(got) == sorted(many) + ["p1:getUnreadCount:1:0"]
+
+
+def test_udp_and_unix_send_the_same_bytes(udp_workers, workers):
+    [unix] = workers(1)
+    [udp] = udp_workers(1)
+    keys = ["p1:getMessages:5:0", "p1:getUnreadCount:5:0"]
+    notify.UnixDatagramNotifier().send(keys)
+    notify.UdpNotifier().send(keys)
+    assert unix.datagrams() == udp.datagrams(expect=1) == [(notify.sender_id(), 1, sorted(keys))]
+
+
+def test_a_closed_udp_port_is_counted_refused_never_raised(udp_workers, caplog, monkeypatch):
+    closed, alive = udp_workers(2)
+    closed.close()                     # nothing listens there: the kernel answers ICMP
+    monkeypatch.setattr(notify, "_last_log", {})
+    notifier = notify.UdpNotifier()
+    before = dict(notify.stats)
+    with caplog.at_level("WARNING", logger="plurkcore.notify"):
+        deadline = time.monotonic() + 10
+        n = 0
+        while notify.stats["refused"] == before["refused"]:   # the ICMP error comes back later
+            assert time.monotonic() < deadline, notify.stats
+            notifier.send([f"p1:x:{n}:0"])
+            n += 1
+            time.sleep(0.01)
+    assert [seq for _, seq, _ in alive.datagrams(expect=n)] == list(range(1, n + 1))
+    assert any("udp:" + closed.dest in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
+
+
+def test_udp_to_an_unreachable_address_is_counted_never_raised(settings):
+    settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_UDP=["no-such-host.invalid:9100"])
+    before = notify.stats["errors"]
+    notify.UdpNotifier().send(["p1:x:1:0"])
+    assert notify.stats["errors"] == before + 1
