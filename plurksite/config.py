@@ -39,9 +39,12 @@ VARIABLES = {
     "PLURK_MEMCACHED_MEMORY_MB": ("64", "memory of each memcached the runner starts"),
     "PLURK_MAX_BODY_KB": ("64", "largest request body, KiB: nginx, Django and fastpath all enforce it (413 beyond)"),
     "PLURK_FASTPATH_NOTIFY": ("run/notify",
-                              "directory of fastpath's notice sockets (`<worker>.sock`), to which Django sends "
-                              "the keys it stored so held long-polls wake at once (relative: under "
-                              "`PLURK_VAR_DIR`); `off` (or empty): no notices, fastpath re-reads held keys"),
+                              "where Django sends the keys it stored so that fastpath's held long-polls wake at "
+                              "once: a directory of fastpath's notice sockets (`<worker>.sock`; relative: under "
+                              "`PLURK_VAR_DIR`), or, for several hosts, a comma list of `udp:HOST:FIRST-LAST` "
+                              "(or `udp:HOST:PORT`) entries, one port per fastpath worker of that host (Django "
+                              "sends to every port; each host's fastpath binds its own entry, on a private "
+                              "address); `off` (or empty): no notices, fastpath re-reads held keys"),
     "PLURK_LONGPOLL_MAX_WAIT_S": ("55", "longest a long-poll (`Prefer: wait=N`) is held by fastpath, seconds "
                                         "(fastpath's `--max-wait`; nginx waits 15 s more before giving up)"),
 }
@@ -98,6 +101,59 @@ def parse_notify_dir(name, value, var_dir):
         raise ConfigError(f"{name}={value!r}: the directory {path} is too long for its sockets "
                           f"(<dir>/<worker>.sock must fit 107 bytes); set a shorter path or off")
     return path
+
+
+def parse_notify(name, value, var_dir):
+    """PLURK_FASTPATH_NOTIFY -> (directory or None, udp entries): ``off``/empty, a directory
+    (parse_notify_dir), or a comma list of ``udp:HOST:PORT`` / ``udp:HOST:FIRST-LAST`` entries,
+    each (host, first, last) with a numeric host (every host of a cluster reads the same list
+    and must recognise its own address)."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not any(p.lower().startswith("udp:") for p in parts):
+        return parse_notify_dir(name, value, var_dir), ()
+    entries = []
+    for part in parts:
+        if not part.lower().startswith("udp:"):
+            raise ConfigError(f"{name}={value.strip()!r}: {part!r} is not a udp: entry; give either one "
+                              f"directory or only udp:HOST:FIRST-LAST entries")
+        entries.append(_parse_udp_entry(name, part))
+    taken = {}
+    for host, first, last in entries:
+        for port in range(first, last + 1):
+            if (host, port) in taken:
+                raise ConfigError(f"{name}: {format_hostport(host, port)} is in two entries; give each "
+                                  f"port once")
+            taken[host, port] = True
+    return None, tuple(entries)
+
+
+def _parse_udp_entry(name, part):
+    import ipaddress
+
+    rest = part[4:]
+    if rest.startswith("["):
+        host, sep, ports = rest[1:].partition("]:")
+    else:
+        host, sep, ports = rest.rpartition(":")
+    first, dash, last = ports.partition("-")
+    example = "for example udp:10.77.0.21:9100-9101"
+    if not sep or not host or not first.isdigit() or (dash and not last.isdigit()):
+        raise ConfigError(f"{name}: bad entry {part!r}: expected udp:HOST:PORT or udp:HOST:FIRST-LAST, {example}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{name}: bad entry {part!r}: HOST must be a numeric address, {example}") from None
+    first, last = int(first), int(last) if dash else int(first)
+    if not 0 < first <= 65535 or not 0 < last <= 65535:
+        raise ConfigError(f"{name}: bad entry {part!r}: ports are 1..65535")
+    if last < first:
+        raise ConfigError(f"{name}: bad entry {part!r}: the last port is below the first")
+    return host, first, last
+
+
+def _format_udp_entry(host, first, last):
+    ports = str(first) if first == last else f"{first}-{last}"
+    return f"udp:[{host}]:{ports}" if ":" in host else f"udp:{host}:{ports}"
 
 
 def _others_can_search(path):
@@ -173,7 +229,8 @@ class StackConfig:
     memcached_timeout_ms: int
     memcached_memory_mb: int
     max_body_kb: int = 64
-    fastpath_notify: str = None     # absolute directory, or None: no notices
+    fastpath_notify: str = None     # absolute directory, or None: no unix notices
+    fastpath_notify_udp: tuple = ()   # ((host, first port, last port), ...): UDP notices
     longpoll_max_wait_s: int = 55
 
     @classmethod
@@ -220,7 +277,8 @@ class StackConfig:
             memcached_timeout_ms=integer("PLURK_MEMCACHED_TIMEOUT_MS", 1, 10000),
             memcached_memory_mb=integer("PLURK_MEMCACHED_MEMORY_MB", 8, 65536),
             max_body_kb=integer("PLURK_MAX_BODY_KB", 1, 16384),
-            fastpath_notify=parse_notify_dir("PLURK_FASTPATH_NOTIFY", get("PLURK_FASTPATH_NOTIFY"), var_dir),
+            **dict(zip(("fastpath_notify", "fastpath_notify_udp"),
+                       parse_notify("PLURK_FASTPATH_NOTIFY", get("PLURK_FASTPATH_NOTIFY"), var_dir))),
             longpoll_max_wait_s=integer("PLURK_LONGPOLL_MAX_WAIT_S", 1, 3600),
         )
         config.check_ports()
@@ -259,9 +317,40 @@ class StackConfig:
             "PLURK_MEMCACHED_TIMEOUT_MS": str(self.memcached_timeout_ms),
             "PLURK_MEMCACHED_MEMORY_MB": str(self.memcached_memory_mb),
             "PLURK_MAX_BODY_KB": str(self.max_body_kb),
-            "PLURK_FASTPATH_NOTIFY": self.fastpath_notify or "off",
+            "PLURK_FASTPATH_NOTIFY": (",".join(_format_udp_entry(*e) for e in self.fastpath_notify_udp)
+                                      or self.fastpath_notify or "off"),
             "PLURK_LONGPOLL_MAX_WAIT_S": str(self.longpoll_max_wait_s),
         }
+
+    @property
+    def notify_udp_destinations(self):
+        """Every port of every udp: entry as ``host:port`` (PLURKCORE["NOTIFY_UDP"]): Django
+        sends each notice to all of them."""
+        return [format_hostport(host, port) for host, first, last in self.fastpath_notify_udp
+                for port in range(first, last + 1)]
+
+    def local_notify_udp(self):
+        """The udp: entry this host's fastpath binds (its HOST is an address of this host), or
+        None; ConfigError when there are several, or when its port count is not this host's
+        fastpath worker count."""
+        mine = [e for e in self.fastpath_notify_udp if is_local_address(e[0])]
+        if not mine:
+            return None
+        if len(mine) > 1:
+            raise ConfigError(f"PLURK_FASTPATH_NOTIFY has {len(mine)} entries of this host "
+                              f"({', '.join(_format_udp_entry(*e) for e in mine)}); give one "
+                              f"udp:HOST:FIRST-LAST per host, one port per fastpath worker")
+        entry = mine[0]
+        ports = entry[2] - entry[1] + 1
+        if self.fastpath_workers == 0:
+            raise ConfigError(f"PLURK_FASTPATH_NOTIFY entry {_format_udp_entry(*entry)} has one port per "
+                              f"fastpath worker: set PLURK_FASTPATH_WORKERS={ports} (0, one per CPU, "
+                              f"cannot be matched)")
+        if ports != self.fastpath_workers:
+            raise ConfigError(f"PLURK_FASTPATH_NOTIFY entry {_format_udp_entry(*entry)} has {ports} "
+                              f"port(s) but PLURK_FASTPATH_WORKERS={self.fastpath_workers}: give one port "
+                              f"per fastpath worker")
+        return entry
 
     @property
     def max_body_bytes(self):

@@ -140,15 +140,24 @@ def _option_attr(flag):
 
 
 def longpoll_options(config):
-    """fastpath's long-poll options (--max-wait, --notify-dir) for ``config``.  A fastpath that
-    does not know them yet gets neither: it then answers every poll at once, which the page and
-    nginx handle (docs/web.md)."""
+    """fastpath's long-poll options (--max-wait, --notify-dir, --notify-udp) for ``config``.  A
+    fastpath that does not know them yet gets neither: it then answers every poll at once, which
+    the page and nginx handle (docs/web.md).  --notify-udp is this host's own entry of the
+    shared udp: list (ServiceError, one line, when that entry does not fit this host)."""
+    from .config import ConfigError
+
     values = {}
     max_wait, notify_dir = _option_attr("--max-wait"), _option_attr("--notify-dir")
     if max_wait is not None:
         values[max_wait] = config.longpoll_max_wait_s
     if notify_dir is not None and config.fastpath_notify:
         values[notify_dir] = config.fastpath_notify
+    try:
+        local = config.local_notify_udp()
+    except ConfigError as exc:
+        raise ServiceError(str(exc)) from None   # runstack's one-line error, not a traceback
+    if local is not None:
+        values[_option_attr("--notify-udp")] = format_hostport(local[0], local[1])
     return values
 
 

@@ -108,6 +108,10 @@ from plurkcore.conf import DEFAULTS as _PLURKCORE_DEFAULTS  # noqa: E402  (light
 
 if "NOTIFY_DIRS" in _PLURKCORE_DEFAULTS:
     PLURKCORE["NOTIFY_DIRS"] = [STACK.fastpath_notify] if STACK.fastpath_notify else []
+# several hosts: every fastpath worker port of every web host, over UDP
+if STACK.fastpath_notify_udp:
+    PLURKCORE["NOTIFY_BACKEND"] = "plurkcore.notify.UdpNotifier"
+    PLURKCORE["NOTIFY_UDP"] = STACK.notify_udp_destinations
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
 

@@ -213,3 +213,79 @@ def test_is_local_address_is_true_only_for_this_hosts_addresses():
 
     assert is_local_address("127.0.0.1") and is_local_address("127.0.0.9")
     assert not is_local_address("192.0.2.1")        # TEST-NET-1: never configured here
+
+
+# ---- PLURK_FASTPATH_NOTIFY=udp:...: notices to the fastpath workers of every web host (issue 16) ----
+
+CLUSTER = "udp:10.77.0.21:9100-9101,udp:10.77.0.22:9100-9101"
+
+
+def test_udp_notify_entries_parse_and_round_trip():
+    config = StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": CLUSTER})
+    assert config.fastpath_notify is None
+    assert config.fastpath_notify_udp == (("10.77.0.21", 9100, 9101), ("10.77.0.22", 9100, 9101))
+    assert config.notify_udp_destinations == ["10.77.0.21:9100", "10.77.0.21:9101",
+                                              "10.77.0.22:9100", "10.77.0.22:9101"]
+    assert config.to_env()["PLURK_FASTPATH_NOTIFY"] == CLUSTER
+    assert StackConfig.from_env(config.to_env()) == config
+    one = StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": " udp:[::1]:9100 , UDP:127.0.0.1:9200-9203"})
+    assert one.fastpath_notify_udp == (("::1", 9100, 9100), ("127.0.0.1", 9200, 9203))
+    assert StackConfig.from_env(one.to_env()) == one
+    assert one.to_env()["PLURK_FASTPATH_NOTIFY"] == "udp:[::1]:9100,udp:127.0.0.1:9200-9203"
+    # a directory stays what it was
+    assert StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": "/tmp/n"}).fastpath_notify_udp == ()
+
+
+@pytest.mark.parametrize("value, words", [
+    ("udp:10.77.0.21:0", "bad entry 'udp:10.77.0.21:0': ports are 1..65535"),
+    ("udp:10.77.0.21:65536", "ports are 1..65535"),
+    ("udp:10.77.0.21:91x0", "expected udp:HOST:PORT or udp:HOST:FIRST-LAST"),
+    ("udp:10.77.0.21", "expected udp:HOST:PORT or udp:HOST:FIRST-LAST"),
+    ("udp:10.77.0.21:9101-9100", "the last port is below the first"),
+    ("udp:web1:9100", "HOST must be a numeric address"),
+    ("run/notify,udp:10.77.0.21:9100", "'run/notify' is not a udp: entry; give either one directory"),
+    ("udp:10.77.0.21:9100-9101,udp:10.77.0.21:9101", "10.77.0.21:9101 is in two entries"),
+])
+def test_bad_udp_notify_entries_are_one_line_errors(value, words):
+    with pytest.raises(ConfigError) as info:
+        StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": value})
+    message = str(info.value)
+    assert message.startswith("PLURK_FASTPATH_NOTIFY") and words in message and "\n" not in message
+
+
+def test_django_sends_udp_notices_to_every_port_of_every_entry():
+    import subprocess
+    import sys
+
+    code = ("from plurksite import settings; p = settings.PLURKCORE; "
+            "print(p['NOTIFY_BACKEND'], p['NOTIFY_UDP'], p['NOTIFY_DIRS'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PLURK_FASTPATH_NOTIFY=CLUSTER)).stdout
+    assert out.split(" ", 1) == ["plurkcore.notify.UdpNotifier",
+                                 "['10.77.0.21:9100', '10.77.0.21:9101', '10.77.0.22:9100', '10.77.0.22:9101'] []\n"]
+
+
+def test_runner_gives_fastpath_only_this_hosts_udp_entry():
+    from plurksite import services
+
+    env = {"PLURK_FASTPATH_NOTIFY": "udp:127.0.0.1:9100-9101,udp:192.0.2.1:9100-9101",
+           "PLURK_FASTPATH_WORKERS": "2"}
+    argv = services.fastpath_command(StackConfig.from_env(env))
+    assert argv[argv.index("--notify-udp") + 1] == "127.0.0.1:9100" and argv.count("--notify-udp") == 1
+    assert "--notify-dir" not in argv
+    elsewhere = dict(env, PLURK_FASTPATH_NOTIFY="udp:192.0.2.1:9100-9101")      # not this host
+    assert "--notify-udp" not in services.fastpath_command(StackConfig.from_env(elsewhere))
+
+
+@pytest.mark.parametrize("notify, workers, words", [
+    ("udp:127.0.0.1:9100-9101,udp:127.0.0.2:9100-9101", "2", "has 2 entries of this host"),
+    ("udp:127.0.0.1:9100-9101", "0", "set PLURK_FASTPATH_WORKERS=2"),
+    ("udp:127.0.0.1:9100-9102", "2", "has 3 port(s) but PLURK_FASTPATH_WORKERS=2"),
+])
+def test_runner_refuses_a_udp_entry_that_does_not_fit_this_host(notify, workers, words):
+    from plurksite import services
+
+    config = StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": notify, "PLURK_FASTPATH_WORKERS": workers})
+    with pytest.raises(services.ServiceError) as info:
+        services.fastpath_command(config)
+    assert words in str(info.value) and "\n" not in str(info.value)
