@@ -136,3 +136,37 @@ def test_two_hundred_held_polls_keep_no_gunicorn_worker_busy(lp_stack, pair):
         for sock in clients:
             sock.close()
     assert _gunicorn_polls(lp_stack) == before
+
+
+def _fastpath_metric(stack, name):
+    from plurksite.config import format_hostport
+
+    text = requests.get(f"http://{format_hostport(*stack.config.fastpath_admin)}/metrics", timeout=5).text
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_notices_over_udp_wake_a_held_poll(tmp_path_factory):
+    """PLURK_FASTPATH_NOTIFY=udp:127.0.0.1:P-(P+1) on one host, 2 fastpath workers: Django sends
+    each notice to both ports, fastpath worker i reads P+i (issue 16)."""
+    from tests.fastpath.test_longpoll import udp_ports
+    from tests.support.stack import TestStack, stack_config
+
+    port = udp_ports(2)
+    config = stack_config(tmp_path_factory.mktemp("udp-notify"), PLURK_LONGPOLL_MAX_WAIT_S="30",
+                          PLURK_FASTPATH_WORKERS="2", PLURK_FASTPATH_NOTIFY=f"udp:127.0.0.1:{port}-{port + 1}")
+    with TestStack(config, nginx_workers=1) as stack:
+        (_, writer_token), (_, reader_token) = stack.follower_pair()
+        etag = _current_etag(stack, reader_token)
+        answer = {}
+        thread = threading.Thread(target=lambda: answer.update(resp=_held(stack, reader_token, etag, 30)))
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive(), "the poll was answered at once instead of held"
+        before = _fastpath_metric(stack, "fastpath_notice_udp_datagrams_total")
+        resp = stack.api("POST", "/api/plurks", writer_token, json={"content": "over udp"})
+        assert resp.status_code == 201, resp.text
+        thread.join(timeout=30 + 20)
+        resp = answer["resp"]
+        assert resp.status_code == 200 and resp.json() == {"count": 1}, resp.text
+        assert _fastpath_metric(stack, "fastpath_notice_udp_datagrams_total") >= before + 2   # both workers
+        assert _fastpath_metric(stack, "fastpath_holds_woken_total") >= 1
