@@ -212,25 +212,23 @@ int fp_notify_listen_udp(fp_notify_t *n, struct event_base *base, const char *ho
 {
     fp_notify_source_t *src = &n->udp_src;
     struct sockaddr_storage ss;
-    socklen_t ss_len;
-    int v6 = strchr(host, ':') != NULL;
+    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+    socklen_t ss_len = 0;
 
-    snprintf(src->name, sizeof(src->name), v6 ? "udp:[%.64s]:%d" : "udp:%.64s:%d", host, port);
     memset(&ss, 0, sizeof(ss));
-    if (v6) {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons((uint16_t)port);
-        ss_len = sizeof(*sin6);
-        if (evutil_inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1)
-            ss_len = 0;
-    } else {
-        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+    if (evutil_inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
         sin->sin_family = AF_INET;
         sin->sin_port = htons((uint16_t)port);
         ss_len = sizeof(*sin);
-        if (evutil_inet_pton(AF_INET, host, &sin->sin_addr) != 1)
-            ss_len = 0;
+        snprintf(src->name, sizeof(src->name), "udp:%.64s:%d", host, port);
+    } else if (evutil_inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons((uint16_t)port);
+        ss_len = sizeof(*sin6);
+        snprintf(src->name, sizeof(src->name), "udp:[%.64s]:%d", host, port);
+    } else {
+        snprintf(src->name, sizeof(src->name), "udp:%.64s:%d", host, port);
     }
     if (ss_len == 0 || port <= 0 || port > 65535) {
         snprintf(err, err_len, "notice socket %s: not a numeric address and port", src->name);
