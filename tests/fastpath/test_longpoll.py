@@ -535,6 +535,16 @@ def _holder(pids, inodes):
     return None
 
 
+def _accepted_by(pids, port, poll):
+    """The worker that accepted poll's connection.  Until a worker accepts it, the connection
+    waits in the listen queue in no process's fd table: ask again until one holds it."""
+    deadline = time.monotonic() + SLACK
+    while (pid := _holder(pids, _socket_inodes("tcp", port, poll.sock.getsockname()[1]))) is None:
+        assert time.monotonic() < deadline, "no worker accepted the poll"
+        time.sleep(0.01)
+    return pid
+
+
 def _workers(fp, n):
     deadline = time.monotonic() + SLACK
     while True:
@@ -569,7 +579,7 @@ def test_udp_notice_to_each_workers_port_wakes_the_polls_that_worker_holds(fastp
         assert uid < 200, "every poll went to one worker"
         cache.set(key(uid), b"old")
         poll = Poll(fp, uid, etag(b"old"), wait=50)
-        polls[poll] = _holder(pids, _socket_inodes("tcp", fp.port, poll.sock.getsockname()[1]))
+        polls[poll] = _accepted_by(pids, fp.port, poll)
         poll.uid, poll.answered = uid, False
         uid += 1
     held(fp, len(polls))
