@@ -295,6 +295,25 @@ def test_a_cluster_on_loopback_serves_through_the_balancer_and_survives_a_lost_w
                 assert polled.status_code == 200 and text in polled.text, polled.text
 
         post_and_see("through the balancer")
+
+        # two repairers (mc and web1) at once: a suspect server is flushed, its debt paid, no error
+        host, port = mc.memcached[0]
+        with services.socket.create_connection((host, port), timeout=5) as sock:
+            sock.sendall(b"set pre-outage 0 0 3\r\nold\r\n")
+            assert sock.recv(100) == b"STORED\r\n"
+        manage(web1, "shell", "-c", f"from plurkcore import repair; repair.mark_suspect('{host}:{port}')")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with services.socket.create_connection((host, port), timeout=5) as sock:
+                sock.sendall(b"get pre-outage\r\n")
+                if sock.recv(100) == b"END\r\n":
+                    break
+            time.sleep(0.2)
+        count = manage(web1, "shell", "-c", "from plurkcore.models import SuspectServer as S; print(S.objects.count())")
+        assert count.stdout.split()[-1] == "0"
+        flushed = [(tmp_path / n / "log" / "repaircache.log").read_text().count(f"flushed {host}:{port}")
+                   for n in ("mc", "web1")]
+        assert sum(flushed) >= 1, flushed
         second.service("nginx").kill()          # web2 is lost; its runner does not restart it
         for i in range(4):
             post_and_see(f"after web2 is gone {i}")
