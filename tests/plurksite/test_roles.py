@@ -98,9 +98,10 @@ def test_each_role_runs_its_own_share():
 
 
 def test_a_memcached_role_without_an_entry_of_its_own_is_refused():
-    config = StackConfig.from_env({"PLURK_ROLES": "memcached", "PLURK_MEMCACHED": "198.51.100.1:11211,198.51.100.2:11211"})
+    others = "198.51.100.1:11211,198.51.100.2:11211"                   # TEST-NET-2: no host here
+    config = StackConfig.from_env({"PLURK_ROLES": "memcached", "PLURK_MEMCACHED": others})
     with pytest.raises(ServiceError, match=r"^PLURK_ROLES has memcached but no PLURK_MEMCACHED entry "
-                                           r"\(198.51.100.1:11211,198.51.100.2:11211\) is an address of this host; add"):
+                                           rf"\({others}\) is an address of this host; add"):
         Stack(config).preflight()
 
 
@@ -122,7 +123,8 @@ def test_the_balancer_template_renders_and_nginx_accepts_it(tmp_path):
                  "keepalive 1024;", "proxy_read_timeout 50s;",        # max wait + 20: after the web host's 45
                  "proxy_next_upstream error timeout http_502 http_503;",
                  "X-Forwarded-For $proxy_add_x_forwarded_for;", "worker_connections 19000;",
-                 "worker_rlimit_nofile 20000;", f"listen 127.0.0.10:{config.http[1]} "):
+                 "worker_rlimit_nofile 20000;", f"listen 127.0.0.10:{config.http[1]} ",
+                 "POST plurk_web_new_connection;"):     # never on a kept connection a dead host closed
         assert line in text
     directives = [ln.split("#")[0] for ln in text.splitlines()]
     assert not any("non_idempotent" in ln for ln in directives)      # a POST is never sent twice
@@ -320,3 +322,43 @@ def test_a_cluster_on_loopback_serves_through_the_balancer_and_survives_a_lost_w
     for name in ("mc", "web1"):
         log_text = (tmp_path / name / "log" / "repaircache.log").read_text()
         assert "checking every" in log_text and "Traceback" not in log_text and "failed" not in log_text
+
+
+def test_a_balancer_refuses_an_address_that_is_no_web_host(tmp_path):
+    """PLURK_WEB_HOSTS naming something else (a Django port, say): one line, nothing left running."""
+    class NotNginx(_Recorder):
+        seen = []
+    hosts = _web_addresses(1)
+    config = _balancer_config(tmp_path, [f"{h}:{p}" for h, p in hosts])
+    from http.server import ThreadingHTTPServer
+    server = ThreadingHTTPServer(hosts[0], NotNginx)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack = Stack(config, nginx_workers=1)
+    try:
+        with pytest.raises(ServiceError, match=r"^PLURK_WEB_HOSTS entry 127.0.0.21:\d+ answered a poll \(200\) but "
+                                               r"is no web host's nginx .*; list the web hosts' PLURK_HTTP"):
+            stack.start()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not services.accepts(*config.http)
+
+
+def test_a_balancer_on_an_address_of_another_host_is_refused(tmp_path):
+    config = _balancer_config(tmp_path, ["127.0.0.21:8080"], PLURK_HTTP="198.51.100.1:80")
+    with pytest.raises(ServiceError, match=r"^PLURK_HTTP='198.51.100.1:80' is not an address of this host"):
+        Stack(config).preflight()
+
+
+def test_a_web_host_tells_a_probe_whether_fastpath_answered(tmp_path):
+    """The header the balancer's runner reads: "fallback" when Django answered after fastpath."""
+    from tests.support.stack import stack_config
+
+    class Django(_Recorder):
+        seen = []
+    config = stack_config(tmp_path)                     # fastpath not running: every poll falls back
+    with nginx_in_front_of(config, {config.django: Django}):
+        probe = requests.get(config.base_url + "/Poll/getUnreadCount?plurk_probe=1", timeout=10)
+        plain = requests.get(config.base_url + "/Poll/getUnreadCount", timeout=10)
+    assert probe.status_code == 200 and probe.headers.get("X-Plurk-Probe") == "fallback"
+    assert "X-Plurk-Probe" not in plain.headers
