@@ -6,8 +6,10 @@
   (:class:`~plurkcore.models.StaleKey`);
 - :func:`repair`: flush every suspect server that answers again, then rewrite stale keys.
 
-Each new failure increments the row's ``generation``; a row is deleted only if its generation is
-unchanged since the pass read it, so a failure recorded during the pass is never lost.
+Each new failure increments the row's ``generation``; a row is deleted only if it is the row the
+pass read (same id: another pass may have paid it and a new failure made it anew, generation 1
+again) with its generation unchanged, so a failure recorded during the pass is never lost, even
+with several passes at once (every Django process, a repaircache per cluster host).
 """
 import logging
 
@@ -66,9 +68,9 @@ def repair(quick=False):
 
 def _flush_suspects(quick, report):
     cache = get_cache()
-    for node, generation in list(SuspectServer.objects.values_list("server", "generation")):
+    for pk, node, generation in list(SuspectServer.objects.values_list("pk", "server", "generation")):
         if node not in cache.client.clients:
-            SuspectServer.objects.filter(server=node).delete()   # no longer configured
+            SuspectServer.objects.filter(pk=pk).delete()   # no longer configured
             continue
         if quick and cache.is_down(node):
             report["unreachable"].append(node)
@@ -80,7 +82,7 @@ def _flush_suspects(quick, report):
             report["unreachable"].append(node)
             continue
         logger.info("memcached %s answers again: flushed its entries before trusting it", node)
-        SuspectServer.objects.filter(server=node, generation=generation).delete()
+        SuspectServer.objects.filter(pk=pk, generation=generation).delete()
         report["flushed"].append(node)
 
 
@@ -88,10 +90,10 @@ def _rewrite_stale(report):
     # the writer records debts through this module: import it at call time, not at import time
     from .publish import delete_keys, write_answers
 
-    stale = list(StaleKey.objects.values_list("key", "generation")[:10000])
+    stale = list(StaleKey.objects.values_list("key", "pk", "generation")[:10000])
     if not stale:
         return
-    parsed = {key: keys.parse_key(key) for key, _ in stale}
+    parsed = {key: keys.parse_key(key) for key, _, _ in stale}
     uids = {p[1] for p in parsed.values() if p}
     epochs = dict(UserState.objects.filter(user_id__in=uids).values_list("user_id", "epoch"))
     by_resource, dead = {}, []
@@ -103,8 +105,8 @@ def _rewrite_stale(report):
     if dead:
         delete_keys(dead)
     failed = write_answers(by_resource)
-    for key, generation in stale:
+    for key, pk, generation in stale:
         if key not in failed:
-            StaleKey.objects.filter(key=key, generation=generation).delete()
+            StaleKey.objects.filter(pk=pk, generation=generation).delete()
     report["rewritten"] = len(stale) - len(failed)
     report["still_stale"] = len(failed)

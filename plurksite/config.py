@@ -6,6 +6,7 @@ and Django-free (the runner and the benchmarks use it too).
 """
 import dataclasses
 import os
+import re
 from urllib.parse import urlsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,21 @@ VARIABLES = {
                               "address); `off` (or empty): no notices, fastpath re-reads held keys"),
     "PLURK_LONGPOLL_MAX_WAIT_S": ("55", "longest a long-poll (`Prefer: wait=N`) is held by fastpath, seconds "
                                         "(fastpath's `--max-wait`; nginx waits 15 s more before giving up)"),
+    "PLURK_ROLES": ("all", "what `manage.py runstack` starts on this host: `all` (the whole single-host stack), "
+                           "or a comma list of `web` (nginx, fastpath, gunicorn), `memcached` (every "
+                           "`PLURK_MEMCACHED` entry whose address is this host's), `repair` (the cache repairer; "
+                           "several are safe, one is enough) and `balancer` (nginx in front of `PLURK_WEB_HOSTS`)"),
+    "PLURK_WEB_HOSTS": ("", "the balancer's web hosts: comma-separated `host:port` list of their `PLURK_HTTP` "
+                            "(required with the `balancer` role)"),
+    "PLURK_PUBLIC_HOSTS": ("", "comma-separated host names clients reach the site by, besides `PLURK_HTTP`'s "
+                               "address (Django answers 400 to any other `Host`): behind a balancer, its address "
+                               "or the site's name, on every web host"),
 }
+
+# PLURK_ROLES: `all` is the single-host stack, exactly the roles it implies (no balancer: a host
+# runs one nginx, either the web one or the balancer).
+ROLES = ("all", "web", "balancer", "memcached", "repair")
+ALL_ROLES = ("web", "memcached", "repair")
 
 
 def variables_table():
@@ -209,6 +224,46 @@ def is_local_address(host):
     return True
 
 
+def parse_roles(value):
+    """PLURK_ROLES -> the roles in ROLES order, each once."""
+    names = [r.strip().lower() for r in value.split(",") if r.strip()]
+    choices = "all, or a comma list of web, balancer, memcached, repair"
+    if not names:
+        raise ConfigError(f"PLURK_ROLES is empty: expected {choices}")
+    unknown = [r for r in names if r not in ROLES]
+    if unknown:
+        raise ConfigError(f"PLURK_ROLES={value.strip()!r}: unknown role {unknown[0]!r}; expected {choices}")
+    if "all" in names and set(names) != {"all"}:
+        raise ConfigError(f"PLURK_ROLES={value.strip()!r}: all already means web, memcached and repair; "
+                          f"give all alone, or list the roles")
+    if "balancer" in names and "web" in names:
+        raise ConfigError(f"PLURK_ROLES={value.strip()!r}: balancer and web are both nginx on PLURK_HTTP; "
+                          f"run them on two hosts (PLURK_ROLES=balancer on one, web on the others)")
+    return tuple(r for r in ROLES if r in names)
+
+
+def parse_hostport_list(name, value):
+    """A comma-separated ``host:port`` list (empty entries ignored), each entry once."""
+    entries = tuple(parse_hostport(name, s) for s in value.split(",") if s.strip())
+    if len(set(entries)) != len(entries):
+        raise ConfigError(f"{name} lists an address twice")
+    return entries
+
+
+_HOST_NAME = re.compile(r"^\.?[A-Za-z0-9_.-]+$|^\[[0-9A-Fa-f:.]+\]$")
+
+
+def parse_host_names(name, value):
+    """A comma-separated list of host names or addresses, as Django's ALLOWED_HOSTS takes them
+    (a leading dot: the domain and its subdomains; an IPv6 address in brackets)."""
+    names = tuple(s.strip() for s in value.split(",") if s.strip())
+    for host in names:
+        if not _HOST_NAME.match(host):
+            raise ConfigError(f"{name}={value.strip()!r}: {host!r} is not a host name; expected names or "
+                              f"addresses without port, for example 10.77.0.10,plurk.example.com")
+    return names
+
+
 def format_hostport(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -232,6 +287,9 @@ class StackConfig:
     fastpath_notify: str = None     # absolute directory, or None: no unix notices
     fastpath_notify_udp: tuple = ()   # ((host, first port, last port), ...): UDP notices
     longpoll_max_wait_s: int = 55
+    roles: tuple = ("all",)         # parse_roles(): ROLES order, each once
+    web_hosts: tuple = ()           # ((host, port), ...): the balancer's upstreams
+    public_hosts: tuple = ()        # extra Django ALLOWED_HOSTS
 
     @classmethod
     def from_env(cls, environ=None):
@@ -280,9 +338,27 @@ class StackConfig:
             **dict(zip(("fastpath_notify", "fastpath_notify_udp"),
                        parse_notify("PLURK_FASTPATH_NOTIFY", get("PLURK_FASTPATH_NOTIFY"), var_dir))),
             longpoll_max_wait_s=integer("PLURK_LONGPOLL_MAX_WAIT_S", 1, 3600),
+            roles=parse_roles(get("PLURK_ROLES")),
+            web_hosts=parse_hostport_list("PLURK_WEB_HOSTS", get("PLURK_WEB_HOSTS")),
+            public_hosts=parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS")),
         )
         config.check_ports()
+        config.check_roles()
         return config
+
+    def runs(self, role):
+        """Whether this host runs ``role`` (``all`` runs web, memcached and repair)."""
+        return role in self.roles or ("all" in self.roles and role in ALL_ROLES)
+
+    def check_roles(self):
+        if not self.runs("balancer"):
+            return
+        if not self.web_hosts:
+            raise ConfigError("PLURK_ROLES has balancer but PLURK_WEB_HOSTS is empty: set it to the web hosts' "
+                              "PLURK_HTTP, for example 10.77.0.21:8080,10.77.0.22:8080")
+        if self.http in self.web_hosts:
+            raise ConfigError(f"PLURK_HTTP={format_hostport(*self.http)!r} is also in PLURK_WEB_HOSTS: the "
+                              f"balancer would send requests to itself; give it an address of its own")
 
     def check_ports(self):
         seen = {}
@@ -320,6 +396,9 @@ class StackConfig:
             "PLURK_FASTPATH_NOTIFY": (",".join(_format_udp_entry(*e) for e in self.fastpath_notify_udp)
                                       or self.fastpath_notify or "off"),
             "PLURK_LONGPOLL_MAX_WAIT_S": str(self.longpoll_max_wait_s),
+            "PLURK_ROLES": ",".join(self.roles),
+            "PLURK_WEB_HOSTS": ",".join(format_hostport(*hp) for hp in self.web_hosts),
+            "PLURK_PUBLIC_HOSTS": ",".join(self.public_hosts),
         }
 
     @property

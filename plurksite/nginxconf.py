@@ -1,5 +1,6 @@
-"""Renders nginx/plurk.conf.template into the run-time directory, and says whether nginx's
-workers (another user when the runner is root) can reach a path."""
+"""Renders nginx/plurk.conf.template (a web host's nginx) or nginx/balancer.conf.template (the
+balancer role's) into the run-time directory, and says whether nginx's workers (another user when
+the runner is root) can reach a path."""
 import grp
 import os
 import pwd
@@ -8,11 +9,20 @@ import stat
 import subprocess
 
 from .config import ROOT, format_hostport
-from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S
+from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S, nginx_conf_path
 
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
+BALANCER_TEMPLATE = os.path.join(ROOT, "nginx", "balancer.conf.template")
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 LONGPOLL_READ_MARGIN_S = 15       # nginx's read timeout for a long-poll: fastpath's max wait + this
+BALANCER_READ_MARGIN_S = 20       # the balancer's: longer still, so a web host always answers first
+# Idle client keep-alive of every nginx; the balancer's idle upstream connections to a web host's
+# nginx are dropped sooner, or it may reuse one the web host has just closed (a 502).
+KEEPALIVE_TIMEOUT_S = 65
+BALANCER_UPSTREAM_KEEPALIVE_S = KEEPALIVE_TIMEOUT_S - 5
+# A web host that fails this many times (refused, timed out) is skipped for this long.
+WEB_HOST_MAX_FAILS = 1
+WEB_HOST_FAIL_TIMEOUT_S = 5
 TEMP_DIRS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 
 
@@ -125,15 +135,35 @@ def unreachable_socket(path, with_socket=True):
 
 
 def context(config, worker_processes="auto"):
-    return {
+    values = {
         "user_directive": _user_directive(),
         "worker_processes": str(worker_processes),
         "var_dir": config.var_dir,
         "log_dir": config.log_dir(),
         "http": format_hostport(*config.http),
+        "max_body": f"{config.max_body_kb}k",
+        "keepalive_timeout": f"{KEEPALIVE_TIMEOUT_S}s",
+    }
+    if config.runs("balancer"):
+        values.update(balancer_context(config))
+        return values
+    values.update(web_context(config))
+    return values
+
+
+def balancer_context(config):
+    return {
+        "web_servers": "\n".join(f"        server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
+                                 f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),
+        "upstream_keepalive_timeout": f"{BALANCER_UPSTREAM_KEEPALIVE_S}s",
+        "longpoll_read_timeout": f"{config.longpoll_max_wait_s + BALANCER_READ_MARGIN_S}s",
+    }
+
+
+def web_context(config):
+    return {
         "fastpath": format_hostport(*config.fastpath),
         "django": format_hostport(*config.django),
-        "max_body": f"{config.max_body_kb}k",
         # below the upstreams' own idle timeouts (see services.py)
         "fastpath_keepalive_timeout": f"{max(1, FASTPATH_IDLE_TIMEOUT_S - 2)}s",
         "django_keepalive_timeout": f"{max(1, GUNICORN_KEEPALIVE_S - 15)}s",
@@ -153,14 +183,19 @@ def render_text(template_text, values):
     return _PLACEHOLDER.sub(substitute, template_text)
 
 
+def template(config):
+    """The template of this host's nginx: the balancer's, or a web host's."""
+    return BALANCER_TEMPLATE if config.runs("balancer") else TEMPLATE
+
+
 def render(config, worker_processes="auto"):
     """Write ``<var_dir>/nginx.conf`` and the temp directories; return the file's path."""
-    with open(TEMPLATE) as fh:
+    with open(template(config)) as fh:
         text = render_text(fh.read(), context(config, worker_processes))
     for name in TEMP_DIRS:
         os.makedirs(os.path.join(config.var_dir, "nginx", name), exist_ok=True)
     os.makedirs(config.log_dir(), exist_ok=True)
-    path = os.path.join(config.var_dir, "nginx.conf")
+    path = nginx_conf_path(config)
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         fh.write(text)

@@ -3,6 +3,7 @@
 Shared by the runner (``manage.py runstack``) and the test fixtures, so that tests start the very
 same programs with the very same flags as production, only on other ports.
 """
+import collections
 import os
 import shutil
 import socket
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from .config import ROOT, format_hostport
+from .config import ROOT, format_hostport, is_local_address, is_loopback
 
 
 class ServiceError(RuntimeError):
@@ -161,6 +162,16 @@ def longpoll_options(config):
     return values
 
 
+def repaircache_command():
+    return [sys.executable, os.path.join(ROOT, "manage.py"), "repaircache", "--loop", "--warm"]
+
+
+def nginx_conf_path(config):
+    """Where the runner renders this host's nginx config (the web or the balancer template: a host
+    runs one nginx)."""
+    return os.path.join(config.var_dir, "nginx.conf")
+
+
 def nginx_command(conf_path, prefix):
     return [find_binary("nginx", "nginx"), "-p", prefix, "-c", conf_path, "-g", "daemon off;"]
 
@@ -172,3 +183,57 @@ def nginx_test(conf_path, prefix):
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if "[emerg]" in ln] or proc.stderr.splitlines()
         raise ServiceError(f"nginx rejects {conf_path}: {lines[0] if lines else 'unknown error'}")
+
+
+# One service a host runs: the name the runner supervises it by (and logs it under, log/<log>.log),
+# its role, its command line, and the address that must accept connections once it is ready.
+Command = collections.namedtuple("Command", "role name argv ready log")
+
+
+def local_memcached(config):
+    """The PLURK_MEMCACHED entries this host runs: for ``all`` the loopback ones (the single-host
+    stack), for the ``memcached`` role those whose address is this host's (each host of a cluster
+    reads the same list).  A memcached role with none is a mistake: raise ServiceError."""
+    if not config.runs("memcached"):
+        return []
+    if "all" in config.roles:
+        return [(h, p) for h, p in config.memcached if is_loopback(h)]
+    mine = [(h, p) for h, p in config.memcached if is_local_address(h)]
+    if not mine:
+        raise ServiceError(f"PLURK_ROLES has memcached but no PLURK_MEMCACHED entry "
+                           f"({','.join(config.memcached_specs)}) is an address of this host; add this "
+                           f"host's address:port to PLURK_MEMCACHED, or drop the memcached role")
+    return mine
+
+
+def commands(config, settings_module="plurksite.settings", poll_resources=None, with_repair=True):
+    """Everything this host runs, in start order: [Command], each the very command line a
+    systemd unit would run (with the PLURK_* environment of ``config.to_env()`` and
+    DJANGO_SETTINGS_MODULE).  The nginx ones read the file nginxconf.render() writes."""
+    cmds = []
+    for host, port in local_memcached(config):
+        cmds.append(Command("memcached", f"memcached:{format_hostport(host, port)}",
+                            memcached_command(host, port, config.memcached_memory_mb),
+                            (host, port), f"memcached-{port}"))
+    if config.runs("web"):
+        cmds.append(Command("web", "gunicorn", gunicorn_command(config, settings_module), config.django,
+                            "gunicorn"))
+    if config.runs("repair") and with_repair:
+        cmds.append(Command("repair", "repaircache", repaircache_command(), None, "repaircache"))
+    if config.runs("web"):
+        cmds.append(Command("web", "fastpath", fastpath_command(config, poll_resources), config.fastpath,
+                            "fastpath"))
+        cmds.append(Command("web", "nginx", nginx_command(nginx_conf_path(config), config.var_dir),
+                            config.http, "nginx"))
+    if config.runs("balancer"):
+        cmds.append(Command("balancer", "balancer", nginx_command(nginx_conf_path(config), config.var_dir),
+                            config.http, "balancer"))
+    return cmds
+
+
+def commands_by_role(config, **kwargs):
+    """``commands()`` as role -> [(service name, argv)], for a renderer of unit files."""
+    by_role = {}
+    for cmd in commands(config, **kwargs):
+        by_role.setdefault(cmd.role, []).append((cmd.name, cmd.argv))
+    return by_role

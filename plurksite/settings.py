@@ -13,8 +13,9 @@ BASE_DIR = ROOT
 # Django's own signing key is derived from the shared secret, never equal to it.
 SECRET_KEY = hashlib.sha256(b"plurksite-django:" + ensure_secret(STACK.secret_file)).hexdigest()
 DEBUG = STACK.debug
+# behind a balancer, requests carry the balancer's Host (PLURK_PUBLIC_HOSTS), not this host's
 ALLOWED_HOSTS = ["*"] if DEBUG else sorted(
-    {"127.0.0.1", "localhost", "[::1]", ".localhost", "testserver", STACK.http[0]})
+    {"127.0.0.1", "localhost", "[::1]", ".localhost", "testserver", STACK.http[0], *STACK.public_hosts})
 USE_X_FORWARDED_HOST = False
 
 INSTALLED_APPS = [

@@ -1,4 +1,5 @@
-"""The stack runner: start every service on loopback, wait until each answers, prove that a poll
+"""The stack runner: start this host's services (PLURK_ROLES: the whole single-host stack, or a
+cluster host's share: web, memcached, repair, balancer), wait until each answers, prove that a poll
 through nginx is answered by fastpath (not by Django after a fallback), restart a child that dies
 (with backoff), and stop everything that was started, whatever state it is in.
 
@@ -23,13 +24,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 
 from . import nginxconf, services
-from .config import ROOT, format_hostport, is_loopback
+from .config import ROOT, format_hostport, is_local_address
 from .services import ServiceError
 
 log = logging.getLogger("plurksite.stack")
@@ -250,30 +250,24 @@ class Stack:
         return self.config.base_url
 
     def local_memcached(self):
-        return [(h, p) for h, p in self.config.memcached if is_loopback(h)]
+        """The PLURK_MEMCACHED entries this host runs (services.local_memcached)."""
+        return services.local_memcached(self.config)
 
     def _log(self, name):
         return os.path.join(self.config.log_dir(), f"{name}.log")
 
+    def commands(self):
+        """This host's services in start order (services.Command), as a systemd unit runs them."""
+        return services.commands(self.config, self.settings_module, self.poll_resources, self.with_repair)
+
+    def _runs_nginx(self):
+        return self.config.runs("web") or self.config.runs("balancer")
+
     def build(self):
-        cfg = self.config
-        svcs = []
-        for host, port in self.local_memcached():
-            name = f"memcached:{format_hostport(host, port)}"
-            svcs.append(Service(name, services.memcached_command(host, port, cfg.memcached_memory_mb),
-                                self.env, self._log(f"memcached-{port}"), ready=(host, port)))
-        svcs.append(Service("gunicorn", services.gunicorn_command(cfg, self.settings_module),
-                            self.env, self._log("gunicorn"), ready=cfg.django))
-        if self.with_repair:
-            svcs.append(Service("repaircache",
-                                [sys.executable, os.path.join(ROOT, "manage.py"), "repaircache", "--loop", "--warm"],
-                                self.env, self._log("repaircache")))
-        svcs.append(Service("fastpath", services.fastpath_command(cfg, self.poll_resources), self.env,
-                            self._log("fastpath"), ready=cfg.fastpath))
-        conf = nginxconf.render(cfg, self.nginx_workers)
-        svcs.append(Service("nginx", services.nginx_command(conf, cfg.var_dir), self.env,
-                            self._log("nginx"), ready=cfg.http))
-        return svcs
+        if self._runs_nginx():
+            nginxconf.render(self.config, self.nginx_workers)
+        return [Service(cmd.name, cmd.argv, self.env, self._log(cmd.log), ready=cmd.ready)
+                for cmd in self.commands()]
 
     def preflight(self):
         """Refuse to start, with one line naming the fix, when anything is obviously wrong."""
@@ -281,27 +275,39 @@ class Stack:
 
         cfg = self.config
         os.makedirs(cfg.log_dir(), exist_ok=True)
-        services.find_binary("nginx", "nginx")
-        if self.local_memcached():
+        web = cfg.runs("web")
+        if self._runs_nginx():
+            services.find_binary("nginx", "nginx")
+        memcached = self.local_memcached()         # a memcached role with no entry of its own: refused
+        if memcached:
             services.find_binary("memcached", "memcached")
-        try:
-            import fastpath._server  # noqa: F401  (the compiled extension)
-        except ImportError as exc:
-            raise ServiceError(f"fastpath extension is not built ({exc}); run `make compile`") from None
-        ensure_secret(cfg.secret_file)
-        listens = [("PLURK_HTTP", cfg.http), ("PLURK_DJANGO", cfg.django),
-                   ("PLURK_FASTPATH", cfg.fastpath), ("PLURK_FASTPATH_ADMIN", cfg.fastpath_admin)]
-        listens += [("PLURK_MEMCACHED", hp) for hp in self.local_memcached()]
+        if web:
+            try:
+                import fastpath._server  # noqa: F401  (the compiled extension)
+            except ImportError as exc:
+                raise ServiceError(f"fastpath extension is not built ({exc}); run `make compile`") from None
+        if web or cfg.runs("repair"):
+            ensure_secret(cfg.secret_file)
+        listens = [("PLURK_MEMCACHED", hp) for hp in memcached]
+        if self._runs_nginx():
+            listens.insert(0, ("PLURK_HTTP", cfg.http))
+            if not is_local_address(cfg.http[0]):
+                raise ServiceError(f"PLURK_HTTP={format_hostport(*cfg.http)!r} is not an address of this host; "
+                                   f"set PLURK_HTTP to one of its addresses")
+        if web:
+            listens[1:1] = [("PLURK_DJANGO", cfg.django), ("PLURK_FASTPATH", cfg.fastpath),
+                            ("PLURK_FASTPATH_ADMIN", cfg.fastpath_admin)]
         for name, (host, port) in listens:
             if services.port_in_use(host, port):
                 raise ServiceError(f"{name} {format_hostport(host, port)} is already in use "
                                    f"(another runstack?); stop it or set {name}")
-        if cfg.fastpath[0] == "unix":
+        if web and cfg.fastpath[0] == "unix":
             self._prepare_socket(cfg.fastpath[1])
-        if cfg.fastpath_notify:
+        if web and cfg.fastpath_notify:
             self._prepare_notify_dir(cfg.fastpath_notify)
-        conf = nginxconf.render(cfg, self.nginx_workers)
-        services.nginx_test(conf, cfg.var_dir)
+        if self._runs_nginx():
+            conf = nginxconf.render(cfg, self.nginx_workers)
+            services.nginx_test(conf, cfg.var_dir)
         with contextlib.suppress(OSError):     # verify_polls quotes only this run's errors
             self._nginx_errors_from = os.path.getsize(self._nginx_error_log())
 
@@ -369,6 +375,90 @@ class Stack:
                            f"{' (' + details + ')' if details else ''}; fix that"
                            f"{', or set PLURK_FASTPATH to a loopback host:port' if unix else ''}")
 
+    def _probe(self, address, attempts=1):
+        """One probe poll (no token) straight to ``address``: (status, X-Plurk-Probe) or None when
+        nothing answers.  A web host's nginx says in X-Plurk-Probe who answered the probe."""
+        resource = (self.poll_resources or ("getUnreadCount",))[0]
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(0.5)
+            try:
+                conn = http.client.HTTPConnection(*address, timeout=5)
+                try:
+                    conn.request("GET", f"/Poll/{resource}?plurk_probe={uuid.uuid4().hex}")
+                    resp = conn.getresponse()
+                    resp.read()
+                    return resp.status, resp.getheader("X-Plurk-Probe")
+                finally:
+                    conn.close()
+            except OSError:
+                continue
+        return None
+
+    def verify_balancer(self, attempts=3):
+        """The balancer answers; each web host that is up is a web host's nginx whose polls reach
+        its fastpath; and when one is, a poll through the balancer reaches a fastpath.  Hosts start
+        in any order: a web host not up yet (or answering polls from Django) is a loud warning,
+        never a refusal; an address that answers but is no web host's nginx is a mistake."""
+        cfg = self.config
+        balancer = format_hostport(*cfg.http)
+        up = []
+        for host in cfg.web_hosts:
+            where = format_hostport(*host)
+            got = self._probe(host, attempts=1)
+            if got is None:
+                log.warning("WEB HOST %s IS NOT UP: the balancer skips it until it answers", where)
+            elif got[1] is None:
+                raise ServiceError(f"PLURK_WEB_HOSTS entry {where} answered a poll ({got[0]}) but is no web host's "
+                                   f"nginx (no X-Plurk-Probe); list the web hosts' PLURK_HTTP in PLURK_WEB_HOSTS")
+            elif got[1] != "fastpath":
+                log.warning("WEB HOST %s ANSWERS POLLS FROM DJANGO, not fastpath (see its runstack.log)", where)
+            else:
+                up.append(where)
+        # A web host that failed is skipped for fail_timeout (it may have been down a moment ago),
+        # and round robin may pick one going down: try for a little longer than that.
+        deadline = time.monotonic() + nginxconf.WEB_HOST_FAIL_TIMEOUT_S + 2
+        while True:
+            seen = self._probe(cfg.http, attempts=attempts)
+            if seen is None:
+                raise ServiceError(f"the balancer at {balancer} does not answer; see {self._nginx_error_log()}")
+            if not up or seen[1] == "fastpath" or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        if not up:
+            log.warning("NO WEB HOST IS UP (%s): the balancer at %s answers %s until one is",
+                        ",".join(format_hostport(*hp) for hp in cfg.web_hosts), balancer, seen[0])
+            return
+        if seen[1] != "fastpath":
+            raise ServiceError(f"web host(s) {', '.join(up)} answer polls from fastpath, but a poll through the "
+                               f"balancer at {balancer} got {seen[0]} (X-Plurk-Probe: {seen[1]}); see "
+                               f"{self._nginx_error_log()}")
+        log.info("a poll through the balancer at %s reached a fastpath (web hosts up: %s)", balancer, ", ".join(up))
+
+    def verify(self):
+        """Prove what this host's roles serve; memcached and repair need nothing beyond readiness."""
+        if self.config.runs("web"):
+            self.verify_polls()
+            log.info("a poll through nginx was answered by fastpath at %s", format_hostport(*self.config.fastpath))
+        if self.config.runs("balancer"):
+            self.verify_balancer()
+
+    def describe(self):
+        """What this host runs and where, one line per role."""
+        cfg, lines = self.config, []
+        memcached = self.local_memcached()
+        if memcached:
+            lines.append(f"memcached  {', '.join(format_hostport(*hp) for hp in memcached)}")
+        if cfg.runs("web"):
+            lines.append(f"web        nginx {format_hostport(*cfg.http)}, fastpath {format_hostport(*cfg.fastpath)} "
+                         f"(metrics {format_hostport(*cfg.fastpath_admin)}), gunicorn {format_hostport(*cfg.django)}")
+        if cfg.runs("repair") and self.with_repair:
+            lines.append("repair     manage.py repaircache --loop --warm")
+        if cfg.runs("balancer"):
+            lines.append(f"balancer   nginx {format_hostport(*cfg.http)} -> "
+                         f"{', '.join(format_hostport(*hp) for hp in cfg.web_hosts)}")
+        return lines
+
     # -- running --------------------------------------------------------------------------
     def start(self):
         self.preflight()
@@ -378,8 +468,7 @@ class Stack:
                 svc.start()
                 svc.wait_ready()
                 log.info("%s ready (pid %s)", svc.name, svc.pid)
-            self.verify_polls()
-            log.info("a poll through nginx was answered by fastpath at %s", format_hostport(*self.config.fastpath))
+            self.verify()
         except BaseException:
             self.stop()
             raise

@@ -133,6 +133,25 @@ def test_flush_racing_a_new_failure_keeps_the_server_suspect(pair, cache1, setti
     assert not SuspectServer.objects.exists()
 
 
+def test_a_debt_made_anew_while_another_pass_runs_is_not_paid_by_it(pair, cache1, settings, hooks):
+    """Two repair passes at once (every Django process runs one, and a repaircache on each cluster
+    host with the repair role): pass B read the row; pass A flushed and deleted it; a new failure
+    made the row again, generation 1 like the one B read.  B must not delete the new debt."""
+    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
+                              MEMCACHED_RETRY_INTERVAL=0.001)
+    repair.mark_suspect(cache1.spec)
+
+    def other_pass_then_new_failure(**_):
+        repair.repair()                                   # pass A pays the debt B read
+        assert not SuspectServer.objects.exists()
+        repair.mark_suspect(cache1.spec)                  # and a new one is recorded
+    hooks("repair.before_flush", once(other_pass_then_new_failure))
+    repair.repair()                                       # pass B
+    assert SuspectServer.objects.filter(server=cache1.spec).exists()
+    repair.repair()
+    assert not SuspectServer.objects.exists()
+
+
 # (d) a server that goes away and comes back holding pre-outage entries -----------------------
 def test_server_away_keys_not_moved_then_back_with_old_entries(signup, cache3, settings):
     settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_RETRY_INTERVAL=0.001)

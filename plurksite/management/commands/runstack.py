@@ -1,4 +1,5 @@
-"""``manage.py runstack``: run memcached, gunicorn, fastpath and nginx in the foreground."""
+"""``manage.py runstack``: run this host's services (PLURK_ROLES; by default the whole stack:
+memcached, gunicorn, fastpath and nginx) in the foreground."""
 import logging
 import os
 import signal
@@ -14,8 +15,8 @@ DEMO_USERS = ("alice", "bob", "carol", "dave")
 
 
 class Command(BaseCommand):
-    help = ("Start every service of the stack on loopback (memcached, gunicorn, fastpath, nginx), "
-            "restart any that dies, and stop them all on Ctrl-C or SIGTERM.")
+    help = ("Start this host's services (PLURK_ROLES: all, the whole stack on loopback, or web, memcached, "
+            "repair, balancer), restart any that dies, and stop them all on Ctrl-C or SIGTERM.")
 
     def add_arguments(self, parser):
         parser.add_argument("--nginx-workers", default="auto",
@@ -57,15 +58,21 @@ class Command(BaseCommand):
             stack.start()
         except ServiceError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(
-            "\nThe stack is up.\n"
-            f"  open {config.base_url}/  (nginx: polls go to fastpath first, then Django)\n"
-            f"{self._demo_note()}"
-            f"  Django  http://{format_hostport(*config.django)}/   "
-            f"fastpath {format_hostport(*config.fastpath)}   "
-            f"metrics http://{format_hostport(*config.fastpath_admin)}/metrics\n"
-            f"  memcached {', '.join(config.memcached_specs)}   logs {config.log_dir()}/\n"
-            "Press Ctrl-C to stop.\n")
+        if config.roles == ("all",):
+            self.stdout.write(
+                "\nThe stack is up.\n"
+                f"  open {config.base_url}/  (nginx: polls go to fastpath first, then Django)\n"
+                f"{self._demo_note()}"
+                f"  Django  http://{format_hostport(*config.django)}/   "
+                f"fastpath {format_hostport(*config.fastpath)}   "
+                f"metrics http://{format_hostport(*config.fastpath_admin)}/metrics\n"
+                f"  memcached {', '.join(config.memcached_specs)}   logs {config.log_dir()}/\n"
+                "Press Ctrl-C to stop.\n")
+        else:
+            roles = "\n".join(f"  {line}" for line in stack.describe())
+            page = f"  open {config.base_url}/\n" if config.runs("balancer") else ""
+            self.stdout.write(f"\nThis host is up: PLURK_ROLES={','.join(config.roles)}\n{roles}\n{page}"
+                              f"  logs {config.log_dir()}/\nPress Ctrl-C to stop.\n")
         try:
             stack.wait()
         finally:
