@@ -243,8 +243,17 @@ class Network:
         """Cut ``namespace`` off: its link goes down at the bridge; the host keeps running."""
         run(["ip", "link", "set", self.port(namespace), "down"])
 
-    def heal(self, namespace):
+    def heal(self, namespace, timeout=5.0):
+        """Bring ``namespace``'s link back, and wait until both ends pass traffic again (the
+        kernel's link watch turns a carrier change into a working queue up to a second later)."""
         run(["ip", "link", "set", self.port(namespace), "up"])
+        deadline = time.monotonic() + timeout
+        while not all("state UP" in out for out in (
+                run(["ip", "-o", "link", "show", self.port(namespace)]),
+                run(["ip", "-n", namespace, "-o", "link", "show", HOST_IFNAME]))):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the link of {namespace} is not up {timeout:.0f}s after heal")
+            time.sleep(0.02)
 
     def is_partitioned(self, namespace):
         flags = re.search(r"<([^>]*)>", run(["ip", "-o", "link", "show", self.port(namespace)]))
