@@ -397,14 +397,15 @@ class Cluster:
         return threading.current_thread() is threading.main_thread()
 
     def _install_signal_handlers(self):
-        """SIGTERM ends the with-block as Ctrl-C does (KeyboardInterrupt), so both clean up."""
+        """SIGTERM and SIGHUP end the with-block as Ctrl-C does (KeyboardInterrupt), so all clean
+        up; SIGINT too, even when it came ignored (a background job of a script)."""
         if not self._main_thread():
             return
 
         def interrupt(signum, _frame):
             raise KeyboardInterrupt(f"signal {signum}")
 
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._old_handlers[sig] = signal.signal(sig, interrupt)
 
     def _restore_signal_handlers(self):
