@@ -7,6 +7,7 @@
         cluster.kill_service("plk-web2", "fastpath")    # its runstack restarts it
         cluster.restart_service("plk-db", "postgres")
         cluster.delay("plk-web2", 20)
+        cluster.spawn("plk-client", ["locust", ...])    # stopped with the cluster
 
 Each host runs exactly what a real host of that role would run, with the same command line:
 ``manage.py runstack`` with the host's PLURK_* variables (topology.hosts()), inside its namespace
@@ -236,9 +237,7 @@ class Cluster:
 
     def _manage(self, host, *args, timeout=300):
         """``manage.py <args>`` once inside ``host``'s namespace with its environment."""
-        proc = subprocess.run(netns.exec_prefix(host.name) + [PYTHON, MANAGE, *args], env=self._env(host),
-                              cwd=plurk_config.ROOT, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=timeout)
+        proc = self.run_on(host.name, [PYTHON, MANAGE, *args], timeout=timeout)
         if proc.returncode != 0:
             said = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines()
             raise ClusterError(f"{host.name}: `manage.py {' '.join(args)}` failed: "
@@ -296,6 +295,24 @@ class Cluster:
             finally:
                 conn.close()
             time.sleep(0.2)
+
+    def spawn(self, name, argv, log_name=None):
+        """Start ``argv`` inside host ``name`` with the host's environment (cwd: the checkout),
+        output in var/cluster/<host>/log/<log_name or argv's program>.log; stopped with the host
+        (kill, or the cluster's exit).  For the client host's locust, or a drill's own probe."""
+        host = self.host(name)
+        log_name = log_name or os.path.basename(argv[0])
+        proc = HostProcess(host, list(argv), self._env(host),
+                           os.path.join(plurk_config.ROOT, host.var_dir, "log", f"{log_name}.log")).start()
+        self.processes.setdefault(name, []).append(proc)
+        return proc
+
+    def run_on(self, name, argv, timeout=300):
+        """Run ``argv`` to completion inside host ``name`` with its environment: the
+        CompletedProcess (text output captured)."""
+        return subprocess.run(netns.exec_prefix(name) + list(argv), env=self._env(self.host(name)),
+                              cwd=plurk_config.ROOT, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=timeout)
 
     # -- faults ---------------------------------------------------------------------------
     def kill(self, name):

@@ -52,8 +52,15 @@ def test_memcached_hosts_faults_and_a_clean_exit_after_an_exception():
             cluster.revive(MC1.name)
             assert memcached_version(MC1.address).startswith(b"VERSION")
             assert cluster.service_pids(MC1.name, "memcached")
+            # a process of a drill's own runs on the host's address with the shared variables
+            said = cluster.run_on(MC2.name, [sys.executable, "-c", "import os, socket; s = socket.socket(); "
+                                  "s.connect(('10.77.0.31', 11211)); print(s.getsockname()[0], "
+                                  "os.environ['PLURK_MEMCACHED'])"])
+            assert said.stdout.split() == [MC2.address, topology.shared_env()["PLURK_MEMCACHED"]]
+            probe = cluster.spawn(MC2.name, ["sleep", "600"])
             raise RuntimeError("boom")
     assert leftovers() == []
+    assert probe.process is None                # stopped with its host
 
 
 SCRIPT = """
