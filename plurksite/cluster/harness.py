@@ -215,7 +215,7 @@ class Cluster:
         db = next((h for h in self.hosts if "postgres" in h.roles), None)
         if db is not None:
             self._start_postgres(db)
-            self._migrate(next(h for h in self.hosts if "web" in h.roles))
+            self._migrate(next((h for h in self.hosts if "web" in h.roles), db))
         for host in self.hosts:
             self.start_host(host.name)
 

@@ -99,16 +99,23 @@ def kill_namespace_processes(namespace, sig=signal.SIGKILL, timeout=5.0):
     """Send ``sig`` to every process in ``namespace`` and, for SIGKILL, wait until none is left
     (what a host that loses power looks like to the others)."""
     deadline = time.monotonic() + timeout
+    killed = set()
     while True:
         pids = namespace_pids(namespace)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+        killed.update(pids)
         if not pids or sig != signal.SIGKILL:
-            return
+            break
         if time.monotonic() > deadline:
             raise ClusterError(f"processes {pids} in namespace {namespace} survived SIGKILL")
         time.sleep(0.05)
+    # a dead process leaves the namespace at once but stays a zombie until its parent (often
+    # init, after an orphaning) reaps it; a pid file naming it would still look alive
+    reaped_by = time.monotonic() + 2.0
+    while any(os.path.exists(f"/proc/{pid}") for pid in killed) and time.monotonic() < reaped_by:
+        time.sleep(0.02)
 
 
 def bridge_netfilter(value):

@@ -83,6 +83,7 @@ class PostgresCluster:
         """Start the server (after initdb the first time) and wait until it takes connections."""
         if self.tmp is None:
             self.init()
+        self._remove_stale_pidfile()
         self._log = open(self.log_path or os.path.join(self.tmp, "postgres.log"), "ab")
         self.process = subprocess.Popen(
             self.argv_prefix + self._as_owner(
@@ -98,6 +99,24 @@ class PostgresCluster:
             self.stop()
             raise
         return self
+
+    def _remove_stale_pidfile(self):
+        """After a crash (SIGKILL), postmaster.pid names a dead process or a zombie not yet
+        reaped: postgres would refuse to start ("lock file already exists").  A rebooted host
+        has no such process either, so the file goes."""
+        path = os.path.join(self.data_dir, "postmaster.pid")
+        try:
+            with open(path) as fh:
+                pid = int(fh.readline().strip() or 0)
+        except (OSError, ValueError):
+            return
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                alive = fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            alive = False
+        if not alive:
+            os.unlink(path)
 
     def _wait_ready(self, timeout=30):
         import psycopg

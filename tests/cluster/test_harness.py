@@ -98,3 +98,26 @@ def test_runcluster_needs_root(monkeypatch):
     with pytest.raises(CommandError, match=r"needs root .* `sudo make cluster`$"):
         call_command("runcluster")
     assert leftovers() == []
+
+
+def test_the_db_host_migrated_restarted_killed_and_revived():
+    import psycopg
+
+    db = topology.host("plk-db")
+    url = topology.shared_env()["PLURK_DATABASE_URL"]
+
+    def users():
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            return conn.execute("SELECT count(*) FROM auth_user").fetchone()[0]
+
+    with Cluster(hosts=[db], seed_demo=True, ready_timeout=60) as cluster:
+        assert users() == 4                             # migrated, demo users loaded, over the link
+        cluster.restart_service(db.name, "postgres")
+        assert users() == 4
+        cluster.kill(db.name)
+        with pytest.raises(psycopg.OperationalError):
+            users()
+        cluster.revive(db.name)
+        assert users() == 4                             # the same data after a crash
+    assert leftovers() == []
+    assert not subprocess.run(["pgrep", "-f", f"listen_addresses={db.address}"], capture_output=True).stdout
