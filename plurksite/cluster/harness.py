@@ -321,12 +321,13 @@ class Cluster:
         for proc in self.processes.get(name, []):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.process.pid, signal.SIGKILL)
-        netns.kill_namespace_processes(name)
-        for proc in self.processes.pop(name, []):
+        killed = netns.kill_namespace_processes(name, reap_timeout=0)
+        for proc in self.processes.pop(name, []):   # our own children: reaped here, not by init
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.process.wait(timeout=5)
         if "postgres" in self.host(name).roles and self.postgres is not None:
             self.postgres.halt()            # reaps it; the data stays for revive()
+        netns.wait_reaped(killed, 2.0)
 
     def revive(self, name):
         """Boot a killed host again (memcached comes back empty, PostgreSQL recovers)."""

@@ -95,9 +95,10 @@ def namespace_pids(namespace):
     return [int(pid) for pid in out.split() if pid.isdigit()]
 
 
-def kill_namespace_processes(namespace, sig=signal.SIGKILL, timeout=5.0):
+def kill_namespace_processes(namespace, sig=signal.SIGKILL, timeout=5.0, reap_timeout=2.0):
     """Send ``sig`` to every process in ``namespace`` and, for SIGKILL, wait until none is left
-    (what a host that loses power looks like to the others)."""
+    (what a host that loses power looks like to the others) and, up to ``reap_timeout``, until
+    they are reaped; the pids signalled."""
     deadline = time.monotonic() + timeout
     killed = set()
     while True:
@@ -111,10 +112,16 @@ def kill_namespace_processes(namespace, sig=signal.SIGKILL, timeout=5.0):
         if time.monotonic() > deadline:
             raise ClusterError(f"processes {pids} in namespace {namespace} survived SIGKILL")
         time.sleep(0.05)
-    # a dead process leaves the namespace at once but stays a zombie until its parent (often
-    # init, after an orphaning) reaps it; a pid file naming it would still look alive
-    reaped_by = time.monotonic() + 2.0
-    while any(os.path.exists(f"/proc/{pid}") for pid in killed) and time.monotonic() < reaped_by:
+    wait_reaped(killed, reap_timeout)
+    return killed
+
+
+def wait_reaped(pids, timeout):
+    """A dead process leaves its namespace at once but stays a zombie until its parent (often
+    init, after an orphaning) reaps it, and a pid file naming it would still look alive: wait
+    up to ``timeout`` for ``pids`` to be gone."""
+    deadline = time.monotonic() + timeout
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
