@@ -25,10 +25,11 @@ FUZZ_CFLAGS  := -g -O1 -Werror=implicit-function-declaration -fsanitize=fuzzer,a
 FUZZ_SRC     := $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
                 $(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c
 
-.PHONY: bench-tools test-asan fuzz run test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
+.PHONY: bench-tools test-asan fuzz run cluster test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
 
 help:
 	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
+	@echo "make cluster  the multi-host site in network namespaces (root): balancer, 2 web, 3 memcached, db, client"
 	@echo "make test     install what is missing, run the full test suite (SQLite, then PostgreSQL)"
 	@echo "make load     run the locust simulation (a few hundred users, one minute) against the stack"
 	@echo "make load-10k the 10,000-user polling run (locust --processes 2, ~8 min): CPU/RSS per component"
@@ -70,6 +71,11 @@ demo: migrate
 
 run: demo
 	$(PY) manage.py runstack
+
+# every host in its own network namespace (plurksite/cluster/); needs root.  The cluster migrates
+# its own PostgreSQL database, so only the install steps come first.  Ctrl-C removes all of it.
+cluster: install
+	$(PY) manage.py runcluster
 
 test: install bench-tools
 	$(PYTEST) $(PYTEST_ARGS) tests

@@ -1,0 +1,121 @@
+"""The cluster's hosts and their configuration, in one place: the harness, the drills and
+docs/deploy.md read these values and no others.
+
+Every host gets the same shared PLURK_* variables, plus its own PLURK_ROLES, PLURK_HTTP and
+PLURK_VAR_DIR (the namespaces share one filesystem, so each host has var/cluster/<host>).  A host
+serves the entries of the shared lists that are its own (plurksite.config.is_local_address).
+"""
+import dataclasses
+
+SUBNET = "10.77.0"
+PREFIXLEN = 24
+GATEWAY = f"{SUBNET}.1"             # the bridge's address: the machine itself reaches every host
+HTTP_PORT = 80                      # the balancer
+WEB_PORT = 8080                     # each web host's nginx
+MEMCACHED_PORT = 11211
+POSTGRES_PORT = 5432
+NOTIFY_PORTS = (9100, 9101)         # first and last UDP notice port of a web host (one per worker)
+FASTPATH_WORKERS = 2
+DATABASE = "plurk"                  # the PostgreSQL role and database
+VAR_DIR = "var/cluster"             # under the checkout; one subdirectory per host
+SECRET_FILE = f"{VAR_DIR}/secret.key"
+STACK_ROLES = ("balancer", "web", "memcached", "repair")
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    name: str                       # also the network namespace's name
+    address: str
+    roles: tuple                    # STACK_ROLES (runstack's PLURK_ROLES), "postgres", "client"
+    env: dict                       # this host's PLURK_* variables (shared ones included)
+
+    @property
+    def stack_roles(self):
+        """The roles ``manage.py runstack`` starts here (PLURK_ROLES); empty: no runstack."""
+        return tuple(r for r in self.roles if r in STACK_ROLES)
+
+    @property
+    def var_dir(self):
+        return f"{VAR_DIR}/{self.name}"
+
+    def listens(self):
+        """What listens where on this host, for people: ["nginx 10.77.0.10:80", ...]."""
+        where = []
+        for role in self.roles:
+            if role == "balancer":
+                where.append(f"nginx {self.address}:{HTTP_PORT}")
+            elif role == "web":
+                where.append(f"nginx {self.address}:{WEB_PORT}, notices udp:{self.address}:"
+                             f"{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]} (fastpath, gunicorn on loopback)")
+            elif role == "memcached":
+                where.append(f"memcached {self.address}:{MEMCACHED_PORT}")
+            elif role == "repair":
+                where.append("repaircache (once for the cluster)")
+            elif role == "postgres":
+                where.append(f"postgresql {self.address}:{POSTGRES_PORT}")
+            elif role == "client":
+                where.append(f"locust against http://{balancer_address()}/")
+        return where
+
+
+def _addresses():
+    """name -> (last octet, roles)."""
+    return {
+        "plk-lb": (10, ("balancer",)),
+        "plk-web1": (21, ("web",)),
+        "plk-web2": (22, ("web",)),
+        "plk-mc1": (31, ("memcached",)),
+        "plk-mc2": (32, ("memcached",)),
+        "plk-mc3": (33, ("memcached",)),
+        "plk-db": (40, ("postgres", "repair")),     # the repairer runs once, beside the truth
+        "plk-client": (50, ("client",)),
+    }
+
+
+def balancer_address():
+    return f"{SUBNET}.{_addresses()['plk-lb'][0]}"
+
+
+def _with_role(role):
+    return [f"{SUBNET}.{octet}" for octet, roles in _addresses().values() if role in roles]
+
+
+def shared_env():
+    """The PLURK_* variables every host of the cluster gets (c-common.md's table)."""
+    webs = _with_role("web")
+    return {
+        "PLURK_MEMCACHED": ",".join(f"{a}:{MEMCACHED_PORT}" for a in _with_role("memcached")),
+        "PLURK_DATABASE_URL": f"postgres://{DATABASE}@{_with_role('postgres')[0]}:{POSTGRES_PORT}/{DATABASE}",
+        "PLURK_FASTPATH_NOTIFY": ",".join(f"udp:{a}:{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]}" for a in webs),
+        "PLURK_WEB_HOSTS": ",".join(f"{a}:{WEB_PORT}" for a in webs),
+        "PLURK_SECRET_FILE": SECRET_FILE,
+        "PLURK_FASTPATH_WORKERS": str(FASTPATH_WORKERS),
+    }
+
+
+def hosts():
+    """Every host, in the order the harness starts them (what others need comes first)."""
+    shared = shared_env()
+    order = ("plk-db", "plk-mc1", "plk-mc2", "plk-mc3", "plk-web1", "plk-web2", "plk-lb", "plk-client")
+    table = _addresses()
+    result = []
+    for name in order:
+        octet, roles = table[name]
+        address = f"{SUBNET}.{octet}"
+        env = dict(shared, PLURK_VAR_DIR=f"{VAR_DIR}/{name}")
+        entry = Host(name, address, roles, env)
+        if entry.stack_roles:
+            env["PLURK_ROLES"] = ",".join(entry.stack_roles)
+        if "web" in roles:
+            env["PLURK_HTTP"] = f"{address}:{WEB_PORT}"
+        else:                       # the balancer's, and where the client (locust) sends
+            env["PLURK_HTTP"] = f"{balancer_address()}:{HTTP_PORT}"
+        result.append(entry)
+    return result
+
+
+def host(name):
+    for entry in hosts():
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no host {name!r}; the cluster has {', '.join(h.name for h in hosts())}")
