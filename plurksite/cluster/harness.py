@@ -30,7 +30,7 @@ import threading
 import time
 
 from plurksite import config as plurk_config
-from plurksite.services import ServiceError, memcached_command, wait_for_port
+from plurksite.services import ServiceError, wait_for_port
 
 from . import ClusterError, netns, topology
 from .postgres import PostgresCluster
@@ -50,16 +50,6 @@ SERVICE_MATCH = {
     "repaircache": lambda argv: "repaircache" in argv[1:3],
     "postgres": lambda argv: os.path.basename(argv[0].split()[0]).rstrip(":") == "postgres",
 }
-
-
-def roles_supported():
-    """Whether this checkout's runstack knows PLURK_ROLES (the roles branch)."""
-    return "PLURK_ROLES" in plurk_config.VARIABLES
-
-
-def udp_notices_supported():
-    """Whether PLURK_FASTPATH_NOTIFY takes udp:HOST:PORT entries (the UDP notices branch)."""
-    return "udp:" in plurk_config.VARIABLES["PLURK_FASTPATH_NOTIFY"][1]
 
 
 def _cmdline(pid):
@@ -155,12 +145,9 @@ class Cluster:
     # -- configuration --------------------------------------------------------------------
     def _env(self, host):
         """The caller's environment without its PLURK_* (one source: the topology), plus the
-        host's variables.  Until the roles and UDP-notice branches land, what this checkout's
-        config would refuse is left out (each web host then uses its own notice directory)."""
+        host's variables."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLURK_")}
         env.update(host.env)
-        if not udp_notices_supported():
-            env.pop("PLURK_FASTPATH_NOTIFY", None)
         env["DJANGO_SETTINGS_MODULE"] = "plurksite.settings"
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -169,19 +156,9 @@ class Cluster:
         return os.path.join(plurk_config.ROOT, host.var_dir, "log", "host.log")
 
     def _commands(self, host):
-        """The long-running processes of ``host`` (PostgreSQL aside): its runstack; before
-        PLURK_ROLES exists, stand-ins (memcached itself, repaircache) and no balancer."""
-        if not host.stack_roles:
-            return []
-        if roles_supported():
-            return [[PYTHON, MANAGE, "runstack"]]
-        if "memcached" in host.roles:
-            return [memcached_command(host.address, topology.MEMCACHED_PORT)]
-        if "web" in host.roles:
-            return [[PYTHON, MANAGE, "runstack"]]
-        if "repair" in host.roles:
-            return [[PYTHON, MANAGE, "repaircache", "--loop", "--warm"]]
-        return []
+        """The long-running processes of ``host`` (PostgreSQL aside): its runstack, which
+        starts the services of its PLURK_ROLES."""
+        return [[PYTHON, MANAGE, "runstack"]] if host.stack_roles else []
 
     def host(self, name):
         try:
@@ -266,11 +243,11 @@ class Cluster:
 
     def _wait_ports(self, host, procs):
         checks = []
-        if "memcached" in host.roles and (roles_supported() or procs):
+        if "memcached" in host.roles:
             checks.append((host.address, topology.MEMCACHED_PORT))
         if "web" in host.roles:
             checks.append((host.address, topology.WEB_PORT))
-        if "balancer" in host.roles and roles_supported():
+        if "balancer" in host.roles:
             checks.append((host.address, topology.HTTP_PORT))
         for address, port in checks:
             try:

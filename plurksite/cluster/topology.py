@@ -88,6 +88,8 @@ def shared_env():
         "PLURK_DATABASE_URL": f"postgres://{DATABASE}@{_with_role('postgres')[0]}:{POSTGRES_PORT}/{DATABASE}",
         "PLURK_FASTPATH_NOTIFY": ",".join(f"udp:{a}:{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]}" for a in webs),
         "PLURK_WEB_HOSTS": ",".join(f"{a}:{WEB_PORT}" for a in webs),
+        # the name clients reach the site by: the balancer's address (Django's ALLOWED_HOSTS)
+        "PLURK_PUBLIC_HOSTS": balancer_address(),
         "PLURK_SECRET_FILE": SECRET_FILE,
         "PLURK_FASTPATH_WORKERS": str(FASTPATH_WORKERS),
     }

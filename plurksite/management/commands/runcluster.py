@@ -36,7 +36,7 @@ class Command(BaseCommand):
         return "\n".join(lines) + "\n"
 
     def handle(self, *args, **options):
-        from plurksite.cluster.harness import Cluster, roles_supported
+        from plurksite.cluster.harness import Cluster
 
         logging.getLogger("plurksite.cluster").addHandler(logging.StreamHandler(sys.stderr))
         cluster = Cluster(seed_demo=not options["no_demo"], say=self._say)
@@ -44,9 +44,6 @@ class Command(BaseCommand):
         try:
             with cluster:
                 self.stdout.write(self._summary(cluster))
-                if not roles_supported():
-                    self.stdout.write("  (this checkout's runstack has no PLURK_ROLES yet: memcached and "
-                                      "repaircache run directly, and there is no balancer)\n")
                 while True:
                     signal.pause()
         except KeyboardInterrupt:
