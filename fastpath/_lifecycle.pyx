@@ -54,8 +54,9 @@ def _inherited_listener(opts):
     pid, count = os.environ.get("LISTEN_PID"), os.environ.get("LISTEN_FDS")
     fds = activation.listen_fds()
     if not fds:
-        if count is not None and count != "0":
-            _log(f"LISTEN_FDS={count} is for pid {pid}, not this process: binding --listen itself")
+        if count is not None and count != "0":      # an activated ancestor's, most likely
+            whose = f"pid {pid}" if pid else "no pid (LISTEN_PID unset)"
+            _log(f"LISTEN_FDS={count} is for {whose}, not this process: binding --listen itself")
         return None
     sock = activation.inherited_listener(fds, opts.listen, opts.listen_addr)
     _log(f"--listen {opts.listen}: using the socket passed by the supervisor (descriptor "
