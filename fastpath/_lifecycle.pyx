@@ -334,8 +334,9 @@ cdef class Supervisor:
 
 def serve(options=None, **kwargs):
     """Run fastpath in the foreground until SIGTERM/SIGINT.  Forks ``workers`` processes (0: one
-    per CPU) sharing the port (SO_REUSEPORT), restarts any that crashes; SIGTERM drains
-    in-flight requests in every worker, then returns."""
+    per CPU) sharing the port (SO_REUSEPORT), the unix socket, or the socket passed by the
+    caller's supervisor (LISTEN_FDS: fastpath/activation.py), restarts any that crashes;
+    SIGTERM drains in-flight requests in every worker, then returns."""
     from fastpath import _server
     import threading
 
