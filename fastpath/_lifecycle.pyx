@@ -12,65 +12,18 @@ from posix.wait cimport waitpid, WNOHANG, WIFEXITED, WEXITSTATUS, WIFSIGNALED, W
 
 cimport fastpath.includes.process as proc
 
-import errno as errno_names
 import mmap
 import os
 import signal
 import socket
 import sys
 
+from fastpath import activation
 from fastpath.errors import ConfigurationError, FastpathError
 from fastpath.options import Options
 
 def _listen_socket(addr, what, reuse_port=True):
-    host, port = addr
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno_names.EADDRINUSE:
-            raise FastpathError(f"{what} {host}:{port} is already in use") from None
-        raise FastpathError(f"cannot listen on {what} {host}:{port}: {exc.strerror}") from None
-    sock.listen(4096)
-    sock.setblocking(False)
-    return sock
-
-
-def _unix_listen_socket(path):
-    """Bound before the workers fork, so they all accept on it (SO_REUSEPORT is TCP-only).
-    A socket file left by a dead fastpath is replaced; one that still answers is refused."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-        raise FastpathError(f"--listen unix:{path} is already in use")
-    except (FileNotFoundError, ConnectionRefusedError):
-        pass
-    except OSError as exc:
-        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
-    finally:
-        probe.close()
-    if os.path.lexists(path):
-        import stat
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise FastpathError(f"--listen unix:{path} exists and is not a socket")
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        # as reachable as a loopback TCP port (nginx's workers may run as another user); limit
-        # who can reach it with the permissions of the directory it is in
-        os.chmod(path, 0o666)
-    except OSError as exc:
-        sock.close()
-        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
-    sock.listen(4096)
-    sock.setblocking(False)
-    return sock
+    return activation.tcp_listen_socket(addr, what, reuse_port)
 
 
 def _check_port_free(addr, what):
@@ -94,6 +47,23 @@ def _check_notify_udp(addr, workers):
                     f"({exc.strerror}); give an address of this host and {workers} free ports") from None
 
 
+def _inherited_listener(opts):
+    """The listening socket passed by whoever started fastpath (systemd's fastpath.socket, a
+    runner: docs/fastpath.md "Restarts without dropping held polls"), checked against --listen;
+    None when nothing was passed to this process, and fastpath binds --listen itself."""
+    pid, count = os.environ.get("LISTEN_PID"), os.environ.get("LISTEN_FDS")
+    fds = activation.listen_fds()
+    if not fds:
+        if count is not None and count != "0":      # an activated ancestor's, most likely
+            whose = f"pid {pid}" if pid else "no pid (LISTEN_PID unset)"
+            _log(f"LISTEN_FDS={count} is for {whose}, not this process: binding --listen itself")
+        return None
+    sock = activation.inherited_listener(fds, opts.listen, opts.listen_addr)
+    _log(f"--listen {opts.listen}: using the socket passed by the supervisor (descriptor "
+         f"{sock.fileno()}, LISTEN_FDS); it outlives this fastpath")
+    return sock
+
+
 def _raise_fd_limit(needed):
     """Each connection is a descriptor: lift the soft limit toward the hard one, or say how."""
     import resource
@@ -112,8 +82,8 @@ def _log(message):
 
 
 def _run_worker(opts, int index, stats, shared_listener=None):
-    """The body of one worker process: its own SO_REUSEPORT socket (or the shared unix one),
-    then the C event loop until SIGTERM/SIGINT."""
+    """The body of one worker process: its own SO_REUSEPORT socket (or the shared one: unix, or
+    inherited), then the C event loop until SIGTERM/SIGINT."""
     from fastpath import _server
 
     listener = shared_listener or _listen_socket(opts.listen_addr, "--listen")
@@ -364,8 +334,9 @@ cdef class Supervisor:
 
 def serve(options=None, **kwargs):
     """Run fastpath in the foreground until SIGTERM/SIGINT.  Forks ``workers`` processes (0: one
-    per CPU) sharing the port (SO_REUSEPORT), restarts any that crashes; SIGTERM drains
-    in-flight requests in every worker, then returns."""
+    per CPU) sharing the port (SO_REUSEPORT), the unix socket, or the socket passed by the
+    caller's supervisor (LISTEN_FDS: fastpath/activation.py), restarts any that crashes;
+    SIGTERM drains in-flight requests in every worker, then returns."""
     from fastpath import _server
     import threading
 
@@ -384,23 +355,30 @@ def serve(options=None, **kwargs):
             raise FastpathError(f"--notify-dir {opts.notify_dir}: cannot make it ({exc.strerror})") from None
     if opts.notify_udp_addr:
         _check_notify_udp(opts.notify_udp_addr, opts.workers)
-    unix_listener = None
-    if opts.listen_addr[0] == "unix":
-        unix_listener = _unix_listen_socket(opts.listen_addr[1])
-    else:
-        _check_port_free(opts.listen_addr, "--listen")
     if opts.admin_addr:
         _check_port_free(opts.admin_addr, "--admin")
     stats = mmap.mmap(-1, max(_server.STATS_SLOT_SIZE * opts.workers, 1))   # shared with children
-    supervisor = Supervisor(lambda index: _run_worker(opts, index, stats, unix_listener),
-                            opts.workers, opts.drain_timeout)
+    # a passed socket (never bound, unlinked or closed here), or a unix one bound now, before
+    # the workers fork, so that they all accept on it (SO_REUSEPORT is TCP-only); without
+    # either, each worker binds its own SO_REUSEPORT socket
+    shared_listener, inherited = _inherited_listener(opts), True
     try:
+        if shared_listener is None:
+            inherited = False
+            if opts.listen_addr[0] == "unix":
+                shared_listener = activation.unix_listen_socket(opts.listen_addr[1])
+            else:
+                _check_port_free(opts.listen_addr, "--listen")
+        supervisor = Supervisor(lambda index: _run_worker(opts, index, stats, shared_listener),
+                                opts.workers, opts.drain_timeout)
         supervisor.run(f"listening on {opts.listen} ({opts.workers} workers, memcached "
                        f"{','.join(opts.node_addrs)}"
                        f"{', metrics on ' + opts.admin + '/metrics' if opts.admin else ''})")
     finally:
-        if unix_listener is not None:
-            unix_listener.close()
+        if inherited:
+            shared_listener.detach()      # the supervisor's: it stays open, and its path stays
+        elif shared_listener is not None:
+            shared_listener.close()
             try:
                 os.unlink(opts.listen_addr[1])
             except OSError:
