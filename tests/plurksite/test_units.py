@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+import requests
 
 from plurksite import nginxconf, services, units
 from plurksite.config import ConfigError, StackConfig
@@ -280,3 +281,13 @@ def test_an_operators_nginx_accepts_the_include(tmp_path, roles):
         text = text.replace("user www-data;\n", "")       # workers run as this user
     conf.write_text(text)
     services.nginx_test(str(conf), str(tmp_path))
+    # and it serves: with nothing upstream, a poll is tried on each and gets the JSON 502
+    nginx = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(tmp_path), "-c", str(conf),
+                              "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        services.wait_for_port(*config.http, timeout=10, process=nginx, name="nginx")
+        resp = requests.get(f"{config.base_url}/Poll/getUnreadCount?plurk_probe=1", timeout=10)
+        assert (resp.status_code, resp.json()) == (502, {"error": "backend unavailable"})
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
