@@ -1,6 +1,9 @@
-"""Renders nginx/plurk.conf.template (a web host's nginx) or nginx/balancer.conf.template (the
-balancer role's) into the run-time directory, and says whether nginx's workers (another user when
-the runner is root) can reach a path."""
+"""Renders this host's nginx config into the run-time directory: nginx/main.conf.template (the
+process-level part: user, workers, file limits, temp paths) around the http-level part, which is
+nginx/plurk.conf.template (a web host) or nginx/balancer.conf.template (the balancer role).  That
+part alone (``render_include``) is what an nginx the operator already runs includes
+(``manage.py rendernginx --include``, docs/deploy.md): the same text both ways.  Also says whether
+nginx's workers (another user when the runner is root) can reach a path."""
 import grp
 import os
 import pwd
@@ -11,6 +14,7 @@ import subprocess
 from .config import ROOT, format_hostport
 from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S, nginx_conf_path
 
+MAIN_TEMPLATE = os.path.join(ROOT, "nginx", "main.conf.template")
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 BALANCER_TEMPLATE = os.path.join(ROOT, "nginx", "balancer.conf.template")
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
@@ -153,7 +157,7 @@ def context(config, worker_processes="auto"):
 
 def balancer_context(config):
     return {
-        "web_servers": "\n".join(f"        server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
+        "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
                                  f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),
         "upstream_keepalive_timeout": f"{BALANCER_UPSTREAM_KEEPALIVE_S}s",
         "longpoll_read_timeout": f"{config.longpoll_max_wait_s + BALANCER_READ_MARGIN_S}s",
@@ -184,14 +188,29 @@ def render_text(template_text, values):
 
 
 def template(config):
-    """The template of this host's nginx: the balancer's, or a web host's."""
+    """The http-level template of this host's nginx: the balancer's, or a web host's."""
     return BALANCER_TEMPLATE if config.runs("balancer") else TEMPLATE
+
+
+def render_include(config):
+    """The http-level part of this host's nginx (log format, maps, upstreams, the server block) as
+    text: what an operator's nginx includes at http level, and what the full config inlines."""
+    with open(template(config)) as fh:
+        return render_text(fh.read(), context(config))
+
+
+def render_full(config, worker_processes="auto"):
+    """The whole nginx.conf of this host as text: the main template around render_include()."""
+    values = dict(context(config, worker_processes))
+    values["http_block"] = "\n".join("    " + line if line else line
+                                      for line in render_include(config).rstrip("\n").split("\n"))
+    with open(MAIN_TEMPLATE) as fh:
+        return render_text(fh.read(), values)
 
 
 def render(config, worker_processes="auto"):
     """Write ``<var_dir>/nginx.conf`` and the temp directories; return the file's path."""
-    with open(template(config)) as fh:
-        text = render_text(fh.read(), context(config, worker_processes))
+    text = render_full(config, worker_processes)
     for name in TEMP_DIRS:
         os.makedirs(os.path.join(config.var_dir, "nginx", name), exist_ok=True)
     os.makedirs(config.log_dir(), exist_ok=True)
