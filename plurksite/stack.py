@@ -116,6 +116,7 @@ class Service:
     def __init__(self, name, argv, env, log_path, ready=None, ready_timeout=20.0, stop_timeout=10.0):
         self.name = name
         self.argv = argv
+        self.pass_fds = ()                  # descriptors the child inherits
         self.env = env
         self.log_path = log_path
         self.ready = ready                  # (host, port) that must accept connections, or None
@@ -133,7 +134,7 @@ class Service:
                                f"{' '.join(self.argv)}\n".encode())
                 self.process = subprocess.Popen(
                     self.argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                    stdout=log_file, stderr=subprocess.STDOUT,
+                    stdout=log_file, stderr=subprocess.STDOUT, pass_fds=self.pass_fds,
                     start_new_session=True, preexec_fn=_die_with_parent)
             self.started_at = time.monotonic()
         return self
@@ -180,6 +181,77 @@ class Service:
                 self.process.wait(timeout=5)
             self.process = None
 
+    def exited(self):
+        """Called once when the supervisor finds the process dead (before its restart)."""
+
+
+class ActivatedFastpath(Service):
+    """fastpath started as systemd's plurk-fastpath.socket starts it (docs/deploy.md): the runner
+    owns the listening socket and passes it (fastpath.activation), so a planned restart
+    (:meth:`restart`) hands over without refusing a connection: held polls are answered 304 by
+    the old fastpath, their re-polls wait in the backlog for the new one.
+
+    A fastpath that *dies* is another matter: its socket would go on accepting connections that
+    nobody answers, and nginx would wait out its read timeout (70 s for a long-poll) instead of
+    falling back to Django at once.  So the socket is closed as soon as the process is found
+    dead or killed (connects are refused, as with no fastpath at all) and opened again when it
+    starts; only restart() keeps it open.  The socket accepts before fastpath is ready:
+    readiness is fastpath's own admin port."""
+
+    def __init__(self, name, argv, env, log_path, listen, listen_addr, admin):
+        super().__init__(name, argv, env, log_path, ready=admin)
+        self.fastpath_argv = list(argv)
+        self.listen = listen                # PLURK_FASTPATH as fastpath's --listen spells it
+        self.listen_addr = listen_addr      # ("unix", path) or (host, port)
+        self.socket = None
+
+    def open_socket(self):
+        from fastpath.activation import listen_socket
+        from fastpath.errors import FastpathError
+
+        if self.socket is None:
+            try:
+                self.socket = listen_socket(self.listen)
+            except FastpathError as exc:
+                raise ServiceError(f"PLURK_FASTPATH: {exc}") from None
+
+    def close_socket(self):
+        sock, self.socket = self.socket, None
+        if sock is None:
+            return
+        sock.close()
+        if self.listen_addr[0] == "unix":
+            with contextlib.suppress(OSError):
+                os.unlink(self.listen_addr[1])
+
+    def start(self):
+        from fastpath.activation import activated_command
+
+        with self._lock:
+            self.open_socket()
+            self.argv, self.pass_fds = activated_command(self.socket, self.fastpath_argv)
+            return super().start()
+
+    def restart(self):
+        """The handover: stop this fastpath (it answers its held polls 304 and drains), start a
+        new one on the same socket."""
+        with self._lock:
+            super().stop()                  # Service.stop: the socket stays open
+            return self.start()
+
+    def exited(self):
+        self.close_socket()
+
+    def kill(self):
+        with self._lock:
+            super().kill()
+            self.close_socket()
+
+    def stop(self):
+        with self._lock:
+            super().stop()
+            self.close_socket()
+
 
 class Supervisor:
     """Keeps services running: restarts a dead one after a backoff that doubles up to a cap and
@@ -200,6 +272,7 @@ class Supervisor:
                 self._backoff.pop(svc.name, None)
             return
         if svc.name not in self._pending:
+            svc.exited()
             backoff = self._backoff.get(svc.name, self.backoff_initial)
             status = svc.process.returncode if svc.process else None
             log.warning("%s exited (status %s); restarting in %.1fs", svc.name, status, backoff)
@@ -266,8 +339,14 @@ class Stack:
     def build(self):
         if self._runs_nginx():
             nginxconf.render(self.config, self.nginx_workers)
-        return [Service(cmd.name, cmd.argv, self.env, self._log(cmd.log), ready=cmd.ready)
-                for cmd in self.commands()]
+        return [self._service(cmd) for cmd in self.commands()]
+
+    def _service(self, cmd):
+        if cmd.name == "fastpath":
+            return ActivatedFastpath(cmd.name, cmd.argv, self.env, self._log(cmd.log),
+                                     format_hostport(*self.config.fastpath), self.config.fastpath,
+                                     self.config.fastpath_admin)
+        return Service(cmd.name, cmd.argv, self.env, self._log(cmd.log), ready=cmd.ready)
 
     def preflight(self):
         """Refuse to start, with one line naming the fix, when anything is obviously wrong."""

@@ -273,13 +273,14 @@ class Cluster:
                 conn.close()
             time.sleep(0.2)
 
-    def spawn(self, name, argv, log_name=None):
-        """Start ``argv`` inside host ``name`` with the host's environment (cwd: the checkout),
-        output in var/cluster/<host>/log/<log_name or argv's program>.log; stopped with the host
-        (kill, or the cluster's exit).  For the client host's locust, or a drill's own probe."""
+    def spawn(self, name, argv, log_name=None, env=None):
+        """Start ``argv`` inside host ``name`` with the host's environment (plus ``env``; cwd:
+        the checkout), output in var/cluster/<host>/log/<log_name or argv's program>.log;
+        stopped with the host (kill, or the cluster's exit).  For the client host's locust, or a
+        drill's own probe."""
         host = self.host(name)
         log_name = log_name or os.path.basename(argv[0])
-        proc = HostProcess(host, list(argv), self._env(host),
+        proc = HostProcess(host, list(argv), dict(self._env(host), **(env or {})),
                            os.path.join(plurk_config.ROOT, host.var_dir, "log", f"{log_name}.log")).start()
         self.processes.setdefault(name, []).append(proc)
         return proc
@@ -344,6 +345,17 @@ class Cluster:
                                f"{service!r}) and let runstack restart it")
         self.postgres.halt()
         self._start_postgres(self.host(name))
+
+    def cut_notices(self, name):
+        """The notice path to web host ``name`` is cut: every datagram to its UDP notice ports
+        is dropped (from the other web hosts and from its own Django); HTTP still flows."""
+        host = self.host(name)
+        if "web" not in host.roles:
+            raise ClusterError(f"cut_notices: {name} is not a web host")
+        netns.block_udp(name, host.address, *topology.NOTIFY_PORTS)
+
+    def restore_notices(self, name):
+        netns.unblock_udp(self.host(name).name)
 
     def partition(self, name):
         self.host(name)

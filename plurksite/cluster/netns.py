@@ -196,6 +196,32 @@ def sweep(prefix=PREFIX):
     _wait_gone(set(link_names), set(ns_names))
 
 
+def block_udp(namespace, address, first, last):
+    """Drop UDP to ``address`` ports first..last inside ``namespace``, whether it comes over the
+    link or from the host itself, and nothing else.  Policy routing, not a packet filter: this
+    kernel has no netfilter tables or tc drop action here, but `ip rule` selects by protocol and
+    port, and a blackhole rule placed before the local table drops input and local delivery."""
+    ip = ["ip", "-n", namespace]
+    run(ip + ["rule", "add", "pref", "5", "to", address, "ipproto", "udp", "dport", f"{first}-{last}",
+              "blackhole"])
+    if "lookup local" in run(ip + ["rule", "show", "pref", "0"]):
+        run(ip + ["rule", "add", "pref", "10", "table", "local"])
+        run(ip + ["rule", "del", "pref", "0", "table", "local"])
+
+
+def unblock_udp(namespace):
+    """Undo block_udp: the blackhole goes, the local table's rule is first again."""
+    ip = ["ip", "-n", namespace]
+    run(ip + ["rule", "del", "pref", "5"], check=False)
+    if "lookup local" in run(ip + ["rule", "show", "pref", "10"]):
+        run(ip + ["rule", "add", "pref", "0", "table", "local"])
+        run(ip + ["rule", "del", "pref", "10", "table", "local"])
+
+
+def udp_blocked(namespace):
+    return "blackhole" in run(["ip", "-n", namespace, "rule", "show", "pref", "5"])
+
+
 class Network:
     """A bridge and the namespaces on it.  ``add_host()`` records what it creates, so
     ``teardown()`` removes exactly that, also after a partial setup."""

@@ -92,6 +92,10 @@ def shared_env():
         "PLURK_PUBLIC_HOSTS": balancer_address(),
         "PLURK_SECRET_FILE": SECRET_FILE,
         "PLURK_FASTPATH_WORKERS": str(FASTPATH_WORKERS),
+        # every host shares this machine's 2 cores: a process can wait 50 ms (the single-host
+        # default) for a CPU alone, and a writer's timed-out store marks a healthy memcached
+        # suspect and flushes it (bench/load.py's 10k preset found the same)
+        "PLURK_MEMCACHED_TIMEOUT_MS": "500",
     }
 
 

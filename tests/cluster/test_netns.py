@@ -152,3 +152,64 @@ def test_sweep_removes_what_a_crashed_run_left():
     assert ours() == []
     with contextlib.suppress(ClusterError):
         network.teardown()
+
+
+# receives on udp (address, port) and prints what came, until killed
+UDP_SINK = ("import socket, sys\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], int(sys.argv[2])))\n"
+            "print('ready', flush=True)\n"
+            "while True:\n    print(s.recv(100).decode(), flush=True)\n")
+
+
+def _udp_sink(namespace, address, port):
+    proc = subprocess.Popen(netns.exec_prefix(namespace) + [sys.executable, "-c", UDP_SINK, address, str(port)],
+                            stdout=subprocess.PIPE, bufsize=0)
+    assert _received(proc, timeout=10) == ["ready"]
+    return proc
+
+
+def _send_udp(namespace, address, port, text):
+    code = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"try: s.sendto({text!r}.encode(), ({address!r}, {port}))\nexcept OSError: pass\n")
+    subprocess.run(netns.exec_prefix(namespace) + [sys.executable, "-c", code], check=True, timeout=10)
+
+
+def _received(proc, timeout=1.0):
+    """The lines the sink printed until it has been quiet a while (raw reads of the pipe: a
+    buffered readline could keep a second line where select() no longer sees it)."""
+    import os
+    import select
+    data = b""
+    while select.select([proc.stdout], [], [], timeout)[0]:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        data += chunk
+        timeout = 0.3
+    return data.decode().split()
+
+
+def test_block_udp_drops_only_the_notice_ports_from_anywhere_and_unblock_restores(net):
+    """The notice-path drill: datagrams to b's ports 9100-9101 are dropped whether they come over
+    the link from a or from b itself; another UDP port and TCP still pass; unblock restores all."""
+    sinks = {port: _udp_sink(B[0], B[1], port) for port in (9100, 9101, 9200)}
+    server = serve(B[0], B[1])
+    try:
+        netns.block_udp(B[0], B[1], 9100, 9101)
+        assert netns.udp_blocked(B[0])
+        for port in (9100, 9101, 9200):
+            _send_udp(A[0], B[1], port, f"from-a-{port}")
+            _send_udp(B[0], B[1], port, f"from-b-{port}")
+        assert _received(sinks[9100]) == [] and _received(sinks[9101]) == []
+        assert sorted(_received(sinks[9200])) == ["from-a-9200", "from-b-9200"]
+        assert connect_from(A[0], B[1]) is not None           # HTTP's path is untouched
+        netns.unblock_udp(B[0])
+        assert not netns.udp_blocked(B[0])
+        for port in (9100, 9101):
+            _send_udp(A[0], B[1], port, f"again-{port}")
+            assert _received(sinks[port]) == [f"again-{port}"]
+        assert "lookup local" in netns.run(["ip", "-n", B[0], "rule", "show", "pref", "0"])
+    finally:
+        for proc in (*sinks.values(), server):
+            proc.kill()
+            proc.wait()

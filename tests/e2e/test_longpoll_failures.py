@@ -151,6 +151,41 @@ def test_fastpath_killed_while_held_gives_djangos_answers_then_holds_again(stack
     assert all(a.status < 500 for p in pollers for a in p.answers)
 
 
+def test_fastpath_restarted_by_the_runner_hands_its_held_polls_over(stack):
+    """The planned restart (ActivatedFastpath.restart, what `systemctl restart plurk-fastpath`
+    does with its socket unit): the old fastpath answers every held poll 304 and drains; the
+    re-polls wait in the socket the runner keeps and are held by the new fastpath.  Nothing
+    reaches Django, nothing is refused."""
+    writer, tokens = _followers(stack, 3)
+    pollers = _pollers(stack, tokens, 10)
+    fastpath = stack.service("fastpath")
+
+    async def scenario():
+        async with polling(pollers):
+            await wait_held(stack.config, len(pollers))
+            await asyncio.sleep(1.5)        # held long enough that the page re-polls at once (QUICK_S)
+            mark = _seen(pollers)
+            old_pid = fastpath.pid
+            await asyncio.to_thread(fastpath.restart)
+            assert fastpath.pid != old_pid
+            await asyncio.to_thread(fastpath.wait_ready)
+            answers = await _answers_after(pollers, mark, SLACK_S)
+            assert all(not isinstance(a, str) and a.status == 304 and a.held and a.cache != "MISS"
+                       for a in answers), answers
+            # every client is held again, by the new fastpath, without an answer in between
+            await wait_held(stack.config, len(pollers), timeout=SLACK_S)
+            mark = _seen(pollers)
+            resp = await asyncio.to_thread(stack.api, "POST", "/api/plurks", writer, json={"content": "after"})
+            assert resp.status_code == 201, resp.text
+            answers = await _answers_after(pollers, mark, SLACK_S, stack)
+            assert all(not isinstance(a, str) and a.status == 200 and a.cache == "HIT" and a.held
+                       for a in answers), answers
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert all(not p.errors for p in pollers), [p.errors for p in pollers if p.errors]
+    assert not any(_django_answer(a) for p in pollers for a in p.answers), "a poll reached Django"
+
+
 CLIENTS = 2000
 SPREAD_S = 40.0         # their first polls spread over this, as pages opened over time would be
 SHORT_S = 60.0          # the page's short-poll interval (app.js POLL_MS, 2 s) stretched so that 2,000

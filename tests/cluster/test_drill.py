@@ -1,0 +1,90 @@
+"""The failure drills (plurksite.cluster.drills): the short run of `make test` for real (the
+namespace cluster, 2,000 long-polling locust users, a memcached host partitioned and a web host
+lost), and the verdict arithmetic on made-up records."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from plurksite.cluster import ClusterError, drills, netns
+from plurksite.config import ROOT
+
+
+def test_the_short_drill_passes_and_leaves_nothing_behind(tmp_path):
+    report = tmp_path / "drills.json"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "drill", "--short",
+                           "--json", str(report)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    out = done.stdout
+    verdicts = [line for line in out.splitlines() if line.startswith("drill ") and (": PASS" in line or ": FAIL" in line)]
+    assert done.returncode == 0, out[-3000:] + done.stderr[-2000:]
+    assert [v.split(":")[0] for v in verdicts] == ["drill memcached-partition", "drill web-host-lost"], out[-3000:]
+    assert all(": PASS:" in v and "stale 0, lost 0 of " in v for v in verdicts), verdicts
+    assert out.strip().splitlines()[-1].startswith("drills: 2 run, 2 passed, 0 failed; stale 0 (after the load: 0), lost 0")
+    import json
+    data = json.loads(report.read_text())
+    assert data["users"] == 2000 and data["passed"]
+    assert all(d["deliveries_checked"] > 0 for d in data["drills"])
+    assert [n for n in netns.namespaces() if n.startswith("plk")] == []
+    assert [n for n in netns.links() if n.startswith("plk")] == []
+
+
+# ---- the arithmetic ---------------------------------------------------------------------------
+
+def _records(posts, seen, polls, follows):
+    return [{"accounts": ["author", "f1", "f2"], "users": 3, "posts": posts, "follows": follows, "seen": seen,
+             "polls": polls, "cache": {"HIT": 0, "MISS": 0}, "truncated": 0}]
+
+
+def test_a_window_judges_only_the_plurks_committed_in_it():
+    follows = [["f1", "author", 0.0], ["f2", "author", 0.0]]
+    posts = [["author", 1, 99.0, 100.0], ["author", 2, 109.0, 110.0], ["author", 3, 119.0, 120.0]]
+    seen = [["f1", 1, 100.5], ["f2", 1, 101.0], ["f1", 2, 111.0], ["f1", 3, 120.2], ["f2", 3, 120.4]]
+    polls = {"f1": 130.0, "f2": 130.0}          # f2 polled after plurk 2 and never saw it: lost
+    records = _records(posts, seen, polls, follows)
+    first = drills._window(records, 100.0, 110.0)
+    assert (first["plurks_posted"], first["lost"], first["deliveries_checked"]) == (1, 0, 2)
+    assert first["delivery_latency_s"]["max"] == pytest.approx(1.0)
+    second = drills._window(records, 110.0, 120.0)
+    assert (second["lost"], second["lost_examples"]) == (1, [["author", 2, "f2"]])
+    assert drills._window(records, 130.0, 140.0)["deliveries_checked"] == 0
+
+
+def test_requests_and_failures_between_two_times_come_from_the_cumulative_history():
+    history = [(100, 10, 0), (101, 30, 2), (103, 50, 5), (110, 90, 5)]
+    assert drills._count_between(history, 101, 103) == (20, 3)
+    assert drills._count_between(history, 102, 109) == (20, 3)      # the last row at or before each time
+    assert drills._count_between(history, 90, 200) == (90, 5)
+    assert drills._count_between([], 0, 1) == (0, 0)
+
+
+class _Checker:
+    """Stands in for the cluster: each checkcache run prints the next of ``runs``."""
+
+    def __init__(self, runs, status=None):
+        self.runs, self.status, self.calls = list(runs), status, 0
+
+    def run_on(self, name, argv, timeout=300):
+        assert name == drills.CHECKER and argv[-1] == "checkcache"
+        keys = self.runs[min(self.calls, len(self.runs) - 1)]
+        self.calls += 1
+        out = "".join(f"{k}: cached b'x', database b'y'\n" for k in keys) + f"5 user(s), 10 cached answer(s), {len(keys)} difference(s)\n"
+        status = self.status if self.status is not None else (1 if keys else 0)
+        return subprocess.CompletedProcess(argv, status, out, "")
+
+
+def test_stale_is_what_every_checkcache_run_finds_different():
+    in_flight = _Checker([{"p1:a:1:0", "p1:a:2:0"}, {"p1:a:2:0"}, {"p1:a:2:0", "p1:a:3:0"}])
+    assert drills.stale_keys(in_flight, pause=0) == ({"p1:a:2:0"}, True)
+    settled = _Checker([{"p1:a:1:0"}, set()])
+    assert drills.stale_keys(settled, pause=0) == (set(), True) and settled.calls == 2
+    unreachable = _Checker([set()], status=2)
+    assert drills.stale_keys(unreachable, pause=0) == (set(), False)
+    with pytest.raises(ClusterError, match="checkcache failed"):
+        drills.stale_keys(_Checker([set()], status=3), pause=0)
+
+
+def test_unknown_drills_are_refused_in_one_line():
+    with pytest.raises(ClusterError, match="no drill nope; the drills are memcached-partition, "):
+        drills.select(["memcached-partition", "nope"])
+    assert [d.name for d in drills.select(drills.SHORT)] == ["memcached-partition", "web-host-lost"]
