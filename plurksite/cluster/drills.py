@@ -280,21 +280,27 @@ def totals_line(report):
 
 
 def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_s=15.0, poll_wait=None,
-               say=print, work=None):
-    """Run ``drills`` in turn under one locust load; the report (dict) with one result per drill."""
+               say=print, work=None, steady_s=0.0):
+    """Run ``drills`` in turn under one locust load; the report (dict) with one result per drill.
+    With ``steady_s``, the load first runs that long without a fault: the report's ``steady``
+    (bench/cluster.py's delivery figures)."""
     import tempfile
 
     work = work or tempfile.mkdtemp(prefix="plurk-drill-")
     load = Load(cluster, work, users, processes=processes, spawn_rate=spawn_rate, poll_wait=poll_wait)
     say(f"drill: {users} accounts (logged in, followers made, answers cached) ...")
     setup = load.make_accounts()
-    planned = warmup_s + users / spawn_rate + sum(d.fault_s + d.recover_s + 30 for d in drills) + 60
+    planned = warmup_s + users / spawn_rate + steady_s + sum(d.fault_s + d.recover_s + 30 for d in drills) + 60
     load.start(setup, limit_s=planned)
     say(f"drill: locust on {CLIENT}: {users} long-polling users through the balancer; "
         f"ramping up for {users / spawn_rate + warmup_s:.0f}s")
     time.sleep(users / spawn_rate + warmup_s)
     windows = []
+    steady = (time.time(), time.time() + steady_s)
     try:
+        if steady_s:
+            say(f"drill: {steady_s:.0f}s of load without a fault")
+            time.sleep(steady_s)
         for drill in drills:
             if not load.alive():
                 raise ClusterError(f"locust stopped before drill {drill.name} (see "
@@ -342,7 +348,17 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
             "after": {"requests": req_a, "failures": fail_a, "latency_s": after["delivery_latency_s"],
                       "plurks": after["plurks_posted"]},
             "problems": problems, "passed": not problems})
+    if steady_s:
+        window = _window(records, *steady)
+        requests, failures = _count_between(history, *steady)
+        steady_report = {"seconds": steady_s, "requests": requests, "failures": failures,
+                         "requests_per_s": round(requests / steady_s, 1), "plurks": window["plurks_posted"],
+                         "deliveries_checked": window["deliveries_checked"], "lost": window["lost"],
+                         "latency_s": window["delivery_latency_s"]}
+    else:
+        steady_report = None
     report = {"users": users, "processes": processes, "load_profile": load.profile, "drills": results,
+              "steady": steady_report,
               "locust_exit": locust_exit, "locust_history": history,
               "final_stale": len(final_stale), "final_stale_examples": sorted(final_stale)[:10],
               "final_check_complete": final_complete, "lost_total": overall["lost"],

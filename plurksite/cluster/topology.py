@@ -58,31 +58,36 @@ class Host:
         return where
 
 
-def _addresses():
+WEB_HOSTS = 2                        # the default cluster; bench/cluster.py also runs 1
+
+
+def _addresses(web_hosts=WEB_HOSTS):
     """name -> (last octet, roles)."""
-    return {
-        "plk-lb": (10, ("balancer",)),
-        "plk-web1": (21, ("web",)),
-        "plk-web2": (22, ("web",)),
+    if not 1 <= web_hosts <= 9:
+        raise ValueError(f"web_hosts={web_hosts}: the cluster has room for 1 to 9 web hosts")
+    table = {"plk-lb": (10, ("balancer",))}
+    table.update({f"plk-web{i}": (20 + i, ("web",)) for i in range(1, web_hosts + 1)})
+    table.update({
         "plk-mc1": (31, ("memcached",)),
         "plk-mc2": (32, ("memcached",)),
         "plk-mc3": (33, ("memcached",)),
         "plk-db": (40, ("postgres", "repair")),     # the repairer runs once, beside the truth
         "plk-client": (50, ("client",)),
-    }
+    })
+    return table
 
 
 def balancer_address():
     return f"{SUBNET}.{_addresses()['plk-lb'][0]}"
 
 
-def _with_role(role):
-    return [f"{SUBNET}.{octet}" for octet, roles in _addresses().values() if role in roles]
+def _with_role(role, web_hosts=WEB_HOSTS):
+    return [f"{SUBNET}.{octet}" for octet, roles in _addresses(web_hosts).values() if role in roles]
 
 
-def shared_env():
+def shared_env(web_hosts=WEB_HOSTS):
     """The PLURK_* variables every host of the cluster gets (c-common.md's table)."""
-    webs = _with_role("web")
+    webs = _with_role("web", web_hosts)
     return {
         "PLURK_MEMCACHED": ",".join(f"{a}:{MEMCACHED_PORT}" for a in _with_role("memcached")),
         "PLURK_DATABASE_URL": f"postgres://{DATABASE}@{_with_role('postgres')[0]}:{POSTGRES_PORT}/{DATABASE}",
@@ -99,11 +104,12 @@ def shared_env():
     }
 
 
-def hosts():
+def hosts(web_hosts=WEB_HOSTS):
     """Every host, in the order the harness starts them (what others need comes first)."""
-    shared = shared_env()
-    order = ("plk-db", "plk-mc1", "plk-mc2", "plk-mc3", "plk-web1", "plk-web2", "plk-lb", "plk-client")
-    table = _addresses()
+    shared = shared_env(web_hosts)
+    table = _addresses(web_hosts)
+    order = ("plk-db", "plk-mc1", "plk-mc2", "plk-mc3",
+             *(f"plk-web{i}" for i in range(1, web_hosts + 1)), "plk-lb", "plk-client")
     result = []
     for name in order:
         octet, roles = table[name]
