@@ -48,10 +48,6 @@ def _noop(_cluster):
     pass
 
 
-def _memcached_service(name):
-    return f"memcached:{topology.host(name).address}:{topology.MEMCACHED_PORT}"
-
-
 @dataclasses.dataclass(frozen=True)
 class Drill:
     name: str
@@ -66,7 +62,7 @@ DRILLS = (
     Drill("memcached-partition", "plk-mc2's link down, then back holding its old entries",
           lambda c: c.partition("plk-mc2"), lambda c: c.heal("plk-mc2")),
     Drill("memcached-restart-empty", "memcached on plk-mc3 killed; its runner restarts it empty",
-          lambda c: c.kill_service("plk-mc3", _memcached_service("plk-mc3")), fault_s=5.0),
+          lambda c: c.kill_service("plk-mc3", "memcached"), fault_s=5.0),
     Drill("web-host-lost", "plk-web1 killed whole mid-load (the balancer moves its clients), then "
                            "started again", lambda c: c.kill("plk-web1"), lambda c: c.revive("plk-web1"),
           recover_s=20.0),

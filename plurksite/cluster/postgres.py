@@ -13,9 +13,11 @@ for example inside a network namespace (``ip netns exec plk-db``).
 ``halt()`` stops the server and keeps its data, so ``start()`` brings the same database back
 (a restart); ``stop()`` also removes the data.
 """
+import contextlib
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -81,7 +83,8 @@ class PostgresCluster:
 
     def start(self):
         """Start the server (after initdb the first time) and wait until it takes connections."""
-        if self.tmp is None:
+        fresh = self.tmp is None
+        if fresh:
             self.init()
         self._remove_stale_pidfile()
         self._log = open(self.log_path or os.path.join(self.tmp, "postgres.log"), "ab")
@@ -96,7 +99,12 @@ class PostgresCluster:
             wait_for_port(self.host, self.port, process=self.process, name="postgres")
             self._wait_ready()
         except Exception:
-            self.stop()
+            # a restart that fails keeps the data (a later start may succeed); a first start
+            # leaves nothing behind
+            if fresh:
+                self.stop()
+            else:
+                self.halt()
             raise
         return self
 
@@ -146,16 +154,31 @@ class PostgresCluster:
                 conn.execute(f'CREATE DATABASE "{dbname}"' + (f' OWNER "{owner}"' if owner else ""))
         return self.url(dbname, owner)
 
+    def _postmaster_pid(self):
+        try:
+            with open(os.path.join(self.data_dir, "postmaster.pid")) as fh:
+                return int(fh.readline().strip() or 0) or None
+        except (OSError, ValueError, TypeError):
+            return None
+
     def halt(self, timeout=20):
-        """Stop the server ("smart" shutdown: SIGTERM; SIGKILL after ``timeout``), keep the data."""
+        """Stop the server and keep the data, as ``pg_ctl stop`` (and systemd's unit) does:
+        "fast" shutdown (SIGINT to the postmaster: clients are disconnected, not waited for),
+        then "immediate" (SIGQUIT: the postmaster ends its backends), SIGKILL last.  The signal
+        goes to the postmaster itself, named in postmaster.pid: our child is ``runuser`` (and
+        ``ip netns exec``), which need not pass it on."""
         if self.process is not None:
+            for sig in (signal.SIGINT, signal.SIGQUIT):
+                if self.process.poll() is not None:
+                    break
+                pid = self._postmaster_pid()
+                with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
+                    os.kill(pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=timeout / 2)
             if self.process.poll() is None:
-                self.process.terminate()
-                try:
-                    self.process.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait(timeout=10)
+                self.process.kill()
+                self.process.wait(timeout=10)
             self.process = None
         if self._log is not None:
             self._log.close()

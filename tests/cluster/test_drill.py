@@ -88,3 +88,32 @@ def test_unknown_drills_are_refused_in_one_line():
     with pytest.raises(ClusterError, match="no drill nope; the drills are memcached-partition, "):
         drills.select(["memcached-partition", "nope"])
     assert [d.name for d in drills.select(drills.SHORT)] == ["memcached-partition", "web-host-lost"]
+
+
+def test_every_drill_names_hosts_and_services_the_cluster_has():
+    """Each fault and heal, run against a recorder: the hosts exist in the topology, the
+    services are ones the harness can find (a typo would stop `make drill` mid-run)."""
+    from plurksite.cluster import harness, topology
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, method):
+            def record(*args):
+                self.calls.append((method, *args))
+            return record
+
+    names = {h.name for h in topology.hosts()}
+    for drill in drills.DRILLS:
+        cluster = Recorder()
+        drill.fault(cluster)
+        drill.heal(cluster)
+        assert cluster.calls, drill.name
+        for method, host, *rest in cluster.calls:
+            assert hasattr(harness.Cluster, method), (drill.name, method)
+            assert host in names, (drill.name, host)
+            if method in ("kill_service", "service_pids"):
+                assert rest[0] in harness.SERVICE_MATCH, (drill.name, rest)
+            if method == "restart_service":
+                assert rest == ["postgres"], (drill.name, rest)
