@@ -10,7 +10,8 @@ A records dict is what one locust process wrote (locustfiles/plurkers.py)::
      "follows": [[follower, followee, followed_at], ...],   # 0.0: made in bulk before the run
      "polls": {username: start of its last complete poll},
      "seen": [[username, plurk_id, first_seen], ...],
-     "cache": {"HIT": n, "MISS": n}, "truncated": n}
+     "cache": {"HIT": n, "MISS": n}, "truncated": n,
+     "behind": n}                            # getMessages behind its count: fetched again
 
 Importing this module must stay cheap and free of Django and locust (both sides import it).
 """
@@ -33,7 +34,7 @@ def judge(records):
     """
     posts, follows, seen, polls = [], [], {}, {}
     cache = {"HIT": 0, "MISS": 0}
-    truncated = 0
+    truncated = behind = 0
     owner, shared = {}, set()
     users = logins = 0
     for index, rec in enumerate(records):
@@ -52,6 +53,7 @@ def judge(records):
         for k in cache:
             cache[k] += rec["cache"][k]
         truncated += rec["truncated"]
+        behind += rec.get("behind", 0)
     followers = {}
     for follower, followee, t in follows:
         followers.setdefault(followee, []).append((follower, t))
@@ -78,6 +80,8 @@ def judge(records):
         "poll_responses": total,
         "hit_ratio": cache["HIT"] / total if total else None,
         "truncated_polls": truncated,
+        # getMessages answers behind the count that announced them (asked again, not lost)
+        "messages_behind_count": behind,
         "accounts_run": users,
         "distinct_accounts": len(owner),
         "shared_accounts": len(shared),

@@ -134,7 +134,7 @@ _known_users = []                 # usernames whose users run in this process (f
 def _new_records():
     return {"pid": os.getpid(), "runner": None, "worker_index": None, "users": 0, "accounts": [],
             "logins": 0, "posts": [], "follows": [], "polls": {}, "seen": [],
-            "cache": {"HIT": 0, "MISS": 0}, "truncated": 0}
+            "cache": {"HIT": 0, "MISS": 0}, "truncated": 0, "behind": 0}
 
 
 _records = _new_records()
@@ -275,6 +275,7 @@ class _Plurker(FastHttpUser):
     network_timeout = LONGPOLL_WAIT + 30.0    # a held poll is answered within the wait
     etag = None                   # long mode: the ETag of the last count answer handled
     count = 0
+    known = 0                     # the count of the last getMessages answer (what was shown)
     _poller = None
 
     def _auth(self):
@@ -302,17 +303,26 @@ class _Plurker(FastHttpUser):
         counted = self._get_poll("getUnreadCount", _check_count)
         if counted is None:
             return
-        self._read(started, bool(counted))
+        self._read(started, counted.get("count", 0))
 
-    def _read(self, started, unread):
+    def _read(self, started, announced):
         """After a count answer of a poll begun at ``started``: fetch the messages when something
-        is unread, count deliveries, mark read what was shown."""
-        body = self._get_poll("getMessages", _check_messages) if unread else {}
+        is unread, count deliveries, mark read what was shown.  False when the messages are
+        behind the count that announced them (two keys, written one after the other: the count
+        can be read first); the poll is then not complete and the long-poll must ask again soon
+        instead of holding on the count's ETag."""
+        body = self._get_poll("getMessages", _check_messages) if announced else {}
         if body is None:
-            return
+            return False
+        self.known = body.get("count", 0)
+        if self.known < announced:
+            with _lock:
+                _records["behind"] += 1
+            self.etag = None
+            return False
         if not body:
             self._polled(started)
-            return
+            return True
         now = time.time()
         items = body["items"]
         fresh = []
@@ -335,6 +345,7 @@ class _Plurker(FastHttpUser):
         elif items:
             with _lock:
                 _records["truncated"] += 1
+        return True
 
     # -- long-polling ----------------------------------------------------------------------------
 
@@ -385,10 +396,10 @@ class _Plurker(FastHttpUser):
                 answer = self._long_poll()
                 if answer is not None:
                     count, held, quick, status = answer
-                    if status == 304:
+                    if status == 304 and count == self.known:
                         self._polled(started)             # unchanged since the last answer handled
-                    else:
-                        self._read(started, count > 0)
+                    elif not self._read(started, count):
+                        held = False                      # messages behind the count: ask again soon
             except Exception:             # a bug here must not stop this user's polling in silence
                 log.exception("long-poll of %s", self.username)
                 answer = None

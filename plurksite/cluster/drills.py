@@ -91,12 +91,13 @@ def select(names):
 
 #: The users' behaviour (locustfiles/plurkers.py knobs), sized for the two cores that carry the
 #: whole cluster and locust: every account follows 1-3 of 20 celebrities (zipf 0.6, so each has
-#: ~160 followers), only celebrities post (one every ~2 minutes each: a plurk every 6 s, ~27
-#: follower wakes a second, each a markRead and a timeline read in Django), ordinary users act
-#: every ~15 s.  Heavier, and the 4 gunicorn workers queue requests until nginx's 30 s read
+#: ~160 followers), only celebrities post (each acts every ~60 s: a plurk every few seconds, some
+#: 50 follower wakes a second, each a getMessages and a markRead), ordinary users act every ~15 s.
+#: A drill's window must hold plurks to judge: at one every ~10 s (celebrities acting every 120 s)
+#: a 25 s window came out empty.  Heavier, and the 4 gunicorn workers queue requests until nginx's 30 s read
 #: timeout answers 504: the drills would then measure overload, not the fault (the first run,
 #: at locust's defaults, failed 40% of its requests with no fault at all).
-LOAD_PROFILE = {"celebrities": 20, "zipf": 0.6, "write_weight": 0, "celeb_wait": 120, "poll_wait": 15}
+LOAD_PROFILE = {"celebrities": 20, "zipf": 0.6, "write_weight": 0, "celeb_wait": 60, "poll_wait": 15}
 
 
 class Load:

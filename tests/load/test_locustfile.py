@@ -34,6 +34,9 @@ class FakeApi(http.server.ThreadingHTTPServer):
         self.requests = []
         self.poll_headers = []         # (Prefer, If-None-Match) of every poll
         self.ids = itertools.count(1)
+        self.messages_asked = 0
+
+    LAG = 2
 
     def __enter__(self):
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -76,6 +79,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _lagging(self):
+        """One plurk (id 7) is unread from the start; getUnreadCount says so (count 1, held on
+        its ETag, 304 after HOLD_S), but the first LAG getMessages answers are still the old
+        "nothing unread" (204): the count's key was written before the messages' key."""
+        if self.path.startswith("/Poll/getMessages"):
+            self.server.messages_asked += 1
+            if self.server.messages_asked <= self.server.LAG:
+                return self._send(204, cache="HIT")
+            item = {"id": 7, "kind": "plurk", "author": "celeb", "content": "x",
+                    "created": "2026-01-01T00:00:00.000Z"}
+            return self._json(200, {"count": 1, "items": [item]})
+        etag = '"count-1"'
+        held = self.headers.get("If-None-Match") == etag
+        if held and self.headers.get("Prefer"):
+            time.sleep(self.server.HOLD_S)
+        body = b"" if held else b'{"count":1}'
+        self.send_response(304 if held else 200)
+        if self.headers.get("Prefer"):
+            self.send_header("Preference-Applied", "wait=50")
+        self.send_header("ETag", etag)
+        self.send_header("X-Cache", "HIT")
+        self.send_header("Content-Length", str(len(body)))
+        if body:
+            self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
     def _json(self, status, obj):
         self._send(status, json.dumps(obj).encode())
 
@@ -85,6 +115,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.poll_headers.append((self.headers.get("Prefer"), self.headers.get("If-None-Match")))
             if self.server.polls == "holds":
                 self._hold()
+            elif self.server.polls == "lagging":
+                self._lagging()
             elif self.server.polls == "nonjson":
                 self._send(200, b"<html>not the API</html>", "text/html", cache="HIT")
             else:
@@ -171,6 +203,23 @@ def test_long_mode_keeps_one_held_poll_in_flight_with_its_etag(tmp_path):
     assert polls and all(prefer == "wait=50" for prefer, _ in polls), polls
     assert sum(inm is not None for _, inm in polls) >= 2, polls          # held with the ETag
     assert len(polls) <= 2 * (6 / FakeApi.HOLD_S + 3), polls             # short polls would be ~40
+
+
+@pytest.mark.load
+def test_messages_behind_their_count_are_asked_for_again_not_held_over(tmp_path):
+    """A count answer can be read before the messages it announces are stored (two keys): the
+    user must fetch the messages again, not hold its next poll on the count's ETag (which would
+    show the plurk only at the next change: the drill that found it lost one)."""
+    records = tmp_path / "records"
+    with FakeApi("lagging") as api:
+        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "1", "-r", "1", "-t", "8s",
+                                  env={"PLURK_LOAD_POLL_WAIT": "0.3", "PLURK_LOAD_WRITE_WEIGHT": "0",
+                                       "PLURK_LOAD_RECORDS": str(records)})
+        asked = api.messages_asked
+    data = [json.loads(p.read_text()) for p in records.glob("*.json")]
+    assert asked > FakeApi.LAG, (asked, out[-3000:])
+    assert any(seen[1] == 7 for rec in data for seen in rec["seen"]), (asked, out[-3000:])
+    assert sum(rec["behind"] for rec in data) >= FakeApi.LAG, data
 
 
 @pytest.mark.load
