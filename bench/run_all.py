@@ -11,7 +11,9 @@
 5. bench/load.py        the locust simulation, 300 users for 60 s, with the delivery verdict
 6. bench/longpoll.py    long-polls held through nginx -> fastpath against nchan subscribers (1,000 /
                         10,000 / 40,000), fan-out to 10,000 held followers, locust long vs short
-7. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
+7. bench/cluster.py     the namespace cluster with 1 and 2 web hosts: polls through the balancer
+                        and long-poll delivery (root only; `make drill` runs the failure drills)
+8. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
                         CPU and memory (bench/load.py --preset 10k, also `make load-10k`)
 Results: bench/results/*.json and *.png; bench/report.py prints the markdown table.
 """
@@ -50,6 +52,11 @@ def main():
     failures += step("fan-out", ["bench/fanout.py"]) != 0
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
     failures += step("long-polling", ["bench/longpoll.py"] + (["--quick"] if args.quick else [])) != 0
+    if os.geteuid() == 0:
+        failures += step("cluster", ["bench/cluster.py"] + (["--web-hosts", "1", "--steady", "20"]
+                                                             if args.quick else [])) != 0
+    else:
+        progress("=== cluster: skipped (network namespaces need root)")
     if args.with_10k:
         failures += step("10k users", ["bench/load.py", "--preset", "10k"]) != 0
     step("plots", ["bench/plot.py"])
