@@ -285,15 +285,11 @@ def _connected(path, deadline):
 
 
 def parse_udp_destination(text):
-    """``"host:port"`` / ``"[v6]:port"`` -> (host, port); ValueError if it is not one."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-    else:
-        host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not host:port")
-    return host, int(port)
+    """``"host:port"`` / ``"[v6]:port"`` -> (host, port); ValueError if it is not one (the grammar
+    of a memcached server spec)."""
+    from .cache import parse_server
+
+    return parse_server(text)
 
 
 class UdpNotifier(_DatagramNotifier):
