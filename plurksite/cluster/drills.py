@@ -277,10 +277,15 @@ def totals_line(report):
 
 
 def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_s=15.0, poll_wait=None,
-               say=print, work=None, steady_s=0.0):
+               say=print, work=None, steady_s=0.0, db_delay_ms=0):
     """Run ``drills`` in turn under one locust load; the report (dict) with one result per drill.
     With ``steady_s``, the load first runs that long without a fault: the report's ``steady``
-    (bench/cluster.py's delivery figures)."""
+    (bench/cluster.py's delivery figures).  ``db_delay_ms`` delays the database host's link each
+    way (netem, or the harness's relay where the kernel has no netem), as a database across a
+    network would be."""
+    if db_delay_ms:
+        say(f"drill: {CHECKER}'s link delayed {db_delay_ms} ms each way")
+        cluster.delay(CHECKER, db_delay_ms)
     import tempfile
 
     work = work or tempfile.mkdtemp(prefix="plurk-drill-")
@@ -354,7 +359,8 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
                          "latency_s": window["delivery_latency_s"]}
     else:
         steady_report = None
-    report = {"users": users, "processes": processes, "load_profile": load.profile, "drills": results,
+    report = {"users": users, "processes": processes, "load_profile": load.profile, "db_delay_ms": db_delay_ms,
+              "drills": results,
               "steady": steady_report,
               "locust_exit": locust_exit, "locust_history": history,
               "final_stale": len(final_stale), "final_stale_examples": sorted(final_stale)[:10],

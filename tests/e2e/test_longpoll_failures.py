@@ -155,20 +155,23 @@ def test_fastpath_restarted_by_the_runner_hands_its_held_polls_over(stack):
     """The planned restart (ActivatedFastpath.restart, what `systemctl restart plurk-fastpath`
     does with its socket unit): the old fastpath answers every held poll 304 and drains; the
     re-polls wait in the socket the runner keeps and are held by the new fastpath.  Nothing
-    reaches Django, nothing is refused."""
+    reaches Django, nothing is refused.  The clients run on a thread of their own: restart()
+    must run on the main thread, since a child dies with the thread that started it."""
+    import threading
+
     writer, tokens = _followers(stack, 3)
     pollers = _pollers(stack, tokens, 10)
     fastpath = stack.service("fastpath")
+    held_long_enough, restarted = threading.Event(), threading.Event()
 
     async def scenario():
         async with polling(pollers):
             await wait_held(stack.config, len(pollers))
             await asyncio.sleep(1.5)        # held long enough that the page re-polls at once (QUICK_S)
             mark = _seen(pollers)
-            old_pid = fastpath.pid
-            await asyncio.to_thread(fastpath.restart)
-            assert fastpath.pid != old_pid
-            await asyncio.to_thread(fastpath.wait_ready)
+            held_long_enough.set()
+            while not restarted.is_set():
+                await asyncio.sleep(0.01)
             answers = await _answers_after(pollers, mark, SLACK_S)
             assert all(not isinstance(a, str) and a.status == 304 and a.held and a.cache != "MISS"
                        for a in answers), answers
@@ -181,7 +184,29 @@ def test_fastpath_restarted_by_the_runner_hands_its_held_polls_over(stack):
             assert all(not isinstance(a, str) and a.status == 200 and a.cache == "HIT" and a.held
                        for a in answers), answers
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    failure = []
+
+    def clients():
+        try:
+            asyncio.run(asyncio.wait_for(scenario(), 120))
+        except BaseException as exc:        # re-raised on the main thread
+            failure.append(exc)
+            held_long_enough.set()
+
+    thread = threading.Thread(target=clients, name="clients")
+    thread.start()
+    try:
+        assert held_long_enough.wait(60), "the clients were never held"
+        if not failure:
+            old_pid = fastpath.pid
+            fastpath.restart()
+            fastpath.wait_ready()
+            assert fastpath.pid != old_pid
+    finally:
+        restarted.set()
+        thread.join(150)
+    if failure:
+        raise failure[0]
     assert all(not p.errors for p in pollers), [p.errors for p in pollers if p.errors]
     assert not any(_django_answer(a) for p in pollers for a in p.answers), "a poll reached Django"
 

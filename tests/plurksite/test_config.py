@@ -6,11 +6,24 @@ import pytest
 from plurksite.config import ROOT, VARIABLES, ConfigError, StackConfig, parse_hostport, variables_table
 
 
+def _in_var_dir_or_run_plurk(path, var_dir):
+    """Where the default socket goes: under the var dir, unless root's nginx workers could not
+    reach it there (a checkout in a 0700 directory): then /run/plurk/<digest>/."""
+    import hashlib
+
+    from plurksite.config import _others_can_search
+
+    if os.geteuid() != 0 or _others_can_search(var_dir):
+        return path
+    return f"/run/plurk/{hashlib.sha1(os.fsencode(var_dir)).hexdigest()[:12]}/fastpath.sock"
+
+
 def test_defaults_are_documented_and_valid():
     config = StackConfig.from_env({})
     assert config.http == ("127.0.0.1", 8080)
     assert config.django == ("127.0.0.1", 8000)
-    assert config.fastpath == ("unix", os.path.join(ROOT, "var", "run", "fastpath.sock"))
+    var = os.path.join(ROOT, "var")
+    assert config.fastpath == ("unix", _in_var_dir_or_run_plurk(os.path.join(var, "run", "fastpath.sock"), var))
     assert config.memcached == (("127.0.0.1", 11211),)
     assert config.sqlite_path.endswith("var/plurk.sqlite3")
     assert all(help_text for _, help_text in VARIABLES.values())
@@ -75,7 +88,9 @@ def test_the_default_socket_and_relative_socket_paths_follow_the_var_dir():
     relative = StackConfig.from_env({"PLURK_VAR_DIR": "/srv/plurk", "PLURK_FASTPATH": "unix:sockets/fp.sock"})
     assert relative.fastpath == ("unix", "/srv/plurk/sockets/fp.sock")
     in_checkout = StackConfig.from_env({"PLURK_VAR_DIR": "elsewhere"})
-    assert in_checkout.fastpath == ("unix", os.path.join(ROOT, "elsewhere", "run", "fastpath.sock"))
+    elsewhere = os.path.join(ROOT, "elsewhere")
+    assert in_checkout.fastpath == ("unix", _in_var_dir_or_run_plurk(os.path.join(elsewhere, "run", "fastpath.sock"),
+                                                                       elsewhere))
 
 
 def test_fastpath_over_tcp_stays_supported():

@@ -27,6 +27,8 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=2, help="locust worker processes (default 2)")
         parser.add_argument("--poll-wait", type=float, default=None,
                             help="mean seconds between a user's actions (PLURK_LOAD_POLL_WAIT)")
+        parser.add_argument("--db-delay-ms", type=float, default=0,
+                            help="delay the database host's link this much each way (default 0)")
         parser.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
 
     def _say(self, text):
@@ -47,7 +49,7 @@ class Command(BaseCommand):
             with Cluster(say=lambda text: self._say(f"  {text}")) as cluster:
                 report = drills.run_drills(cluster, chosen, users=options["users"],
                                            processes=options["processes"], poll_wait=options["poll_wait"],
-                                           say=self._say)
+                                           db_delay_ms=options["db_delay_ms"], say=self._say)
         except KeyboardInterrupt:
             raise CommandError("interrupted; the cluster is removed") from None
         except ClusterError as exc:
