@@ -209,6 +209,16 @@ def _count_between(history, start, end):
     return max(0, r1 - r0), max(0, f1 - f0)
 
 
+def _figures(records, history, start, end):
+    """What users saw between two unix times: requests and failures (locust's history), and the
+    delivery of the plurks committed then."""
+    verdict = _window(records, start, end)
+    requests, failures = _count_between(history, start, end)
+    return {"requests": requests, "failures": failures, "latency_s": verdict["delivery_latency_s"],
+            "plurks": verdict["plurks_posted"], "deliveries_checked": verdict["deliveries_checked"],
+            "lost": verdict["lost"]}
+
+
 def _window(records, start, end):
     """The delivery verdict (lost, latency) of the plurks committed in [start, end)."""
     from locustfiles import _delivery
@@ -327,10 +337,7 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
     overall = _delivery.judge(records)
     results = []
     for drill, t_fault, t_heal, t_end, stale, complete in windows:
-        during, after = _window(records, t_fault, t_heal), _window(records, t_heal, t_end)
         whole = _window(records, t_fault, t_end)
-        req_d, fail_d = _count_between(history, t_fault, t_heal)
-        req_a, fail_a = _count_between(history, t_heal, t_end)
         problems = []
         if stale:
             problems.append(f"{len(stale)} stale, e.g. {sorted(stale)[:3]}")
@@ -345,20 +352,13 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
             "window": {"fault": t_fault, "heal": t_heal, "end": t_end},
             "stale": len(stale), "stale_examples": sorted(stale)[:10], "lost": whole["lost"],
             "deliveries_checked": whole["deliveries_checked"],
-            "during": {"requests": req_d, "failures": fail_d, "latency_s": during["delivery_latency_s"],
-                       "plurks": during["plurks_posted"]},
-            "after": {"requests": req_a, "failures": fail_a, "latency_s": after["delivery_latency_s"],
-                      "plurks": after["plurks_posted"]},
+            "during": _figures(records, history, t_fault, t_heal),
+            "after": _figures(records, history, t_heal, t_end),
             "problems": problems, "passed": not problems})
+    steady_report = None
     if steady_s:
-        window = _window(records, *steady)
-        requests, failures = _count_between(history, *steady)
-        steady_report = {"seconds": steady_s, "requests": requests, "failures": failures,
-                         "requests_per_s": round(requests / steady_s, 1), "plurks": window["plurks_posted"],
-                         "deliveries_checked": window["deliveries_checked"], "lost": window["lost"],
-                         "latency_s": window["delivery_latency_s"]}
-    else:
-        steady_report = None
+        steady_report = dict(_figures(records, history, *steady), seconds=steady_s)
+        steady_report["requests_per_s"] = round(steady_report["requests"] / steady_s, 1)
     report = {"users": users, "processes": processes, "load_profile": load.profile, "db_delay_ms": db_delay_ms,
               "drills": results,
               "steady": steady_report,
