@@ -75,13 +75,15 @@ class _Checker:
 
 def test_stale_is_what_every_checkcache_run_finds_different():
     in_flight = _Checker([{"p1:a:1:0", "p1:a:2:0"}, {"p1:a:2:0"}, {"p1:a:2:0", "p1:a:3:0"}])
-    assert drills.stale_keys(in_flight, pause=0) == ({"p1:a:2:0"}, True)
+    stale, complete = drills.stale_keys(in_flight, pauses=(0, 0))
+    assert (set(stale), complete) == ({"p1:a:2:0"}, True)
+    assert stale["p1:a:2:0"].startswith("p1:a:2:0: cached ")       # checkcache's own line, for the report
     settled = _Checker([{"p1:a:1:0"}, set()])
-    assert drills.stale_keys(settled, pause=0) == (set(), True) and settled.calls == 2
+    assert drills.stale_keys(settled, pauses=(0, 0)) == ({}, True) and settled.calls == 2
     unreachable = _Checker([set()], status=2)
-    assert drills.stale_keys(unreachable, pause=0) == (set(), False)
+    assert drills.stale_keys(unreachable, pauses=(0,)) == ({}, False)
     with pytest.raises(ClusterError, match="checkcache failed"):
-        drills.stale_keys(_Checker([set()], status=3), pause=0)
+        drills.stale_keys(_Checker([set()], status=3), pauses=(0,))
 
 
 def test_unknown_drills_are_refused_in_one_line():

@@ -27,7 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=2, help="locust worker processes (default 2)")
         parser.add_argument("--poll-wait", type=float, default=None,
                             help="mean seconds between a user's actions (PLURK_LOAD_POLL_WAIT)")
-        parser.add_argument("--db-delay-ms", type=float, default=0,
+        parser.add_argument("--db-delay-ms", type=int, default=0,
                             help="delay the database host's link this much each way (default 0)")
         parser.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
 
