@@ -20,7 +20,7 @@ class Command(BaseCommand):
         from plurksite.cluster.drills import DRILLS
 
         parser.add_argument("--short", action="store_true",
-                            help="only the short run of `make test` (a memcached partition, a web host lost)")
+                            help="only the short run of `make test` (a memcached partition, fastpath killed on a web host)")
         parser.add_argument("--only", nargs="+", metavar="DRILL", choices=[d.name for d in DRILLS],
                             help="run these drills, in this order")
         parser.add_argument("--users", type=int, default=2000, help="long-polling locust users (default 2000)")
