@@ -68,7 +68,54 @@ def child(args):
                             "keys_per_second": round(2 * n / seconds)})
             progress(f"{connection.vendor} servers={args.server_count} n={n} {phase}: {seconds * 1000:.0f} ms, "
                      f"{ok}/{n} verified")
-    print(json.dumps({"vendor": connection.vendor, "results": results, "publish_stats": publish.stats}))
+    writes = small_writes(followers[:WRITES])
+    progress(f"{connection.vendor} servers={args.server_count} {WRITES} one-user writes: "
+             f"{writes['ms_per_write']:.2f} ms each, {writes['ms_per_write_without_outbox']:.2f} ms without the outbox")
+    print(json.dumps({"vendor": connection.vendor, "results": results, "writes": writes,
+                      "publish_stats": publish.stats}))
+
+
+#: one-user transactions timed by :func:`small_writes`
+WRITES = 300
+
+
+def small_writes(users, rounds=3):
+    """The outbox's cost where it weighs most, on the smallest write: a transaction that moves one
+    user's read cursor, committed, and its writer's two keys written.  Timed with the outbox (its
+    row inserted in the transaction, deleted after the stores) and without it (the bench swaps
+    the batch's outbox steps for nothing), in interleaved rounds; medians of the rounds."""
+    import statistics
+
+    from django.db import transaction
+    from django.db.models import F
+
+    from plurkcore import changes
+    from plurkcore.models import PendingChange, UserState
+
+    def timed(chunk):
+        start = time.perf_counter()
+        for user in chunk:
+            with transaction.atomic():
+                UserState.objects.filter(user=user).update(read_upto=F("read_upto") + 1)
+                changes.changed("read", users={user.pk})
+        return (time.perf_counter() - start) * 1000 / len(chunk)
+
+    real_add, real_forget = changes._Batch.add, changes.forget
+    with_ms, without_ms = [], []
+    size = max(1, len(users) // rounds)
+    for r in range(rounds):
+        chunk = users[r * size:(r + 1) * size]
+        with_ms.append(timed(chunk))
+        changes._Batch.add, changes.forget = (lambda self, item: self.items.append(item)), (lambda *a: None)
+        try:
+            without_ms.append(timed(chunk))
+        finally:
+            changes._Batch.add, changes.forget = real_add, real_forget
+    assert not PendingChange.objects.exists()
+    w, wo = statistics.median(with_ms), statistics.median(without_ms)
+    return {"transactions": 2 * size * rounds, "rounds": rounds, "ms_per_write": round(w, 3),
+            "ms_per_write_without_outbox": round(wo, 3), "outbox_ms_per_write": round(w - wo, 3),
+            "ratio": round(w / wo, 3)}
 
 
 def run_backend(backend, servers, followers):
@@ -108,13 +155,14 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args)
-    runs = []
+    runs, writes = [], []
     for backend in args.backends.split(","):
         for servers in [int(s) for s in args.servers.split(",")]:
             progress(f"{backend}, {servers} memcached server(s), followers {args.followers}")
             out = run_backend(backend, servers, args.followers)
             for row in out["results"]:
                 runs.append({"backend": backend, "memcached_servers": servers, **row})
+            writes.append({"backend": backend, "memcached_servers": servers, **out["writes"]})
     goal = [r for r in runs if r["followers"] == 10000]
     path = write_result("fanout", {
         "what": "one plurk fanned out: seconds from commit until every follower's getUnreadCount and "
@@ -122,10 +170,16 @@ def main():
         "goal": "10,000 followers < 1 s",
         "goal_met": bool(goal) and all(r["seconds"] < 1.0 for r in goal),
         "runs": runs,
+        "writes_what": f"{WRITES} one-user transactions (read cursor + its two keys), ms each, with "
+                       "plurkcore's outbox and without it (interleaved rounds, medians)",
+        "writes": writes,
     })
     for r in runs:
         print(f"{r['backend']:>10} servers={r['memcached_servers']} followers={r['followers']:>6} "
               f"{r['phase']:>4}: {r['seconds'] * 1000:7.1f} ms  ({r['verified_followers']} verified)")
+    for w in writes:
+        print(f"{w['backend']:>10} servers={w['memcached_servers']} one-user writes: {w['ms_per_write']:.2f} ms, "
+              f"{w['ms_per_write_without_outbox']:.2f} ms without the outbox ({w['ratio']:.2f}x)")
     print(path)
 
 

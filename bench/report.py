@@ -117,6 +117,13 @@ def main():
         for (b, s, f), ph in rows.items():
             out.append(f"| {b} | {s} | {f:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
         out.append("")
+        if doc.get("writes"):
+            out.append("The outbox's cost on the smallest write (one user's read cursor and its two keys, "
+                       "no HTTP; interleaved rounds, medians): "
+                       + "; ".join(f"{w['backend']} with {w['memcached_servers']} server(s) {w['ms_per_write']:.2f} ms "
+                                   f"against {w['ms_per_write_without_outbox']:.2f} ms without it ({w['ratio']:.2f}x)"
+                                   for w in doc["writes"]) + ".")
+            out.append("")
     for name in ("load", "load-10k"):
         doc = _load(name)
         if doc:

@@ -10,12 +10,24 @@ it instead of being written at this thread's next commit.  Changes queued inside
 is rolled back while its transaction goes on stay in the batch: Django does not say which
 savepoint a callback's work belonged to once the commit runs it.  That costs a rewrite (or a miss,
 for a deleted key), never a wrong answer: the writer reads the database after the commit.
+
+Each change is also written to the outbox (:class:`~plurkcore.models.PendingChange`) *in the
+transaction that made it*, and the batch deletes those rows once the writer is done.  A process
+killed between its commit and its stores leaves its rows behind, and the repair pass writes their
+answers (:func:`plurkcore.repair.repair`): a commit's answers are written even when the process
+that committed is not there to write them.  Outside a transaction the change is already
+committed when :func:`changed` is called; the row then only narrows that window.
 """
+import json
+import logging
 import threading
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from . import publish
+from .models import PendingChange
+
+logger = logging.getLogger("plurkcore.changes")
 
 _current = threading.local()       # .batches: {database alias: the open transaction's _Batch}
 
@@ -23,11 +35,19 @@ _current = threading.local()       # .batches: {database alias: the open transac
 class _Batch:
     """The changes of one transaction on one database, as (kind, users, followers_of, dead_keys)."""
 
-    def __init__(self):
+    def __init__(self, alias):
+        self.alias = alias
         self.items = []
+        self.pending = []          # ids of this batch's outbox rows
+
+    def add(self, item):
+        self.items.append(item)
+        row = PendingChange.objects.using(self.alias).create(change=encode(item))
+        self.pending.append(row.pk)
 
     def __call__(self):
-        publish.flush(self.items)
+        if publish.flush(self.items):
+            forget(self.alias, self.pending)
 
     def is_pending(self, connection):
         # Django drops a rolled-back transaction's callbacks from this list (and the list is
@@ -44,11 +64,40 @@ def changed(kind, users=(), followers_of=(), dead_keys=(), using=None):
     batches = _batches()
     batch = batches.get(connection.alias)
     if batch is not None and batch.is_pending(connection):
-        batch.items.append(item)
+        batch.add(item)
         return
-    batch = batches[connection.alias] = _Batch()
-    batch.items.append(item)
+    batch = batches[connection.alias] = _Batch(connection.alias)
+    batch.add(item)
     transaction.on_commit(batch, using=connection.alias)    # outside a transaction: runs now
+
+
+def encode(item):
+    kind, users, followers_of, dead_keys = item
+    return json.dumps({"kind": kind, "users": sorted(users), "followers_of": sorted(followers_of),
+                       "dead_keys": sorted(dead_keys)}, separators=(",", ":"))
+
+
+def decode(text):
+    """An outbox row's change as an item of :func:`publish.publish`'s batch."""
+    change = json.loads(text)
+    return (change["kind"], frozenset(change["users"]), frozenset(change["followers_of"]),
+            frozenset(change["dead_keys"]))
+
+
+def forget(alias, pks):
+    """Delete outbox rows whose answers are written.  Failing only leaves them to be written
+    again by the repair pass (the write is idempotent), so it never raises."""
+    if not pks:
+        return
+    connection = connections[alias]
+    table = connection.ops.quote_name(PendingChange._meta.db_table)
+    try:
+        # one statement, its own transaction: QuerySet.delete() would add BEGIN and COMMIT
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE id IN ({', '.join(['%s'] * len(pks))})", list(pks))
+    except Exception:
+        logger.exception("cannot delete %d written outbox row(s); the repair pass will rewrite "
+                         "their answers", len(pks))
 
 
 def _batches():

@@ -6,7 +6,7 @@
 | W001 | PLURKCORE has unknown keys |
 | E002 | MEMCACHED_SERVERS is not a non-empty list of host:port strings |
 | E007 | MEMCACHED_SERVERS lists a server twice |
-| E003 | a duration (MEMCACHED_TIMEOUT, MEMCACHED_RETRY_INTERVAL, REPAIR_INTERVAL) is not positive |
+| E003 | a duration (MEMCACHED_TIMEOUT, MEMCACHED_RETRY_INTERVAL, REPAIR_INTERVAL, OUTBOX_GRACE) is not positive |
 | W002 | MEMCACHED_TIMEOUT is above one second |
 | E004 | a count or size (TOKEN_TTL, CACHE_TTL, CAS_ATTEMPTS, BATCH_SIZE, MAX_BODY_SIZE) is not a positive integer |
 | E008 | CACHE_TTL is above 30 days |
@@ -29,7 +29,7 @@ from . import conf
 
 TAG = "plurkcore"
 
-DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL")
+DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL", "OUTBOX_GRACE")
 COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "MAX_BODY_SIZE")
 MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
 

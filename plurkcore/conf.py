@@ -34,6 +34,9 @@ DEFAULTS = {
     "COOKIE_NAME": "plurk_token",
     # seconds between passes of `manage.py repaircache --loop`.
     "REPAIR_INTERVAL": 0.5,
+    # seconds after its commit an outbox row (a change whose answers its process has not finished
+    # writing) is taken to be abandoned and written by the repair pass.  Longer than a write takes.
+    "OUTBOX_GRACE": 5.0,
     # directories of fastpath worker sockets (<dir>/<worker>.sock) that get a notice of every key
     # stored or deleted (docs/contract.md, section 7); empty: no notices, fastpath re-reads only.
     "NOTIFY_DIRS": [],

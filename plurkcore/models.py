@@ -7,6 +7,7 @@ share one id sequence: a read cursor (:attr:`UserState.read_upto`) compares ids 
 from django.conf import settings
 from django.db import connections, models, router, transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 MAX_CONTENT_LENGTH = 360
@@ -144,3 +145,19 @@ class StaleKey(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class PendingChange(models.Model):
+    """One change a transaction made, whose answers may not be written yet (the outbox).
+
+    :func:`plurkcore.changes.changed` inserts it in the transaction that made the change, and the
+    writer deletes it once the answers are written: a row that is still here some seconds after
+    its commit belongs to a process that died in between (a killed web host), and the repair
+    pass writes its answers (:func:`plurkcore.repair.repair`).  ``created`` is the database's
+    clock, so hosts with different clocks agree on a row's age."""
+
+    change = models.TextField()            # JSON: {"kind", "users", "followers_of", "dead_keys"}
+    created = models.DateTimeField(db_default=Now())
+
+    def __str__(self):
+        return f"pending change {self.pk}: {self.change[:60]}"

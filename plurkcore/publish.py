@@ -22,15 +22,22 @@ stats = {"publishes": 0, "keys_written": 0, "conflicts": 0, "errors": 0}
 
 
 def flush(batch):
-    """Write a committed transaction's changes (its on_commit callback; never raises)."""
+    """Write a committed transaction's changes (its on_commit callback; never raises).  True if
+    the write ran to its end: every key is written or recorded as a debt of the repair pass.
+    False leaves the batch's outbox rows for the repair pass to write again."""
     if not batch:
-        return
+        return True
+    unrecorded = repair.stats["unrecorded"]
     try:
         publish(batch)
+        if repair.stats["unrecorded"] != unrecorded:
+            raise RuntimeError("a failed write could not be recorded as a debt")
     except Exception:
         stats["errors"] += 1
-        logger.exception("publishing %d change(s) failed; the cache may be stale until CACHE_TTL "
-                         "or `manage.py checkcache --fix`", len(batch))
+        logger.exception("publishing %d change(s) failed; the repair pass writes them again "
+                         "(its outbox rows stay)", len(batch))
+        return False
+    return True
 
 
 def publish(batch):

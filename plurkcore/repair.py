@@ -4,7 +4,10 @@
   (:class:`~plurkcore.models.SuspectServer`);
 - :func:`mark_stale`: this key still conflicted after ``CAS_ATTEMPTS``
   (:class:`~plurkcore.models.StaleKey`);
-- :func:`repair`: flush every suspect server that answers again, then rewrite stale keys.
+- the outbox (:class:`~plurkcore.models.PendingChange`): a committed change whose writer has not
+  finished, recorded by :mod:`plurkcore.changes` in the change's own transaction;
+- :func:`repair`: flush every suspect server that answers again, rewrite stale keys, then write
+  the answers of outbox rows older than ``OUTBOX_GRACE`` (their writer died or failed).
 
 Each new failure increments the row's ``generation``; a row is deleted only if it is the row the
 pass read (same id: another pass may have paid it and a new failure made it anew, generation 1
@@ -13,17 +16,21 @@ with several passes at once (every Django process, a repaircache per cluster hos
 """
 import logging
 
-from django.db import IntegrityError, transaction
-from django.db.models import F
+import datetime
 
-from . import _testhooks, answers, keys
+from django.db import IntegrityError, router, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from . import _testhooks, answers, conf, keys
 from .cache import CacheUnavailable, get_cache
-from .models import StaleKey, SuspectServer, UserState
+from .models import PendingChange, StaleKey, SuspectServer, UserState
 
 logger = logging.getLogger("plurkcore.repair")
 
-#: Debts recorded since process start (for monitoring and tests).
-stats = {"suspect": 0, "stale": 0}
+#: Debts recorded since process start (for monitoring and tests); ``unrecorded``: debts that
+#: could not be written down (the database failed too), so the writer keeps its outbox rows.
+stats = {"suspect": 0, "stale": 0, "unrecorded": 0, "replayed": 0}
 
 
 def mark_suspect(node):
@@ -37,6 +44,7 @@ def mark_suspect(node):
         except IntegrityError:
             SuspectServer.objects.filter(server=node).update(generation=F("generation") + 1)
     except Exception:
+        stats["unrecorded"] += 1
         logger.exception("cannot record memcached %s as suspect", node)
 
 
@@ -50,19 +58,24 @@ def mark_stale(key_list):
         StaleKey.objects.bulk_create([StaleKey(key=k) for k in key_list if k not in existing],
                                      ignore_conflicts=True)
     except Exception:
+        stats["unrecorded"] += 1
         logger.exception("cannot record %d stale key(s)", len(key_list))
 
 
 def repair(quick=False):
-    """Pay the debts: flush every suspect server that answers again, then rewrite stale keys.
+    """Pay the debts: flush every suspect server that answers again, rewrite stale keys, then
+    (except when ``quick``) write the answers of the outbox's abandoned changes.
 
     ``quick`` (at the start of a publish) skips servers this process saw failing moments ago, so a
-    dead server costs no extra timeout per write.  Returns a report dict."""
-    report = {"flushed": [], "unreachable": [], "rewritten": 0, "still_stale": 0}
+    dead server costs no extra timeout per write, and leaves the outbox to the repair service.
+    Returns a report dict."""
+    report = {"flushed": [], "unreachable": [], "rewritten": 0, "still_stale": 0, "replayed": 0}
     if quick and not (SuspectServer.objects.exists() or StaleKey.objects.exists()):
         return report
     _flush_suspects(quick, report)
     _rewrite_stale(report)
+    if not quick:
+        _replay_pending(report)
     return report
 
 
@@ -110,3 +123,28 @@ def _rewrite_stale(report):
             StaleKey.objects.filter(pk=pk, generation=generation).delete()
     report["rewritten"] = len(stale) - len(failed)
     report["still_stale"] = len(failed)
+
+
+def _replay_pending(report, limit=1000):
+    """Write the answers of outbox rows older than ``OUTBOX_GRACE`` seconds (by the database's
+    clock), then delete them.  Their writer died between its commit and its stores, or failed;
+    if it is only slow, writing twice is harmless (every write reads the database afresh)."""
+    from .changes import decode, forget
+    from .publish import flush
+
+    grace = datetime.timedelta(seconds=conf.get_config()["OUTBOX_GRACE"])
+    rows = list(PendingChange.objects.filter(created__lt=Now() - grace)
+                .order_by("pk").values_list("pk", "change")[:limit])
+    if not rows:
+        return
+    batch = []
+    for pk, text in rows:
+        try:
+            batch.append(decode(text))
+        except (ValueError, KeyError, TypeError):
+            logger.error("outbox row %s is unreadable, dropped: %.200r", pk, text)
+    logger.warning("writing the answers of %d change(s) whose writer did not finish", len(rows))
+    if flush(batch):
+        forget(router.db_for_write(PendingChange), [pk for pk, _ in rows])
+        stats["replayed"] += len(rows)
+        report["replayed"] = len(rows)

@@ -1,6 +1,6 @@
 """The failure drills (plurksite.cluster.drills): the short run of `make test` for real (the
-namespace cluster, 2,000 long-polling locust users, a memcached host partitioned and fastpath
-lost on a web host), and the verdict arithmetic on made-up records."""
+namespace cluster, 2,000 long-polling locust users, a memcached host partitioned and a web host
+killed whole), and the verdict arithmetic on made-up records."""
 import os
 import subprocess
 import sys
@@ -18,7 +18,7 @@ def test_the_short_drill_passes_and_leaves_nothing_behind(tmp_path):
     out = done.stdout
     verdicts = [line for line in out.splitlines() if line.startswith("drill ") and (": PASS" in line or ": FAIL" in line)]
     assert done.returncode == 0, out[-3000:] + done.stderr[-2000:]
-    assert [v.split(":")[0] for v in verdicts] == ["drill memcached-partition", "drill fastpath-killed"], out[-3000:]
+    assert [v.split(":")[0] for v in verdicts] == ["drill memcached-partition", "drill web-host-lost"], out[-3000:]
     assert all(": PASS:" in v and "stale 0, lost 0 of " in v for v in verdicts), verdicts
     assert out.strip().splitlines()[-1].startswith("drills: 2 run, 2 passed, 0 failed; stale 0 (after the load: 0), lost 0")
     import json
@@ -89,7 +89,7 @@ def test_stale_is_what_every_checkcache_run_finds_different():
 def test_unknown_drills_are_refused_in_one_line():
     with pytest.raises(ClusterError, match="no drill nope; the drills are memcached-partition, "):
         drills.select(["memcached-partition", "nope"])
-    assert [d.name for d in drills.select(drills.SHORT)] == ["memcached-partition", "fastpath-killed"]
+    assert [d.name for d in drills.select(drills.SHORT)] == ["memcached-partition", "web-host-lost"]
 
 
 def test_every_drill_names_hosts_and_services_the_cluster_has():
@@ -119,3 +119,23 @@ def test_every_drill_names_hosts_and_services_the_cluster_has():
                 assert rest[0] in harness.SERVICE_MATCH, (drill.name, rest)
             if method == "restart_service":
                 assert rest == ["postgres"], (drill.name, rest)
+
+
+def test_outbox_replays_are_counted_from_the_repair_hosts_log(tmp_path, monkeypatch):
+    from plurksite.cluster import topology
+    import time as _time
+
+    monkeypatch.setattr(drills.plurk_config, "ROOT", str(tmp_path))
+    hosts = topology.hosts()
+    repairer = next(h for h in hosts if "repair" in h.roles)
+    log_dir = tmp_path / repairer.var_dir / "log"
+    log_dir.mkdir(parents=True)
+    at = lambda t: _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(t)) + ",123"
+    (log_dir / "repaircache.log").write_text(
+        f"{at(1000)} WARNING plurkcore.repair: writing the answers of 3 change(s) whose writer did not finish\n"
+        f"{at(2000)} WARNING plurkcore.repair: writing the answers of 4 change(s) whose writer did not finish\n"
+        f"{at(2000)} INFO plurkcore.repair: memcached x answers again: flushed its entries before trusting it\n")
+    cluster = type("C", (), {"hosts": hosts})()
+    assert drills.outbox_replays(cluster, 1500, 2500) == 4
+    assert drills.outbox_replays(cluster, 0, 5000) == 7
+    assert drills.outbox_replays(cluster, 2001, 2500) == 0

@@ -8,8 +8,8 @@ from plurkcore import conf, repair
 
 
 class Command(BaseCommand):
-    help = ("Pay the cache's debts: flush every suspect memcached server that answers again, then "
-            "rewrite stale keys.  --loop keeps doing it (the stack runner's repaircache service).")
+    help = ("Pay the cache's debts: flush every suspect memcached server that answers again, "
+            "rewrite stale keys, and write the answers of changes whose writer died (the outbox).  --loop keeps doing it (the stack runner's repaircache service).")
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true", help="repeat until SIGTERM/SIGINT")
@@ -48,7 +48,7 @@ class Command(BaseCommand):
             except Exception as exc:       # a database hiccup must not kill the service
                 self.stderr.write(f"repaircache: pass failed: {exc}")
             else:
-                if report["flushed"] or report["rewritten"] or report["still_stale"]:
+                if report["flushed"] or report["rewritten"] or report["still_stale"] or report["replayed"]:
                     self._report(report)
             deadline = time.monotonic() + interval
             while not stop and time.monotonic() < deadline:
@@ -61,4 +61,7 @@ class Command(BaseCommand):
             self.stdout.write(f"still unreachable: {node}")
         if report["rewritten"] or report["still_stale"]:
             self.stdout.write(f"rewrote {report['rewritten']} stale key(s), {report['still_stale']} left")
+        if report["replayed"]:
+            self.stdout.write(f"wrote the answers of {report['replayed']} change(s) whose writer "
+                              "did not finish (outbox)")
         self.stdout.flush()

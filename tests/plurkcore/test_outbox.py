@@ -1,0 +1,138 @@
+"""The outbox: a committed change's answers are written even when the process that committed dies
+before writing them (a web host killed mid-load; docs/consistency.md, case (e)).
+
+A process "dies" here by never running its after-commit callback: the change is committed, its
+outbox row is committed with it, and nothing else happens, exactly what SIGKILL between the commit
+and the stores leaves behind.  The drill ``web-host-lost`` does it for real."""
+import types
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import transaction
+
+from plurkcore import changes, publish, repair
+from plurkcore.models import PendingChange, Plurk
+
+from .helpers import assert_consistent, cached, truth
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def pair(cache1, signup):
+    a, b = signup("a"), signup("b")
+    assert b.call("POST", "/api/follow", {"username": "a"}).status_code == 201
+    return a, b
+
+
+@pytest.fixture
+def no_grace(settings):
+    """Rows are abandoned at once (the default, OUTBOX_GRACE 5 s, waits for a slow writer)."""
+    settings.PLURKCORE = dict(settings.PLURKCORE, OUTBOX_GRACE=0.001)
+
+
+@pytest.fixture
+def killed_writer(monkeypatch):
+    """Commits go through; their writers never run (the process died right after COMMIT)."""
+    monkeypatch.setattr(changes._Batch, "__call__", lambda self: None)
+
+
+def post(author_id, content):
+    with transaction.atomic():
+        return Plurk.objects.create(author=get_user_model().objects.get(pk=author_id), content=content)
+
+
+def test_a_written_change_leaves_no_outbox_row(pair, cache1):
+    a, b = pair
+    post(a.user["id"], "hello")
+    assert PendingChange.objects.count() == 0
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+
+
+def test_the_row_commits_with_the_change_and_rolls_back_with_it(pair, killed_writer):
+    a, _ = pair
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            Plurk.objects.create(author=get_user_model().objects.get(pk=a.user["id"]), content="x")
+            assert PendingChange.objects.count() == 1
+            raise RuntimeError
+    assert PendingChange.objects.count() == 0
+    post(a.user["id"], "kept")
+    assert PendingChange.objects.count() == 1
+
+
+def test_a_change_whose_writer_died_is_written_by_the_repair_pass(pair, cache1, no_grace, monkeypatch):
+    a, b = pair
+    with monkeypatch.context() as m:
+        m.setattr(changes._Batch, "__call__", lambda self: None)
+        post(a.user["id"], "nobody wrote my answers")
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""          # stale
+    assert PendingChange.objects.count() == 1
+    report = repair.repair()
+    assert report["replayed"] == 1
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+    assert_consistent([a.user["id"], b.user["id"]], [cache1], require=True)
+    assert PendingChange.objects.count() == 0
+
+
+def test_the_repair_service_replays_too(pair, cache1, no_grace, killed_writer, capsys):
+    a, b = pair
+    post(a.user["id"], "one")
+    post(a.user["id"], "two")
+    call_command("repaircache")
+    assert "wrote the answers of 2 change(s)" in capsys.readouterr().out
+    assert cached("getMessages", b.user["id"], [cache1]) == truth("getMessages", b.user["id"])
+
+
+def test_a_young_row_is_left_to_its_writer(pair, cache1, killed_writer):
+    a, b = pair
+    post(a.user["id"], "still being written")       # OUTBOX_GRACE is 5 s
+    assert repair.repair()["replayed"] == 0
+    assert PendingChange.objects.count() == 1
+
+
+def test_the_quick_pass_of_a_publish_leaves_the_outbox_alone(pair, cache1, no_grace, killed_writer):
+    a, _ = pair
+    post(a.user["id"], "one")
+    assert repair.repair(quick=True)["replayed"] == 0
+    assert PendingChange.objects.count() == 1
+
+
+def test_a_write_that_failed_keeps_its_row_until_written(pair, cache1, no_grace, hooks):
+    a, b = pair
+
+    def database_gone(**context):
+        raise RuntimeError("the database went away after the commit")
+    hooks("write.after_gets", database_gone)
+    errors = publish.stats["errors"]
+    post(a.user["id"], "hello")
+    assert publish.stats["errors"] == errors + 1
+    assert PendingChange.objects.count() == 1
+    hooks("write.after_gets", None)
+    assert repair.repair()["replayed"] == 1
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+    assert PendingChange.objects.count() == 0
+
+
+def test_a_debt_that_could_not_be_recorded_keeps_the_row(pair, cache1, monkeypatch):
+    a, _ = pair
+    monkeypatch.setattr(repair.StaleKey.objects, "filter",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("database gone")))
+    failing = types.SimpleNamespace(compute=lambda uids: (_ for _ in ()).throw(RuntimeError("query failed")))
+    monkeypatch.setattr(publish.answers, "get_resource", lambda name: failing)
+    unrecorded = repair.stats["unrecorded"]
+    post(a.user["id"], "hello")
+    assert repair.stats["unrecorded"] > unrecorded
+    assert PendingChange.objects.count() == 1
+
+
+def test_an_unreadable_row_is_dropped_not_retried_forever(cache1, no_grace):
+    PendingChange.objects.create(change="{not json")
+    assert repair.repair()["replayed"] == 1
+    assert PendingChange.objects.count() == 0
+
+
+def test_rows_round_trip():
+    item = ("plurk", frozenset({3, 1}), frozenset({2}), frozenset({"k:1"}))
+    assert changes.decode(changes.encode(item)) == item
