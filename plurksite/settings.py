@@ -76,6 +76,9 @@ def _database(url):
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
         "CONN_MAX_AGE": 60,
+        # a kept connection is checked (SELECT 1) at its first use in a request: after a
+        # PostgreSQL restart the first request of every worker would fail otherwise
+        "CONN_HEALTH_CHECKS": True,
     }
 
 

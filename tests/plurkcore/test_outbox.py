@@ -1,9 +1,10 @@
 """The outbox: a committed change's answers are written even when the process that committed dies
 before writing them (a web host killed mid-load; docs/consistency.md, case (e)).
 
-A process "dies" here by never running its after-commit callback: the change is committed, its
-outbox row is committed with it, and nothing else happens, exactly what SIGKILL between the commit
-and the stores leaves behind.  The drill ``web-host-lost`` does it for real."""
+Most tests make a process "die" by never running its after-commit callback: the change is
+committed, its outbox row with it, and nothing else happens, which is what SIGKILL between the
+commit and the stores leaves behind.  The last test does it for real, to a separate Django process
+at the writer's hook point; the drill ``web-host-lost`` kills whole web hosts."""
 import types
 
 import pytest
@@ -136,3 +137,66 @@ def test_an_unreadable_row_is_dropped_not_retried_forever(cache1, no_grace):
 def test_rows_round_trip():
     item = ("plurk", frozenset({3, 1}), frozenset({2}), frozenset({"k:1"}))
     assert changes.decode(changes.encode(item)) == item
+
+
+# ---- for real: a separate Django process SIGKILLed between its commit and its stores ------------
+
+_SETUP = """
+from django.contrib.auth import get_user_model
+from plurkcore import keys
+from plurkcore.models import Follow, UserState
+User = get_user_model()
+a, b = User.objects.create_user("a"), User.objects.create_user("b")
+Follow.objects.create(follower=b, followee=a)
+print(keys.answer_key("getUnreadCount", b.pk, UserState.objects.get(user=b).epoch))
+"""
+
+_KILLED = """
+import os, signal
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from plurkcore import _testhooks
+from plurkcore.models import Plurk
+_testhooks.set_hook("write.after_gets", lambda **context: os.kill(os.getpid(), signal.SIGKILL))
+with transaction.atomic():
+    Plurk.objects.create(author=get_user_model().objects.get(username="a"), content="and then I died")
+print("still alive")
+"""
+
+_REPAIR = """
+from django.conf import settings
+from plurkcore import conf, repair
+settings.PLURKCORE = dict(settings.PLURKCORE, OUTBOX_GRACE=0.001)
+conf.reset()
+print(repair.repair()["replayed"])
+"""
+
+
+def test_a_django_process_killed_after_its_commit_leaves_its_answers_to_the_repairer(tmp_path, memcached):
+    import os
+    import subprocess
+    import sys
+
+    from plurksite.config import ROOT
+
+    from .helpers import server_client
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="plurksite.settings", PLURK_VAR_DIR=str(tmp_path),
+               PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/plurk.sqlite3", PLURK_MEMCACHED=memcached.spec,
+               PLURK_SECRET_FILE=str(tmp_path / "secret.key"), PLURK_MEMCACHED_TIMEOUT_MS="1000")
+
+    def manage(*argv):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), *argv], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    assert manage("migrate", "-v0").returncode == 0
+    setup = manage("shell", "-c", _SETUP)
+    key = setup.stdout.split()[-1]
+    client = server_client(memcached.spec)
+    assert client.get(key) == b"", setup.stderr          # b follows a: nothing new yet
+    killed = manage("shell", "-c", _KILLED)
+    assert killed.returncode == -9 and "still alive" not in killed.stdout, killed.stderr
+    assert client.get(key) == b""                       # committed, never written: stale
+    repaired = manage("shell", "-c", _REPAIR)
+    assert repaired.stdout.split()[-1] == "1", repaired.stdout + repaired.stderr
+    assert client.get(key) == b'{"count":1}'
