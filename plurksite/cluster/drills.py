@@ -244,6 +244,34 @@ def check_cache(cluster):
     return lines, done.returncode != 2
 
 
+#: longest a drill's window is stretched, after its recovery, until a plurk was committed in it
+PLURK_WAIT_S = 60.0
+
+_PLURKS_SINCE = ("import datetime; from plurkcore.models import Plurk; "
+                 "print(Plurk.objects.filter(created__gte=datetime.datetime.fromtimestamp({since!r}, "
+                 "datetime.timezone.utc)).count())")
+
+
+def plurks_since(cluster, since):
+    """How many plurks the database holds that were committed since ``since`` (unix time)."""
+    done = cluster.run_on(CHECKER, [PYTHON, MANAGE, "shell", "-v", "0", "-c", _PLURKS_SINCE.format(since=since)],
+                          timeout=120)
+    words = done.stdout.split()
+    if done.returncode != 0 or not words or not words[-1].isdigit():
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise ClusterError(f"counting plurks failed (status {done.returncode}): {said[-1] if said else ''}")
+    return int(words[-1])
+
+
+def await_a_plurk(cluster, since, limit_s=PLURK_WAIT_S, poll_s=3.0):
+    """Wait until a plurk was committed since ``since`` (the users post at random: a window
+    without one would owe no delivery and prove nothing); the seconds waited."""
+    start = time.time()
+    while plurks_since(cluster, since) == 0 and time.time() - start < limit_s:
+        time.sleep(poll_s)
+    return round(time.time() - start, 1)
+
+
 def stale_keys(cluster, pauses=STALE_PAUSES):
     """{key: checkcache's last line} of the keys that differ from the database in every
     checkcache run, the runs ``pauses`` seconds apart, and whether every run reached every
@@ -349,9 +377,10 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
             t_heal = time.time()
             drill.heal(cluster)
             time.sleep(drill.recover_s)
+            stretched = await_a_plurk(cluster, t_fault)
             stale, complete = stale_keys(cluster)
             t_end = time.time()
-            windows.append((drill, t_fault, t_heal, t_end, stale, complete))
+            windows.append((drill, t_fault, t_heal, t_end, stale, complete, stretched))
         time.sleep(5)
     finally:
         locust_exit = load.stop()
@@ -361,7 +390,7 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
     from locustfiles import _delivery
     overall = _delivery.judge(records)
     results = []
-    for drill, t_fault, t_heal, t_end, stale, complete in windows:
+    for drill, t_fault, t_heal, t_end, stale, complete, stretched in windows:
         whole = _window(records, t_fault, t_end)
         problems = []
         if stale:
@@ -374,7 +403,7 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
             problems.append("no delivery was owed in its window: it proves nothing")
         results.append({
             "name": drill.name, "what": drill.what, "fault_s": drill.fault_s, "recover_s": drill.recover_s,
-            "window": {"fault": t_fault, "heal": t_heal, "end": t_end},
+            "window": {"fault": t_fault, "heal": t_heal, "end": t_end, "waited_for_a_plurk_s": stretched},
             "stale": len(stale), "stale_examples": [stale[k] for k in sorted(stale)[:10]], "lost": whole["lost"],
             "deliveries_checked": whole["deliveries_checked"],
             "outbox_replays": outbox_replays(cluster, t_fault, t_end),

@@ -139,3 +139,26 @@ def test_outbox_replays_are_counted_from_the_repair_hosts_log(tmp_path, monkeypa
     assert drills.outbox_replays(cluster, 1500, 2500) == 4
     assert drills.outbox_replays(cluster, 0, 5000) == 7
     assert drills.outbox_replays(cluster, 2001, 2500) == 0
+
+
+class _Counter:
+    """A cluster whose database answers the counts given, one per ``run_on``."""
+
+    def __init__(self, counts, status=0):
+        self.counts, self.status, self.calls = list(counts), status, 0
+
+    def run_on(self, name, argv, timeout=None):
+        assert name == drills.CHECKER and "shell" in argv
+        self.calls += 1
+        return subprocess.CompletedProcess(argv, self.status, stdout=f"{self.counts.pop(0)}\n", stderr="boom\n")
+
+
+def test_a_window_is_stretched_until_a_plurk_was_committed_in_it():
+    cluster = _Counter([0, 0, 2])
+    drills.await_a_plurk(cluster, 0.0, limit_s=5, poll_s=0)
+    assert cluster.calls == 3
+    cluster = _Counter([0] * 100)
+    drills.await_a_plurk(cluster, 0.0, limit_s=0.05, poll_s=0.01)      # gives up: the verdict says why
+    assert 1 < cluster.calls < 100
+    with pytest.raises(ClusterError, match="counting plurks failed .status 1.: boom"):
+        drills.await_a_plurk(_Counter([0], status=1), 0.0)

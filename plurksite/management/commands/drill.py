@@ -20,15 +20,16 @@ class Command(BaseCommand):
         from plurksite.cluster.drills import DRILLS
 
         parser.add_argument("--short", action="store_true",
-                            help="only the short run of `make test` (a memcached partition, fastpath killed on a web host)")
+                            help="only the short run of `make test` (a memcached partition, a web host killed)")
         parser.add_argument("--only", nargs="+", metavar="DRILL", choices=[d.name for d in DRILLS],
                             help="run these drills, in this order")
         parser.add_argument("--users", type=int, default=2000, help="long-polling locust users (default 2000)")
         parser.add_argument("--processes", type=int, default=2, help="locust worker processes (default 2)")
         parser.add_argument("--poll-wait", type=float, default=None,
                             help="mean seconds between a user's actions (PLURK_LOAD_POLL_WAIT)")
-        parser.add_argument("--db-delay-ms", type=int, default=0,
-                            help="delay the database host's link this much each way (default 0)")
+        parser.add_argument("--db-delay-ms", type=int, default=1,
+                            help="delay the database host's link this much each way, as a database on "
+                                 "another machine is (default 1; 0: none)")
         parser.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
 
     def _say(self, text):
@@ -41,6 +42,8 @@ class Command(BaseCommand):
 
         if options["users"] < 1:
             raise CommandError("--users must be at least 1")
+        if options["db_delay_ms"] < 0:
+            raise CommandError("--db-delay-ms must be 0 or more")
         chosen = drills.select(options["only"] or (drills.SHORT if options["short"] else
                                                    [d.name for d in drills.DRILLS]))
         logging.getLogger("plurksite.cluster").addHandler(logging.StreamHandler(sys.stderr))
