@@ -21,6 +21,7 @@ are cut by time:
 A drill passes with 0 lost and 0 stale and at least one delivery checked in its window (a window
 nobody was owed anything in vouches for nothing).
 """
+import collections
 import contextlib
 import csv
 import dataclasses
@@ -339,6 +340,11 @@ def totals_line(report):
             f"{failures} of {requests} during the drills; {report['users']} long-polling users")
 
 
+#: What one drill's run left to judge: its times (unix), the stale keys after its recovery, and
+#: how long its window was stretched to hold a plurk.
+Window = collections.namedtuple("Window", "drill fault heal end stale complete waited")
+
+
 def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_s=15.0, poll_wait=None,
                say=print, work=None, steady_s=0.0, db_delay_ms=0):
     """Run ``drills`` in turn under one locust load; the report (dict) with one result per drill.
@@ -360,27 +366,12 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
     say(f"drill: locust on {CLIENT}: {users} long-polling users through the balancer; "
         f"ramping up for {users / spawn_rate + warmup_s:.0f}s")
     time.sleep(users / spawn_rate + warmup_s)
-    windows = []
     steady = (time.time(), time.time() + steady_s)
     try:
         if steady_s:
             say(f"drill: {steady_s:.0f}s of load without a fault")
             time.sleep(steady_s)
-        for drill in drills:
-            if not load.alive():
-                raise ClusterError(f"locust stopped before drill {drill.name} (see "
-                                   f"{topology.VAR_DIR}/{CLIENT}/log/locust.log)")
-            say(f"drill {drill.name}: {drill.what}")
-            t_fault = time.time()
-            drill.fault(cluster)
-            time.sleep(drill.fault_s)
-            t_heal = time.time()
-            drill.heal(cluster)
-            time.sleep(drill.recover_s)
-            stretched = await_a_plurk(cluster, t_fault)
-            stale, complete = stale_keys(cluster)
-            t_end = time.time()
-            windows.append((drill, t_fault, t_heal, t_end, stale, complete, stretched))
+        windows = [_inject(cluster, load, drill, say) for drill in drills]
         time.sleep(5)
     finally:
         locust_exit = load.stop()
@@ -389,27 +380,7 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
     history = load.history()
     from locustfiles import _delivery
     overall = _delivery.judge(records)
-    results = []
-    for drill, t_fault, t_heal, t_end, stale, complete, stretched in windows:
-        whole = _window(records, t_fault, t_end)
-        problems = []
-        if stale:
-            problems.append(f"{len(stale)} stale, e.g. {sorted(stale)[:3]}")
-        if not complete:
-            problems.append("checkcache could not reach every memcached after recovery")
-        if whole["lost"]:
-            problems.append(f"{whole['lost']} lost, e.g. {whole['lost_examples'][:3]}")
-        if not whole["deliveries_checked"]:
-            problems.append("no delivery was owed in its window: it proves nothing")
-        results.append({
-            "name": drill.name, "what": drill.what, "fault_s": drill.fault_s, "recover_s": drill.recover_s,
-            "window": {"fault": t_fault, "heal": t_heal, "end": t_end, "waited_for_a_plurk_s": stretched},
-            "stale": len(stale), "stale_examples": [stale[k] for k in sorted(stale)[:10]], "lost": whole["lost"],
-            "deliveries_checked": whole["deliveries_checked"],
-            "outbox_replays": outbox_replays(cluster, t_fault, t_end),
-            "during": _figures(records, history, t_fault, t_heal),
-            "after": _figures(records, history, t_heal, t_end),
-            "problems": problems, "passed": not problems})
+    results = [_judge(cluster, window, records, history) for window in windows]
     steady_report = None
     if steady_s:
         steady_report = dict(_figures(records, history, *steady), seconds=steady_s)
@@ -423,15 +394,63 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
               "deliveries_checked_total": overall["deliveries_checked"],
               "plurks_posted": overall["plurks_posted"], "overall_latency_s": overall["delivery_latency_s"],
               "record_files": len(records), "work_dir": work}
-    problems = []
-    if final_stale:
-        problems.append(f"{len(final_stale)} stale answers after the load stopped")
-    if not final_complete:
-        problems.append("the last checkcache could not reach every memcached")
-    if overall["lost"]:
-        problems.append(f"{overall['lost']} messages lost over the whole run")
-    if len(records) < min(processes, users):
-        problems.append(f"{len(records)} locust records files, expected {min(processes, users)}")
-    report["problems"] = problems
-    report["passed"] = not problems and all(r["passed"] for r in results)
+    report["problems"] = _run_problems(report, expected_records=min(processes, users))
+    report["passed"] = not report["problems"] and all(r["passed"] for r in results)
     return report
+
+
+def _inject(cluster, load, drill, say):
+    """One drill under the running load: the fault, its time, the heal, the recovery, and the
+    cache checked; the Window to judge once the load has stopped."""
+    if not load.alive():
+        raise ClusterError(f"locust stopped before drill {drill.name} (see "
+                           f"{topology.VAR_DIR}/{CLIENT}/log/locust.log)")
+    say(f"drill {drill.name}: {drill.what}")
+    t_fault = time.time()
+    drill.fault(cluster)
+    time.sleep(drill.fault_s)
+    t_heal = time.time()
+    drill.heal(cluster)
+    time.sleep(drill.recover_s)
+    waited = await_a_plurk(cluster, t_fault)
+    stale, complete = stale_keys(cluster)
+    return Window(drill, t_fault, t_heal, time.time(), stale, complete, waited)
+
+
+def _judge(cluster, window, records, history):
+    """One drill's result (dict): its verdict and its figures during and after the fault."""
+    drill, stale = window.drill, window.stale
+    whole = _window(records, window.fault, window.end)
+    problems = []
+    if stale:
+        problems.append(f"{len(stale)} stale, e.g. {sorted(stale)[:3]}")
+    if not window.complete:
+        problems.append("checkcache could not reach every memcached after recovery")
+    if whole["lost"]:
+        problems.append(f"{whole['lost']} lost, e.g. {whole['lost_examples'][:3]}")
+    if not whole["deliveries_checked"]:
+        problems.append("no delivery was owed in its window: it proves nothing")
+    return {
+        "name": drill.name, "what": drill.what, "fault_s": drill.fault_s, "recover_s": drill.recover_s,
+        "window": {"fault": window.fault, "heal": window.heal, "end": window.end,
+                   "waited_for_a_plurk_s": window.waited},
+        "stale": len(stale), "stale_examples": [stale[k] for k in sorted(stale)[:10]], "lost": whole["lost"],
+        "deliveries_checked": whole["deliveries_checked"],
+        "outbox_replays": outbox_replays(cluster, window.fault, window.end),
+        "during": _figures(records, history, window.fault, window.heal),
+        "after": _figures(records, history, window.heal, window.end),
+        "problems": problems, "passed": not problems}
+
+
+def _run_problems(report, expected_records):
+    """What fails the whole run, beyond its drills: stale or lost over the run, missing records."""
+    problems = []
+    if report["final_stale"]:
+        problems.append(f"{report['final_stale']} stale answers after the load stopped")
+    if not report["final_check_complete"]:
+        problems.append("the last checkcache could not reach every memcached")
+    if report["lost_total"]:
+        problems.append(f"{report['lost_total']} messages lost over the whole run")
+    if report["record_files"] < expected_records:
+        problems.append(f"{report['record_files']} locust records files, expected {expected_records}")
+    return problems

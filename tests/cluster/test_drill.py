@@ -50,6 +50,35 @@ def test_a_window_judges_only_the_plurks_committed_in_it():
     assert drills._window(records, 130.0, 140.0)["deliveries_checked"] == 0
 
 
+def test_a_drill_fails_on_a_stale_key_a_lost_plurk_or_an_empty_window():
+    follows = [["f1", "author", 0.0], ["f2", "author", 0.0]]
+    posts = [["author", 1, 99.0, 100.0], ["author", 2, 109.0, 110.0]]
+    seen = [["f1", 1, 100.5], ["f2", 1, 101.0], ["f1", 2, 111.0]]
+    records = _records(posts, seen, {"f1": 130.0, "f2": 130.0}, follows)
+    history = [(95, 0, 0), (100, 10, 0), (105, 30, 4), (112, 50, 4)]
+    cluster = type("C", (), {"hosts": []})()
+    drill = drills.select(["web-host-lost"])[0]
+    good = drills._judge(cluster, drills.Window(drill, 100.0, 105.0, 109.0, {}, True, 0.5), records, history)
+    assert good["passed"] and good["problems"] == []
+    assert (good["deliveries_checked"], good["during"]["requests"], good["during"]["failures"]) == (2, 20, 4)
+    stale = drills._judge(cluster, drills.Window(drill, 100.0, 105.0, 109.0, {"k": "k: cached x"}, True, 0), records,
+                          history)
+    assert not stale["passed"] and stale["problems"][0].startswith("1 stale") and stale["stale_examples"] == ["k: cached x"]
+    lost = drills._judge(cluster, drills.Window(drill, 109.0, 112.0, 120.0, {}, True, 0), records, history)
+    assert not lost["passed"] and lost["problems"] == ["1 lost, e.g. [['author', 2, 'f2']]"]
+    empty = drills._judge(cluster, drills.Window(drill, 200.0, 205.0, 210.0, {}, False, 60.0), records, history)
+    assert empty["problems"] == ["checkcache could not reach every memcached after recovery",
+                                 "no delivery was owed in its window: it proves nothing"]
+
+
+def test_the_run_fails_on_what_no_single_drill_saw():
+    clean = {"final_stale": 0, "final_check_complete": True, "lost_total": 0, "record_files": 2}
+    assert drills._run_problems(clean, expected_records=2) == []
+    assert drills._run_problems(dict(clean, final_stale=3, lost_total=1, record_files=1), expected_records=2) == [
+        "3 stale answers after the load stopped", "1 messages lost over the whole run",
+        "1 locust records files, expected 2"]
+
+
 def test_requests_and_failures_between_two_times_come_from_the_cumulative_history():
     history = [(100, 10, 0), (101, 30, 2), (103, 50, 5), (110, 90, 5)]
     assert drills._count_between(history, 101, 103) == (20, 3)
