@@ -109,6 +109,18 @@ async def _answers_after(pollers, marks, timeout, stack=None):
     return [_after(p, m) for p, m in zip(pollers, marks)]
 
 
+async def _post_wakes_every_held_poll(stack, pollers, writer, content):
+    """``writer`` posts a plurk: every poller's held poll is answered by fastpath (a held 200, a
+    cache hit); their answers."""
+    mark = _seen(pollers)
+    resp = await asyncio.to_thread(stack.api, "POST", "/api/plurks", writer, json={"content": content})
+    assert resp.status_code == 201, resp.text
+    answers = await _answers_after(pollers, mark, SLACK_S, stack)
+    assert all(not isinstance(a, str) and a.status == 200 and a.cache == "HIT" and a.held
+               for a in answers), answers
+    return answers
+
+
 def _django_answer(answer):
     return answer.cache == "MISS" and not answer.held and answer.status in (200, 204, 304)
 
@@ -138,12 +150,7 @@ def test_fastpath_killed_while_held_gives_djangos_answers_then_holds_again(stack
             # back: within a few short-poll rounds every client is held by fastpath again
             await wait_held(stack.config, len(pollers), timeout=SLACK_S + 4 * 2.0)
             assert all(not p.errors for p in pollers), [p.errors for p in pollers if p.errors]
-            mark = _seen(pollers)
-            resp = await asyncio.to_thread(stack.api, "POST", "/api/plurks", writer, json={"content": "back"})
-            assert resp.status_code == 201, resp.text
-            answers = await _answers_after(pollers, mark, SLACK_S, stack)
-            assert all(not isinstance(a, str) and a.status == 200 and a.cache == "HIT" and a.held
-                       for a in answers), answers
+            answers = await _post_wakes_every_held_poll(stack, pollers, writer, "back")
             assert all(a.body == b'{"count":1}' and a.etag == etag_of(a.body) for a in answers), answers
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
@@ -177,12 +184,7 @@ def test_fastpath_restarted_by_the_runner_hands_its_held_polls_over(stack):
                        for a in answers), answers
             # every client is held again, by the new fastpath, without an answer in between
             await wait_held(stack.config, len(pollers), timeout=SLACK_S)
-            mark = _seen(pollers)
-            resp = await asyncio.to_thread(stack.api, "POST", "/api/plurks", writer, json={"content": "after"})
-            assert resp.status_code == 201, resp.text
-            answers = await _answers_after(pollers, mark, SLACK_S, stack)
-            assert all(not isinstance(a, str) and a.status == 200 and a.cache == "HIT" and a.held
-                       for a in answers), answers
+            await _post_wakes_every_held_poll(stack, pollers, writer, "after")
 
     failure = []
 
