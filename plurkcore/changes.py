@@ -91,10 +91,11 @@ def forget(alias, pks):
         return
     connection = connections[alias]
     table = connection.ops.quote_name(PendingChange._meta.db_table)
+    column = connection.ops.quote_name(PendingChange._meta.pk.column)
     try:
         # one statement, its own transaction: QuerySet.delete() would add BEGIN and COMMIT
         with connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {table} WHERE id IN ({', '.join(['%s'] * len(pks))})", list(pks))
+            cursor.execute(f"DELETE FROM {table} WHERE {column} IN ({', '.join(['%s'] * len(pks))})", list(pks))
     except Exception:
         logger.exception("cannot delete %d written outbox row(s); the repair pass will rewrite "
                          "their answers", len(pks))

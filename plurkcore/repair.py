@@ -14,9 +14,8 @@ pass read (same id: another pass may have paid it and a new failure made it anew
 again) with its generation unchanged, so a failure recorded during the pass is never lost, even
 with several passes at once (every Django process, a repaircache per cluster host).
 """
-import logging
-
 import datetime
+import logging
 
 from django.db import IntegrityError, router, transaction
 from django.db.models import F

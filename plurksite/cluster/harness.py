@@ -355,7 +355,8 @@ class Cluster:
         netns.block_udp(name, host.address, *topology.NOTIFY_PORTS)
 
     def restore_notices(self, name):
-        netns.unblock_udp(self.host(name).name)
+        self.host(name)
+        netns.unblock_udp(name)
 
     def partition(self, name):
         self.host(name)

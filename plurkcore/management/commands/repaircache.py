@@ -9,7 +9,8 @@ from plurkcore import conf, repair
 
 class Command(BaseCommand):
     help = ("Pay the cache's debts: flush every suspect memcached server that answers again, "
-            "rewrite stale keys, and write the answers of changes whose writer died (the outbox).  --loop keeps doing it (the stack runner's repaircache service).")
+            "rewrite stale keys, and write the answers of changes whose writer died (the outbox).  "
+            "--loop keeps doing it (the stack runner's repaircache service).")
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true", help="repeat until SIGTERM/SIGINT")
