@@ -101,12 +101,18 @@ DELIVERY_TYPE = "delivery"
 
 
 def _stats_failures(csv_prefix):
-    """HTTP requests and failures so far (every endpoint but the ``delivery`` figures)."""
+    """HTTP requests and failures so far (every endpoint but the ``delivery`` figures); (None,
+    None) while there are none, or when the file was read half-written (locust rewrites it while
+    the run goes on: a short last row)."""
     rows = [r for r in _csv_rows(csv_prefix + "_stats.csv")
             if r["Name"] != "Aggregated" and r["Type"] != DELIVERY_TYPE]
-    if not rows:
+    try:
+        counts = [(int(r["Request Count"]), int(r["Failure Count"])) for r in rows]
+    except (TypeError, ValueError):
         return None, None
-    return sum(int(r["Request Count"]) for r in rows), sum(int(r["Failure Count"]) for r in rows)
+    if not counts:
+        return None, None
+    return sum(n for n, _ in counts), sum(f for _, f in counts)
 
 
 def _locust_details(csv_prefix):

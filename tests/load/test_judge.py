@@ -71,3 +71,12 @@ def test_bench_judge_counts_the_records_files(tmp_path):
     verdict = load.judge(str(tmp_path), expected_processes=2)
     problems = load.problems_of(dict(verdict, failures=0, exceptions=0, locust_exit=0, requests=1))
     assert problems and "expected 2" in problems[0]
+
+
+def test_progress_reads_a_half_written_stats_file_as_nothing_yet(tmp_path):
+    """locust rewrites its stats CSV while the run goes on: a short last row is not a crash."""
+    header = "Type,Name,Request Count,Failure Count\n"
+    (tmp_path / "locust_stats.csv").write_text(header + "GET,/Poll/x,10,1\nPOST,/api/plurks,3,0\n")
+    assert load._stats_failures(str(tmp_path / "locust")) == (13, 1)
+    (tmp_path / "locust_stats.csv").write_text(header + "GET,/Poll/x,10,1\nPOST,/api/plu")
+    assert load._stats_failures(str(tmp_path / "locust")) == (None, None)
