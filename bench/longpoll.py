@@ -480,10 +480,13 @@ def run_load(users, run_time):
     for mode in ("long", "short"):
         name = _load_name(mode, users)
         progress(f"=== locust {mode} polling: {users} users, {run_time}s")
-        started = time.monotonic()
+        started, began = time.monotonic(), time.time()
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--load-child", mode, "--load-users",
                              str(users), "--load-time", str(run_time)], cwd=ROOT).returncode
         try:
+            # a run that died before writing leaves the previous run's file: never report that
+            if os.path.getmtime(os.path.join(RESULTS_DIR, f"{name}.json")) < began:
+                raise ValueError(f"locust {mode} polling wrote nothing (exit {rc})")
             out[mode] = load_summary(name)
         except (OSError, KeyError, ValueError) as exc:
             out[mode] = {"error": f"no result ({exc})"}
