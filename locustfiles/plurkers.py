@@ -46,16 +46,18 @@ fields) is a request *failure*, never an exception that would leave the poll unr
 Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_MODE``):
   long (default)  each user keeps one getUnreadCount in flight with ``Prefer: wait=N`` and the
                   ETag of its last answer (If-None-Match), in a greenlet of its own, as the page
-                  does: fastpath holds it until the count changes (then getMessages and markRead)
-                  or the wait ends (304), and it is sent again at once when the answer carried
+                  does: fastpath holds it until the count changes (then getMessages) or the wait
+                  ends (304), and it is sent again at once when the answer carried
                   Preference-Applied; otherwise (Django answered: fastpath down, or a fastpath
                   that does not hold) after the poll wait, so it never spins.  Errors back off
                   with jitter.  Held polls are named ``/Poll/getUnreadCount (held)`` in locust's
                   statistics (their time is mostly waiting); the poll task weight then idles, so
                   users post and respond as often as in the short mode.
-  short           every user's poll task asks getUnreadCount (and getMessages when something is
-                  unread) every couple of seconds: the comparison.
+  short           every user's poll task asks getUnreadCount (and getMessages when the count
+                  differs from what was shown) every couple of seconds: the comparison.
 Delivery latency is measured the same way in both, from the plurk's commit to its first sight.
+Both read as the page does: what was shown is marked read (one markRead) once it has been seen
+``PLURK_LOAD_READ_AFTER_S``; in long mode a hold then ends when the read falls due.
 
 Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
   PLURK_LOAD_POLL_WAIT    mean seconds between an ordinary user's actions (default 2, jitter
@@ -64,10 +66,13 @@ Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
   PLURK_LOAD_CELEB_WAIT   mean seconds between a celebrity's actions (default 3)
   PLURK_LOAD_POLL_MODE    long (default) or short, as --poll-mode
   PLURK_LOAD_LONGPOLL_WAIT  N of ``Prefer: wait=N`` (default 50, below fastpath's 55 s max wait)
+  PLURK_LOAD_READ_AFTER_S   seconds what was shown stays unread before markRead (default 3, the
+                          page's READ_AFTER_MS; 0: marked read at once after every answer)
 """
 import datetime
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -106,6 +111,9 @@ SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
 POLL_MODES = ("long", "short")
 LONGPOLL_WAIT = int(os.environ.get("PLURK_LOAD_LONGPOLL_WAIT", "50"))
 LONGPOLL_QUICK_S = 1.0           # a held 304 sooner than this is not trusted: wait before the next
+# What was shown is marked read once it has been on screen this long, as the page does (app.js's
+# READ_AFTER_MS), in one markRead for everything shown meanwhile; 0: at once, after every answer.
+READ_AFTER_S = float(os.environ.get("PLURK_LOAD_READ_AFTER_S", "3"))
 MAX_BACKOFF_S = 30.0
 PASSWORD = "load-pass-1"
 CLAIM_TIMEOUT_S = 60
@@ -276,6 +284,8 @@ class _Plurker(FastHttpUser):
     etag = None                   # long mode: the ETag of the last count answer handled
     count = 0
     known = 0                     # the count of the last getMessages answer (what was shown)
+    shown_upto = 0                # the newest item shown with everything unread below it
+    read_due = None               # time.monotonic() when what was shown is marked read
     _poller = None
 
     def _auth(self):
@@ -303,7 +313,12 @@ class _Plurker(FastHttpUser):
         counted = self._get_poll("getUnreadCount", _check_count)
         if counted is None:
             return
-        self._read(started, counted.get("count", 0))
+        count = counted.get("count", 0)
+        if count and count == self.known:       # what was shown is all there is (the page's rule)
+            self._polled(started)
+        else:
+            self._read(started, count)
+        self._mark_read_if_due()
 
     def _read(self, started, announced):
         """After a count answer of a poll begun at ``started``: fetch the messages when something
@@ -336,16 +351,36 @@ class _Plurker(FastHttpUser):
         for item in fresh:
             self._delivered(item, now)
         if items and body["count"] == len(items):
-            # everything unread was shown: mark it read (reading takes a moment)
-            self.client.post("/api/markRead", json={"upto": max(i["id"] for i in items)},
-                             headers=self._auth(), name="/api/markRead")
-            # the count changed under the ETag we hold: a count back at the same number (a new
-            # plurk after the read) would otherwise match it and be held as "nothing new"
-            self.etag = None
+            # everything unread was shown: it is marked read once it has been seen a moment
+            newest = max(i["id"] for i in items)
+            if newest > self.shown_upto:
+                self.shown_upto = newest
+                self.read_due = time.monotonic() + READ_AFTER_S
         elif items:
             with _lock:
                 _records["truncated"] += 1
         return True
+
+    def _mark_read_if_due(self):
+        """Mark read what was shown, once it has been seen ``READ_AFTER_S`` (one request for all
+        of it, as the page makes)."""
+        if self.read_due is None or time.monotonic() < self.read_due:
+            return
+        self.read_due = None
+        self.client.post("/api/markRead", json={"upto": self.shown_upto}, headers=self._auth(),
+                         name="/api/markRead")
+        # what is still unread is newer than anything shown: the next count fetches it
+        self.known = 0
+        # the count changed under the ETag we hold: a count back at the same number (a new plurk
+        # after the read) would otherwise match it and be held as "nothing new"
+        self.etag = None
+
+    def _wait(self):
+        """The hold to ask for: the whole wait, or until a read falls due (the page aborts its
+        held poll then); at least 2 s, so that the hold is not taken for a quick 304."""
+        if self.read_due is None:
+            return LONGPOLL_WAIT
+        return min(LONGPOLL_WAIT, max(2, math.ceil(self.read_due - time.monotonic())))
 
     # -- long-polling ----------------------------------------------------------------------------
 
@@ -363,7 +398,7 @@ class _Plurker(FastHttpUser):
         """One held getUnreadCount: (count, held, quick) or None on failure.  ``held``: fastpath
         applied the wait (Preference-Applied); ``quick``: an unchanged answer came back at once."""
         headers = self._auth()
-        headers["Prefer"] = f"wait={LONGPOLL_WAIT}"
+        headers["Prefer"] = f"wait={self._wait()}"
         if self.etag:
             headers["If-None-Match"] = self.etag
         started = time.monotonic()
@@ -391,8 +426,9 @@ class _Plurker(FastHttpUser):
     def _long_poll_loop(self):
         backoff = POLL_WAIT
         while True:
-            started = time.time()
             try:
+                self._mark_read_if_due()
+                started = time.time()
                 answer = self._long_poll()
                 if answer is not None:
                     count, held, quick, status = answer

@@ -242,3 +242,19 @@ def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path, mo
     assert int(stats[("", "Aggregated")]["Failure Count"]) == 0
     line = next((ln for ln in out.splitlines() if ln.startswith("delivery (6 users")), None)
     assert line is not None and "LOST 0" in line and "poll hit ratio" in line, out[-3000:]
+
+
+@pytest.mark.load
+def test_what_was_shown_is_marked_read_once_when_it_has_been_seen_a_moment(tmp_path):
+    """As the page: one markRead for what was shown, once it has been on screen READ_AFTER_S, and
+    the hold before it ends when the read falls due (not a markRead after every answer, which
+    blocked the next poll behind Django under load)."""
+    with FakeApi("lagging") as api:
+        proc, out = _plain_locust(tmp_path, api.hostport, "-u", "1", "-r", "1", "-t", "8s",
+                                  env={"PLURK_LOAD_POLL_WAIT": "0.3", "PLURK_LOAD_WRITE_WEIGHT": "0",
+                                       "PLURK_LOAD_READ_AFTER_S": "2"})
+        marks = api.requests.count(("POST", "/api/markRead"))
+        prefers = [prefer for prefer, _ in api.poll_headers]
+    assert proc.returncode == 0, out[-3000:]
+    assert marks == 1, (marks, out[-3000:])
+    assert "wait=2" in prefers and prefers[-1] == "wait=50", prefers
