@@ -12,7 +12,7 @@ the accounts in bulk (logged in, answers already cached; with --prefollow the so
 and L accounts with a password through /api/signup (their users log in with /api/login), runs
 locust headless (--processes N: locust's distributed mode, N workers; every account is run by one
 user of one process), then merges every process's records and reports: delivery latency (post
-committed -> first seen by a follower, p50/p95/max), messages lost (a follower who followed before
+committed -> first seen by a follower, p50/p95/p99/max), messages lost (a follower who followed before
 the post and polled after it never saw it: must be 0), request failures (with their kinds),
 exceptions raised in locust tasks, the cache hit ratio the pollers saw, and the CPU and memory of
 each part of the stack (nginx, fastpath, memcached, gunicorn, the cache repairer, PostgreSQL when
@@ -534,7 +534,8 @@ def main(argv=None):
     print(f"\n{verdict['users']} users, {verdict['processes']} locust process(es), {verdict['run_time_s']} s")
     print(f"plurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
           f"LOST {verdict['lost']}")
-    print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, max {fmt(lat['max'])}")
+    print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, p99 {fmt(lat['p99'])}, "
+          f"max {fmt(lat['max'])}")
     print(f"requests {verdict['requests']}, failures {verdict['failures']}, exceptions {verdict['exceptions']}, "
           f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
     print(f"accounts {verdict['distinct_accounts']} distinct ({verdict['password_logins']} logged in with a password), "

@@ -12,7 +12,8 @@
    notices run for real): time from before the POST to the last follower's answer; and the time
    from before a POST to nchan's publisher to the last of F subscribers' answers.
 3. the locust simulation (bench/load.py) at equal users in long-poll and short-poll mode:
-   delivery latency (p50, p95, p99 from locust's own histogram), losses, requests per second.
+   delivery latency (p50, p95, p99 of the deliveries the judge checks; locust's own histogram's
+   p99 beside it), losses, requests per second.
 
 The client is this file's own: processes of non-blocking sockets (at most CLIENT_CONNS each: the
 machine's fd limit is 20,000 per process), each from its own 127.0.0.x source address.
@@ -467,6 +468,7 @@ def load_summary(name):
             "requests_per_s": round(v["requests"] / v["run_time_s"], 1) if v["requests"] else None,
             "failures": v["failures"], "lost": v["lost"], "deliveries_checked": v["deliveries_checked"],
             "delivery_p50_ms": ms(lat["p50"]), "delivery_p95_ms": ms(lat["p95"]),
+            "delivery_p99_ms": ms(lat.get("p99")),
             "delivery_p99_ms_locust": delivery.get("p99_ms"), "delivery_max_ms": ms(lat["max"]),
             "problems": v["problems"]}
 
@@ -513,7 +515,9 @@ def goals(result):
     lo = result.get("load", {}).get("long", {})
     if lo.get("delivery_p50_ms") is not None:
         g["load: delivery p50 <= 50 ms"] = lo["delivery_p50_ms"] <= 50
-        p99 = lo.get("delivery_p99_ms_locust")
+        # over the deliveries the judge checks (follower before the post, seen after it), as p50;
+        # locust's own histogram also counts every other first sight and rounds to 2 digits
+        p99 = lo.get("delivery_p99_ms")
         g["load: delivery p99 <= 250 ms"] = p99 is not None and p99 <= 250
         g["load: nothing lost"] = lo["lost"] == 0
     return g

@@ -76,6 +76,7 @@ def judge(records):
         "lost": len(lost),
         "lost_examples": lost[:10],
         "delivery_latency_s": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
+                               "p99": percentile(latencies, 99),
                                "max": max(latencies) if latencies else None},
         "poll_responses": total,
         "hit_ratio": cache["HIT"] / total if total else None,
@@ -97,7 +98,7 @@ def summary(verdict):
     ratio = verdict["hit_ratio"]
     line = (f"{verdict['plurks_posted']} plurks, {verdict['deliveries_checked']} deliveries checked, "
             f"LOST {verdict['lost']}, delivery latency p50 {fmt(lat['p50'])} p95 {fmt(lat['p95'])} "
-            f"max {fmt(lat['max'])}, poll hit ratio {'n/a' if ratio is None else format(ratio, '.4f')} "
+            f"p99 {fmt(lat['p99'])} max {fmt(lat['max'])}, poll hit ratio {'n/a' if ratio is None else format(ratio, '.4f')} "
             f"({verdict['poll_responses']} poll responses)")
     if verdict["lost"]:
         line += f"; lost (author, plurk, follower) e.g. {verdict['lost_examples'][:3]}"

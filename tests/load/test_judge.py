@@ -21,6 +21,14 @@ def test_disjoint_processes_pass():
     assert verdict["distinct_accounts"] == verdict["accounts_run"] == 3
     assert verdict["deliveries_checked"] == 1 and verdict["lost"] == 0
     assert abs(verdict["delivery_latency_s"]["p50"] - 0.4) < 1e-9
+    assert verdict["delivery_latency_s"]["p99"] == verdict["delivery_latency_s"]["p50"]
+
+
+def test_percentiles_are_of_the_checked_deliveries():
+    values = [i / 1000 for i in range(1, 201)]          # 1 ms .. 200 ms
+    assert _delivery.percentile(values, 50) == 0.101
+    assert _delivery.percentile(values, 99) == 0.198
+    assert _delivery.percentile([], 99) is None
 
 
 def test_an_account_run_by_two_processes_is_rejected():
