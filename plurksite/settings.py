@@ -59,6 +59,12 @@ TEMPLATES = [
 ]
 
 
+#: seconds a database connection is kept across requests, on both backends: for SQLite, opening
+#: the file and running its PRAGMAs for every request was an eighth of gunicorn's time under
+#: `make load`
+_CONN_MAX_AGE_S = 60
+
+
 def _database(url):
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
@@ -67,9 +73,7 @@ def _database(url):
             "NAME": STACK.sqlite_path,
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE",
                         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
-            # kept across requests, as for PostgreSQL: opening the file and running the PRAGMAs
-            # for every request was an eighth of gunicorn's time under `make load`
-            "CONN_MAX_AGE": 60,
+            "CONN_MAX_AGE": _CONN_MAX_AGE_S,
         }
     return {
         "ENGINE": "django.db.backends.postgresql",
@@ -78,7 +82,7 @@ def _database(url):
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        "CONN_MAX_AGE": 60,
+        "CONN_MAX_AGE": _CONN_MAX_AGE_S,
         # a kept connection is checked (SELECT 1) at its first use in a request: after a
         # PostgreSQL restart the first request of every worker would fail otherwise
         "CONN_HEALTH_CHECKS": True,
