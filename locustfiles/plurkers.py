@@ -322,7 +322,8 @@ class _Plurker(FastHttpUser):
 
     def _read(self, started, announced):
         """After a count answer of a poll begun at ``started``: fetch the messages when something
-        is unread, count deliveries, mark read what was shown.  False when the messages are
+        is unread, count deliveries, and set when what was shown falls due to be marked read
+        (:meth:`_mark_read_if_due` sends it).  False when the messages are
         behind the count that announced them (two keys, written one after the other: the count
         can be read first); the poll is then not complete and the long-poll must ask again soon
         instead of holding on the count's ETag."""
