@@ -63,9 +63,12 @@ int fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secr
     int ok = 1;
 
     memset(block, 0, sizeof(block));
-    if (secret_len > sizeof(block))
-        ok = SHA256(secret, secret_len, block) != NULL;
-    else
+    if (secret_len > sizeof(block)) {
+        /* not the one-shot SHA256(): in OpenSSL 3 it fetches through the providers */
+        SHA256_CTX ctx;
+        ok = SHA256_Init(&ctx) == 1 && SHA256_Update(&ctx, secret, secret_len) == 1 &&
+             SHA256_Final(block, &ctx) == 1;
+    } else
         memcpy(block, secret, secret_len);
     for (size_t i = 0; i < sizeof(block); i++)
         pad[i] = block[i] ^ 0x36;
