@@ -141,7 +141,7 @@ static void _conn_close(fp_conn_t *c)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
-    event_free(c->ev);
+    event_del(c->ev);                /* its memory goes with c's: nothing of it may stay armed */
     close(c->fd);
     if (c->in != NULL)
         _buf_put(srv, c->in);
@@ -149,7 +149,7 @@ static void _conn_close(fp_conn_t *c)
     srv->n_kind[c->kind]--;
     srv->st->connections--;
     free(c->out);
-    free(c);
+    fp_slab_free(&srv->conn_slab, c);
     if (srv->stopping && srv->n_conns <= 0 && srv->drained != NULL)
         srv->drained(srv->drained_arg);
 }
@@ -181,7 +181,7 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     fp_conn_t *c = NULL;
 
     if (srv->stopping || srv->n_kind[kind] >= _kinds[kind].cap(cfg) || _set_nodelay(fd) != 0 ||
-        (c = calloc(1, sizeof(*c))) == NULL)
+        (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
         goto reject;
     c->srv = srv;
     c->fd = fd;
@@ -189,11 +189,10 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     c->deadline_s = fp_now_s() + cfg->idle_timeout_s;
     llhttp_init(&c->parser, HTTP_REQUEST, &srv->http_settings);
     c->parser.data = c;
-    c->ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c);
-    if (c->ev == NULL || event_add(c->ev, srv->idle_tv) < 0) {
-        if (c->ev != NULL)
-            event_free(c->ev);
-        free(c);
+    c->ev = (struct event *)((char *)c + FP_CONN_EV_OFFSET);
+    if (event_assign(c->ev, srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
+        event_add(c->ev, srv->idle_tv) < 0) {
+        fp_slab_free(&srv->conn_slab, c);
         goto reject;
     }
     c->next = srv->conns;

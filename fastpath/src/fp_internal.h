@@ -20,6 +20,7 @@
 #include "fp_mc.h"
 #include "fp_notify.h"
 #include "fp_server.h"
+#include "fp_slab.h"
 #include "fp_stats.h"
 #include "fp_token.h"
 #include "fp_util.h"
@@ -94,7 +95,8 @@ typedef struct fp_conn {
     char key[FP_KEY_CAP];
     int64_t deadline_s;              /* READING: the request must have arrived by then;
                                         LINGERING: reading stops then, however much still comes */
-    struct event *ev;                /* read (or write while the socket is full), with timeout */
+    struct event *ev;                /* read (or write while the socket is full), with timeout;
+                                        it lives right after this struct (conn_slab) */
     llhttp_t parser;
     fp_buf_t *in;
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
@@ -115,6 +117,11 @@ typedef struct fp_conn {
                                         LINGERING */
 } fp_conn_t;
 
+/* Where a connection's struct event sits in its conn_slab object (libevent sizes it at run time:
+ * event_get_struct_event_size()). */
+#define FP_CONN_EV_OFFSET ((sizeof(fp_conn_t) + 15) & ~(size_t)15)
+#define FP_CONN_SLAB_CHUNK (64 * 1024)
+
 typedef struct fp_server {
     const fp_config_t *cfg;
     struct event_base *base;
@@ -123,6 +130,7 @@ typedef struct fp_server {
     fp_wait_table_t waits;           /* held polls by key */
     fp_notify_t notify;              /* its sources: --notify-dir, --notify-udp */
     uint64_t rng;                    /* xorshift: hold jitter */
+    fp_slab_t conn_slab;             /* fp_conn_t, each followed by its struct event */
     fp_buf_t *buf_pool;
     int buf_pool_n;
     size_t buf_cap;

@@ -160,6 +160,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     srv->st->pid = (uint64_t)getpid();
     fp_notify_init(&srv->notify, &srv->waits, srv->st);      /* no source yet: fini is safe */
     srv->buf_cap = cfg->max_headers + 1024;
+    fp_slab_init(&srv->conn_slab, FP_CONN_EV_OFFSET + event_get_struct_event_size(), FP_CONN_SLAB_CHUNK);
     srv->drained = _on_drained;
     srv->drained_arg = srv;
     fp_conn_settings_init(&srv->http_settings);
@@ -230,6 +231,7 @@ void fp_server_fini(fp_server_t *srv)
     fp_conn_close_all(srv);          /* held polls leave the wait table */
     fp_wait_fini(&srv->waits);
     fp_buf_pool_free(srv);
+    fp_slab_fini(&srv->conn_slab);   /* every connection is closed */
     if (srv->pause_accept != NULL)
         event_free(srv->pause_accept);
     if (srv->sig_term != NULL)

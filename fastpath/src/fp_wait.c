@@ -6,8 +6,10 @@
 #include "fp_util.h"
 #include "fp_wait.h"
 
-#define WAIT_BUCKETS (1u << 14)      /* per worker; chains stay short up to ~50k held keys */
-#define WAIT_FREE_MAX 1024           /* idle key records kept for reuse */
+/* Buckets start few and double as keys come (at most one key per bucket on average): a worker
+ * holding a few hundred polls does not touch a table sized for fifty thousand. */
+#define WAIT_BUCKETS_START 256
+#define WAIT_KEY_CHUNK (16 * 1024)   /* key records mapped at a time (fp_slab.h) */
 #define TICK_MAX_READS 64            /* re-reads started per tick: a burst is spread out */
 #define TICK_STAGGER_US 10000        /* between ticks while more keys are due */
 
@@ -84,18 +86,37 @@ static void _on_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ---- keys ----------------------------------------------------------------------------- */
 
+/* Twice the buckets, every key moved over.  Out of memory, the table keeps its size: chains get
+ * longer, nothing fails. */
+static void _grow(fp_wait_table_t *t)
+{
+    uint32_t n = (t->mask + 1) * 2;
+    fp_wait_key_t **old = t->buckets, **fresh = calloc(n, sizeof(*fresh));
+    if (fresh == NULL)
+        return;
+    uint32_t old_n = t->mask + 1;
+    t->buckets = fresh;
+    t->mask = n - 1;
+    for (uint32_t i = 0; i < old_n; i++) {
+        for (fp_wait_key_t *k = old[i], *next; k != NULL; k = next) {
+            next = k->hnext;
+            fp_wait_key_t **slot = _slot(t, k->key, k->key_len);
+            k->hnext = *slot;
+            *slot = k;
+        }
+    }
+    free(old);
+}
+
 static fp_wait_key_t *_key_new(fp_wait_table_t *t, const char *key, size_t len)
 {
-    fp_wait_key_t *k = t->free_keys;
-    if (k != NULL) {
-        t->free_keys = k->hnext;
-        t->n_free--;
-    } else if ((k = malloc(sizeof(*k))) == NULL) {
+    fp_wait_key_t *k = fp_slab_alloc(&t->key_slab);      /* zeroed */
+    if (k == NULL)
         return NULL;
-    }
-    memset(k, 0, offsetof(fp_wait_key_t, key));
     memcpy(k->key, key, len);
     k->key_len = (uint8_t)len;
+    if (++t->n_keys > t->mask + 1)
+        _grow(t);
     fp_wait_key_t **slot = _slot(t, key, len);
     k->hnext = *slot;
     *slot = k;
@@ -110,13 +131,8 @@ static void _key_free(fp_wait_table_t *t, fp_wait_key_t *k)
     *p = k->hnext;
     _queue_remove(t, k);
     fp_mc_cancel(k->req);
-    if (t->n_free >= WAIT_FREE_MAX) {
-        free(k);
-        return;
-    }
-    k->hnext = t->free_keys;
-    t->free_keys = k;
-    t->n_free++;
+    t->n_keys--;
+    fp_slab_free(&t->key_slab, k);
 }
 
 static void _unlink(fp_wait_table_t *t, fp_waiter_t *w)
@@ -203,8 +219,9 @@ int fp_wait_init(fp_wait_table_t *t, struct event_base *base, fp_mc_pool_t *mc, 
     t->mc = mc;
     t->st = st;
     t->interval_us = (int64_t)reread_s * 1000000;
-    t->mask = WAIT_BUCKETS - 1;
-    t->buckets = calloc(WAIT_BUCKETS, sizeof(*t->buckets));
+    t->mask = WAIT_BUCKETS_START - 1;
+    t->buckets = calloc(WAIT_BUCKETS_START, sizeof(*t->buckets));
+    fp_slab_init(&t->key_slab, sizeof(fp_wait_key_t), WAIT_KEY_CHUNK);
     t->tick = evtimer_new(base, _on_tick, t);
     return t->buckets != NULL && t->tick != NULL ? 0 : -1;
 }
@@ -221,11 +238,7 @@ void fp_wait_fini(fp_wait_table_t *t)
             }
         }
     }
-    while (t->free_keys != NULL) {
-        fp_wait_key_t *next = t->free_keys->hnext;
-        free(t->free_keys);
-        t->free_keys = next;
-    }
+    fp_slab_fini(&t->key_slab);
     free(t->buckets);
     if (t->tick != NULL)
         event_free(t->tick);

@@ -18,6 +18,7 @@
 
 #include "fp_etag.h"
 #include "fp_mc.h"
+#include "fp_slab.h"
 #include "fp_stats.h"
 
 typedef struct fp_wait_key fp_wait_key_t;
@@ -57,8 +58,8 @@ typedef struct fp_wait_table {
     fp_wait_key_t **buckets;
     uint32_t mask;                   /* buckets - 1 (a power of two) */
     fp_wait_key_t *qhead, *qtail;
-    fp_wait_key_t *free_keys;        /* key records for reuse */
-    int n_free;
+    uint32_t n_keys;                 /* in the buckets; they double when it passes their count */
+    fp_slab_t key_slab;              /* key records (fp_slab.h) */
 } fp_wait_table_t;
 
 /* -1 when out of memory or libevent fails; fp_wait_fini must be called either way (on a table
