@@ -532,7 +532,7 @@ def main(argv=None):
     ap.add_argument("--no-load", action="store_true", help="skip the locust runs")
     ap.add_argument("--load-only", action="store_true", help="only the locust runs (no held polls, no nchan)")
     ap.add_argument("--nchan-header-buffer", default=None,
-                    help="nchan's client_header_buffer_size (default nginx's 1k; the stack's template sets 2k)")
+                    help="nchan's client_header_buffer_size (default nginx's 1k, as the stack's template)")
     ap.add_argument("--quick", action="store_true", help="100 held, 100 followers, no locust (the smoke test)")
     ap.add_argument("--result-name", default="longpoll")
     ap.add_argument("--no-reuseport", action="store_true",

@@ -245,8 +245,6 @@ def _kb(value):
 
 # the runs bench/longpoll.py makes besides its default one: name -> what makes them differ
 LONGPOLL_EXTRA = {"longpoll-100k": "stretch: `--counts 100000 --fanout 0 --no-load`",
-                  "longpoll-nchan-2k": "nchan with the stack's client_header_buffer_size 2k: "
-                                       "`--counts 10000 --fanout 0 --no-load --nchan-header-buffer 2k`",
                   "longpoll-load-100": "`--load-only --load-users 100`"}
 
 
