@@ -1,24 +1,8 @@
 /* ETag, If-None-Match and Prefer: wait (fp_etag.h). */
 #include <string.h>
 
-#include <openssl/sha.h>
-
 #include "fp_etag.h"
-
-/* The low-level SHA256_Init/Update/Final, as the token check uses (fp_token.c says why that
- * deprecated API is kept).  EVP_Digest with EVP_sha256() fetches the algorithm on every call:
- * 477 ns against 153 ns for a 120-byte answer here, and its first call in a worker initialises
- * OpenSSL 3's providers, about half a megabyte of heap per fastpath worker (bench/longpoll.py
- * counted it against the first thousand held polls).  This API needs no provider at all. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-static int _sha256(const char *body, size_t len, unsigned char md[SHA256_DIGEST_LENGTH])
-{
-    SHA256_CTX ctx;
-    return SHA256_Init(&ctx) == 1 && SHA256_Update(&ctx, body, len) == 1 && SHA256_Final(md, &ctx) == 1
-               ? 0 : -1;
-}
-#pragma GCC diagnostic pop
+#include "fp_token.h"
 
 _Static_assert(FP_ETAG_HEX / 2 <= SHA256_DIGEST_LENGTH, "the ETag is a prefix of the digest");
 
@@ -27,7 +11,7 @@ int fp_etag_of(const char *body, size_t len, char tag[FP_ETAG_LEN])
     static const char hex[] = "0123456789abcdef";
     unsigned char md[SHA256_DIGEST_LENGTH];
 
-    if (_sha256(body, len, md) != 0)
+    if (fp_sha256(body, len, md) != 0)
         return -1;
     tag[0] = '"';
     for (int i = 0; i < FP_ETAG_HEX / 2; i++) {

@@ -66,7 +66,6 @@ void *fp_slab_alloc(fp_slab_t *s)
         s->next += s->size;
     }
 #endif
-    s->n_objects++;
     return p;
 }
 
@@ -74,7 +73,6 @@ void fp_slab_free(fp_slab_t *s, void *p)
 {
     if (p == NULL)
         return;
-    s->n_objects--;
 #ifdef FP_SLAB_USE_MALLOC
     free(p);
 #else

@@ -22,7 +22,6 @@ typedef struct fp_slab {
     void *free;                      /* freed objects; the first word links them */
     char *next, *end;                /* the newest chunk's not yet used part */
     fp_slab_chunk_t *chunks;         /* every mapping, for fp_slab_fini */
-    size_t n_objects;                /* handed out and not freed (for tests) */
 } fp_slab_t;
 
 /* chunk_bytes is rounded up to whole pages and holds at least one object. */

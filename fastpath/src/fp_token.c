@@ -50,11 +50,18 @@ static int _expect_dot(const char *s, size_t len, size_t *pos)
  * this way, 129 ns with EVP_MD_CTX_copy_ex from prepared EVP_MD_CTXs, 157 ns re-initialising
  * an EVP_MAC_CTX with its key kept (EVP_MAC_init with a NULL key) and 369 ns with
  * EVP_MAC_CTX_dup.  Every call's result is checked (1 is success); a failure is
- * FP_TOKEN_INTERNAL (503), never "bad signature".  The deprecation warnings are silenced for
- * these two functions only (the fuzz build, without setup.py's -Wno-deprecated-declarations,
- * stays quiet too). */
+ * FP_TOKEN_INTERNAL (503), never "bad signature".  fp_sha256 (the ETag's hash too) uses the
+ * same API.  The deprecation warnings are silenced for these functions only (the fuzz build,
+ * without setup.py's -Wno-deprecated-declarations, stays quiet too). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+int fp_sha256(const void *data, size_t len, unsigned char md[SHA256_DIGEST_LENGTH])
+{
+    SHA256_CTX ctx;
+    return SHA256_Init(&ctx) == 1 && SHA256_Update(&ctx, data, len) == 1 && SHA256_Final(md, &ctx) == 1
+               ? 0 : -1;
+}
 
 /* keys longer than the 64-byte block are hashed first */
 int fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secret_len)
@@ -63,12 +70,9 @@ int fp_hmac_prepare(fp_hmac_key_t *key, const unsigned char *secret, size_t secr
     int ok = 1;
 
     memset(block, 0, sizeof(block));
-    if (secret_len > sizeof(block)) {
-        /* not the one-shot SHA256(): in OpenSSL 3 it fetches through the providers */
-        SHA256_CTX ctx;
-        ok = SHA256_Init(&ctx) == 1 && SHA256_Update(&ctx, secret, secret_len) == 1 &&
-             SHA256_Final(block, &ctx) == 1;
-    } else
+    if (secret_len > sizeof(block))
+        ok = fp_sha256(secret, secret_len, block) == 0;
+    else
         memcpy(block, secret, secret_len);
     for (size_t i = 0; i < sizeof(block); i++)
         pad[i] = block[i] ^ 0x36;
