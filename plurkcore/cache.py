@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 
-from pymemcache.client.base import _readline
 from pymemcache.client.hash import HashClient
 from pymemcache.client.rendezvous import RendezvousHash
 from pymemcache.exceptions import MemcacheError
@@ -25,6 +24,7 @@ from . import conf
 logger = logging.getLogger("plurkcore.cache")
 
 CHUNK = 500          # commands per pipelined round trip (keeps replies well inside socket buffers)
+RECV_SIZE = 65536
 
 #: Failures per server since start (exported for monitoring and tests).
 stats = {"failures": 0, "skipped": 0}
@@ -153,7 +153,9 @@ class AnswerCache:
                 chunk = keys[start:start + CHUNK]
                 replies = _pipeline(client, [b"mg %s c\r\n" % k.encode("ascii") for k in chunk])
                 for key, reply in zip(chunk, replies):
-                    if reply.startswith(b"HD "):
+                    if reply[:4] == b"HD c" and reply[4:].isdigit():      # the usual "HD c<unique>"
+                        found[key] = int(reply[4:])
+                    elif reply.startswith(b"HD "):
                         flag = next((f for f in reply.split()[1:] if f.startswith(b"c")), None)
                         if flag is None:
                             raise MemcacheError(f"unexpected meta reply {reply!r}")
@@ -183,12 +185,10 @@ class AnswerCache:
             replies = {}
             for start in range(0, len(ops), CHUNK):
                 chunk = ops[start:start + CHUNK]
-                parts = []
-                for command, key, value, cas in chunk:
-                    head = b"%s %s 0 %s %d" % (command, key.encode("ascii"), expire_b, len(value))
-                    if command == b"cas":
-                        head += b" %d" % int(cas)
-                    parts.append(head + b"\r\n" + value + b"\r\n")
+                parts = [b"%s %s 0 %s %d %d\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), int(cas), value)
+                         if command == b"cas" else
+                         b"%s %s 0 %s %d\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), value)
+                         for command, key, value, cas in chunk]
                 replies.update(zip((key for _, key, _, _ in chunk), _pipeline(client, parts)))
             return replies
 
@@ -216,17 +216,28 @@ class AnswerCache:
 
 
 def _pipeline(client, commands):
-    """Send ``commands`` (bytes, each ending in CRLF) at once and read one reply line for each."""
+    """Send ``commands`` (bytes, each ending in CRLF, each answered by one line) at once and
+    read one reply line for each.  The replies are read whole and split once: a line at a time
+    cost ~3 us per reply in Python, most of a fan-out's memcached time."""
     if client.sock is None:
         client._connect()
-    client.sock.sendall(b"".join(commands))
-    buf = b""
-    replies = []
-    for _ in commands:
-        buf, line = _readline(client.sock, buf)
+    sock = client.sock
+    sock.sendall(b"".join(commands))
+    want = len(commands)
+    chunks = []
+    lines = 0
+    while lines < want:
+        data = sock.recv(RECV_SIZE)
+        if not data:
+            raise MemcacheError("connection closed by the server")
+        chunks.append(data)
+        lines += data.count(b"\n")      # replies are CRLF-terminated lines with no bare LF
+    replies = b"".join(chunks).split(b"\r\n")
+    if lines != want or replies.pop() != b"" or len(replies) != want:
+        raise MemcacheError(f"expected {want} reply lines, got {lines}")
+    for line in replies:
         if line.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")):
             raise MemcacheError(line.decode("ascii", "replace"))
-        replies.append(line)
     return replies
 
 

@@ -58,18 +58,19 @@ class NullNotifier(Notifier):
 
 
 def batches(keys, limit=MAX_DATAGRAM - HEADER_ROOM):
-    """Split ``keys`` into bodies of ``key\\n`` lines of at most ``limit`` bytes each."""
-    body, out = [], []
-    size = 0
-    for key in keys:
-        line = key.encode("ascii") + b"\n"
-        if body and size + len(line) > limit:
-            out.append(b"".join(body))
-            body, size = [], 0
-        body.append(line)
-        size += len(line)
-    if body:
-        out.append(b"".join(body))
+    """Split ``keys`` into bodies of ``key\\n`` lines of at most ``limit`` bytes each (a line
+    longer than ``limit`` is a body of its own)."""
+    data = "".join([key + "\n" for key in keys]).encode("ascii")
+    out = []
+    start, end = 0, len(data)
+    while end - start > limit:
+        cut = data.rfind(b"\n", start, start + limit)
+        if cut < 0:
+            cut = data.find(b"\n", start)
+        out.append(data[start:cut + 1])
+        start = cut + 1
+    if start < end:
+        out.append(data[start:])
     return out
 
 

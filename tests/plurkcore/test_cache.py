@@ -46,6 +46,47 @@ def test_pipelined_batches_larger_than_a_chunk(memcached):
         assert sock.recv(100).startswith(b"VALUE p1:x:1:0 0 2\r\n{}\r\n")
 
 
+class _TrickleSocket:
+    """A socket that replies ``data`` a few bytes per recv (replies split anywhere, even
+    between CR and LF), then reports the connection closed."""
+
+    def __init__(self, data, step):
+        self.data, self.step, self.sent = data, step, b""
+
+    def sendall(self, data):
+        self.sent += data
+
+    def recv(self, size):
+        out, self.data = self.data[:min(size, self.step)], self.data[min(size, self.step):]
+        return out
+
+
+class _FakeClient:
+    def __init__(self, sock):
+        self.sock = sock
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 4096])
+def test_pipeline_reads_replies_split_anywhere(step):
+    from plurkcore.cache import _pipeline
+
+    replies = b"HD c12\r\nEN\r\nSTORED\r\nEXISTS\r\n"
+    sock = _TrickleSocket(replies, step)
+    got = _pipeline(_FakeClient(sock), [b"a\r\n", b"b\r\n", b"c\r\n", b"d\r\n"])
+    assert got == [b"HD c12", b"EN", b"STORED", b"EXISTS"] and sock.sent == b"a\r\nb\r\nc\r\nd\r\n"
+
+
+@pytest.mark.parametrize("replies", [b"STORED\r\n", b"STORED\r\nSTO", b"STORED\r\nSERVER_ERROR out of memory\r\n",
+                                     b"STORED\r\nSTORED\r\nSTORED\r\n"])
+def test_pipeline_refuses_short_extra_and_error_replies(replies):
+    from pymemcache.exceptions import MemcacheError
+
+    from plurkcore.cache import _pipeline
+
+    with pytest.raises(MemcacheError):
+        _pipeline(_FakeClient(_TrickleSocket(replies, 5)), [b"a\r\n", b"b\r\n"])
+
+
 def test_a_dead_server_is_skipped_for_the_retry_interval_but_never_ejected(memcached3):
     cache = AnswerCache([m.spec for m in memcached3], 0.05, 0.3)
     dead = memcached3[0]

@@ -107,6 +107,21 @@ def test_keys_that_fit_make_one_datagram(workers):
     assert (seq, got) == (1, sorted(keys))
 
 
+def test_batches_split_at_line_ends_within_the_limit():
+    keys = [f"p1:getMessages:{uid}:0" for uid in range(1, 400)] + ["p1:" + "x" * 80 + ":1:0", "p1:a:1:0"]
+    for limit in (30, 64, 100, 4032):
+        bodies = notify.batches(keys, limit)
+        assert b"".join(bodies) == "".join(k + "\n" for k in keys).encode()
+        for body in bodies:
+            assert body.endswith(b"\n")
+            # over the limit only as a single line that is longer than the limit by itself
+            assert len(body) <= limit or body.count(b"\n") == 1
+        # greedy: no body could have taken the next body's first line
+        for body, following in zip(bodies, bodies[1:]):
+            assert len(body) + len(following.split(b"\n", 1)[0]) + 1 > limit
+    assert notify.batches([]) == []
+
+
 def test_no_directories_no_notices(workers, settings):
     [worker] = workers(1)
     settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_DIRS=[])
