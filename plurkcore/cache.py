@@ -185,10 +185,7 @@ class AnswerCache:
             replies = {}
             for start in range(0, len(ops), CHUNK):
                 chunk = ops[start:start + CHUNK]
-                parts = [b"%s %s 0 %s %d %d\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), int(cas), value)
-                         if command == b"cas" else
-                         b"%s %s 0 %s %d\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), value)
-                         for command, key, value, cas in chunk]
+                parts = [_store_command(command, key, value, cas, expire_b) for command, key, value, cas in chunk]
                 replies.update(zip((key for _, key, _, _ in chunk), _pipeline(client, parts)))
             return replies
 
@@ -213,6 +210,12 @@ class AnswerCache:
     def close(self):
         for client in self.client.clients.values():
             client.close()
+
+
+def _store_command(command, key, value, cas, expire_b):
+    """One storage command with its data block: ``add``, or ``cas`` with its unique."""
+    unique = b" %d" % int(cas) if command == b"cas" else b""
+    return b"%s %s 0 %s %d%s\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), unique, value)
 
 
 def _pipeline(client, commands):
