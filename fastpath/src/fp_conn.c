@@ -1,7 +1,8 @@
 /* HTTP connections: llhttp parses, this file decides and answers.
  *
- * A connection costs its struct and one event while idle; a read buffer (max_headers + 1 KiB)
- * is lent from a pool only while it has unparsed bytes.  Requests on one connection are
+ * A connection costs its struct and one event while idle or held; a read buffer (max_headers +
+ * 1 KiB) is lent from a pool only while it has unparsed bytes or a request under way, and what
+ * the request's head said (fp_request_t) lives in it, not in the connection.  Requests on one connection are
  * answered one at a time and in order: after each complete request the parser pauses, the
  * request is answered (at once, or when memcached replies), and only then does parsing go on
  * with any pipelined bytes.
@@ -67,7 +68,7 @@ static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
 
 typedef struct {
     const char *name;
-    /* at the end of the head: decide c->action (and the key or the answer) */
+    /* at the end of the head: decide the request's action (and the key or the answer) */
     void (*route)(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
     int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
     uint8_t counted;                         /* answers count in fastpath_requests_total */
@@ -104,6 +105,7 @@ static fp_buf_t *_buf_get(fp_server_t *srv)
     }
     b->next = NULL;
     b->len = b->pos = 0;
+    memset(&b->req, 0, sizeof(b->req));      /* a pooled buffer carries its last request */
     return b;
 }
 
@@ -130,6 +132,12 @@ void fp_buf_pool_free(fp_server_t *srv)
 
 /* ---- connection lifecycle ---------------------------------------------------------- */
 
+/* The connection's struct event, right after it in its conn_slab object. */
+static struct event *_ev(fp_conn_t *c)
+{
+    return (struct event *)((char *)c + FP_CONN_EV_OFFSET);
+}
+
 static void _conn_close(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
@@ -141,7 +149,7 @@ static void _conn_close(fp_conn_t *c)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
-    event_del(c->ev);                /* its memory goes with c's: nothing of it may stay armed */
+    event_del(_ev(c));                /* its memory goes with c's: nothing of it may stay armed */
     close(c->fd);
     if (c->in != NULL)
         _buf_put(srv, c->in);
@@ -157,11 +165,11 @@ static void _conn_close(fp_conn_t *c)
 /* Watch the socket for `what` (EV_READ or EV_WRITE), with the idle timeout. */
 static int _conn_watch(fp_conn_t *c, short what)
 {
-    if (event_del(c->ev) < 0)
+    if (event_del(_ev(c)) < 0)
         return -1;
-    if (event_assign(c->ev, c->srv->base, c->fd, what | EV_PERSIST, _conn_event_cb, c) < 0)
+    if (event_assign(_ev(c), c->srv->base, c->fd, what | EV_PERSIST, _conn_event_cb, c) < 0)
         return -1;
-    return event_add(c->ev, c->srv->idle_tv);
+    return event_add(_ev(c), c->srv->idle_tv);
 }
 
 /* Nagle off, so that an answer leaves at once.  A unix socket has no Nagle to turn off. */
@@ -189,9 +197,8 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     c->deadline_s = fp_now_s() + cfg->idle_timeout_s;
     llhttp_init(&c->parser, HTTP_REQUEST, &srv->http_settings);
     c->parser.data = c;
-    c->ev = (struct event *)((char *)c + FP_CONN_EV_OFFSET);
-    if (event_assign(c->ev, srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
-        event_add(c->ev, srv->idle_tv) < 0) {
+        if (event_assign(_ev(c), srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
+        event_add(_ev(c), srv->idle_tv) < 0) {
         fp_slab_free(&srv->conn_slab, c);
         goto reject;
     }
@@ -273,7 +280,7 @@ static void _put_uint(_text_t *t, uint64_t v)
 
 /* Status line and headers of an answer with body_len bytes of body (0 for 204 and HEAD). */
 static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, const char *cache,
-                        size_t body_len)
+                        const char *etag, size_t body_len)
 {
     size_t date_len;
     const char *date = fp_date_header(&c->srv->date, c->srv->base, &date_len);
@@ -293,9 +300,9 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
         PUT_LIT(h, "\r\n");
     }
     PUT_LIT(h, "Cache-Control: no-store\r\n");
-    if (c->has_etag) {
+    if (etag != NULL) {
         PUT_LIT(h, "ETag: ");
-        _put(h, c->etag, FP_ETAG_LEN);
+        _put(h, etag, FP_ETAG_LEN);
         PUT_LIT(h, "\r\n");
     }
     if (c->wait_s >= 0) {
@@ -371,8 +378,9 @@ static int _conn_send(fp_conn_t *c, const _text_t *h, const char *body, size_t b
     return _conn_keep_rest(c, h, body, body_len, (size_t)n);
 }
 
-/* Send status, headers and body.  -1: the connection was closed or is closing. */
-static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *cache,
+/* Send status, headers (etag: FP_ETAG_LEN bytes, or NULL for none) and body.  -1: the
+ * connection was closed or is closing. */
+static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *cache, const char *etag,
                          const char *body, size_t body_len)
 {
     char head_buf[HEAD_CAP];
@@ -382,7 +390,7 @@ static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *
         body_len = 0;
     if (_kinds[c->kind].counted)
         c->srv->st->status[fp_status_slot(code)]++;
-    _build_head(c, &h, code, ctype, cache, body_len);
+    _build_head(c, &h, code, ctype, cache, etag, body_len);
     return _conn_send(c, &h, body, body_len);
 }
 
@@ -394,7 +402,7 @@ static int _conn_respond_error(fp_conn_t *c, int code, const char *message, cons
     PUT_LIT(&b, "{\"error\":\"");
     _put_str(&b, message, 128);
     PUT_LIT(&b, "\"}");
-    return _conn_respond(c, code, "application/json", cache, b.p, b.len);
+    return _conn_respond(c, code, "application/json", cache, NULL, b.p, b.len);
 }
 
 static int _conn_respond_metrics(fp_conn_t *c)
@@ -403,43 +411,36 @@ static int _conn_respond_metrics(fp_conn_t *c)
     if (text == NULL)
         return _conn_respond_error(c, 503, "out of memory", NULL);
     size_t n = fp_stats_render(c->srv->cfg->stats, c->srv->cfg->n_workers, text, STATS_CAP);
-    int rc = _conn_respond(c, 200, "text/plain; version=0.0.4", NULL, text, n);
+    int rc = _conn_respond(c, 200, "text/plain; version=0.0.4", NULL, NULL, text, n);
     free(text);
     return rc;
 }
 
-/* The ETag of a 200/204 answer (an empty body too): tag when the caller has it already (a wake
- * computes it once for all the waiters it answers), else computed.  -1: libcrypto failed. */
-static int _conn_set_etag(fp_conn_t *c, const char *data, size_t len, const char *tag)
-{
-    if (tag != NULL)
-        memcpy(c->etag, tag, FP_ETAG_LEN);
-    else if (fp_etag_of(data != NULL ? data : "", len, c->etag) != 0)
-        return -1;
-    c->has_etag = 1;
-    return 0;
-}
-
 /* The request's If-None-Match names the answer's ETag (weak comparison: W/ was dropped). */
-static int _conn_not_modified(const fp_conn_t *c)
+static int _conn_not_modified(const fp_conn_t *c, const char *etag)
 {
-    return c->inm == FP_INM_TAG && c->has_etag && memcmp(c->inm_tag, c->etag, FP_ETAG_LEN) == 0;
+    return c->inm == FP_INM_TAG && memcmp(c->inm_tag, etag, FP_ETAG_LEN) == 0;
 }
 
 /* Answer what memcached said (tag: the answer's ETag if known, else NULL). */
 static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
                                const char *tag)
 {
+    char etag[FP_ETAG_LEN];          /* every 200 and 204 carries the ETag of its body */
+
     switch (r) {
     case FP_MC_HIT:
     case FP_MC_EMPTY:
-        if (_conn_set_etag(c, data, r == FP_MC_HIT ? len : 0, tag) != 0)
-            return _conn_respond_error(c, 503, "etag failed", "MISS");
-        if (_conn_not_modified(c))
-            return _conn_respond(c, 304, NULL, "HIT", NULL, 0);
+        if (tag == NULL) {           /* a wake computed it once for all its waiters */
+            if (fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, etag) != 0)
+                return _conn_respond_error(c, 503, "etag failed", "MISS");
+            tag = etag;
+        }
+        if (_conn_not_modified(c, tag))
+            return _conn_respond(c, 304, NULL, "HIT", tag, NULL, 0);
         if (r == FP_MC_EMPTY)
-            return _conn_respond(c, 204, NULL, "HIT", NULL, 0);
-        return _conn_respond(c, 200, "application/json", "HIT", data, len);
+            return _conn_respond(c, 204, NULL, "HIT", tag, NULL, 0);
+        return _conn_respond(c, 200, "application/json", "HIT", tag, data, len);
     case FP_MC_MISS:
         return _conn_respond_error(c, 404, "miss", "MISS");
     case FP_MC_OVERLOADED:
@@ -465,9 +466,9 @@ static void _conn_linger(fp_conn_t *c)
     _conn_set_state(c, CONN_LINGERING);
     c->body_len = 0;                 /* now counts dropped bytes */
     c->deadline_s = fp_now_s() + LINGER_S;
-    if (shutdown(c->fd, SHUT_WR) < 0 || event_del(c->ev) < 0 ||
-        event_assign(c->ev, c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
-        event_add(c->ev, &linger) < 0)
+    if (shutdown(c->fd, SHUT_WR) < 0 || event_del(_ev(c)) < 0 ||
+        event_assign(_ev(c), c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
+        event_add(_ev(c), &linger) < 0)
         _conn_close(c);
 }
 
@@ -542,10 +543,10 @@ static int _conn_hold_arm(fp_conn_t *c)
     if (left < 0)
         left = 0;
     struct timeval tv = {(time_t)(left / 1000000), (suseconds_t)(left % 1000000)};
-    if (event_del(c->ev) < 0 ||
-        event_assign(c->ev, c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0)
+    if (event_del(_ev(c)) < 0 ||
+        event_assign(_ev(c), c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0)
         return -1;
-    return event_add(c->ev, &tv);
+    return event_add(_ev(c), &tv);
 }
 
 /* xorshift64: jitter needs no quality, only spread */
@@ -571,9 +572,7 @@ static void _conn_hold_over(fp_conn_t *c)
 {
     fp_wait_remove(&c->srv->waits, &c->waiter);
     c->srv->st->hold_timeouts++;
-    memcpy(c->etag, c->inm_tag, FP_ETAG_LEN);
-    c->has_etag = 1;
-    if (_conn_respond(c, 304, NULL, "HIT", NULL, 0) == 0 && c->state == CONN_READING)
+    if (_conn_respond(c, 304, NULL, "HIT", c->inm_tag, NULL, 0) == 0 && c->state == CONN_READING)
         _conn_process(c);
 }
 
@@ -584,10 +583,11 @@ static void _conn_hold_over(fp_conn_t *c)
 static int _conn_hold(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
+    fp_request_t *rq = &c->in->req;
     int64_t wait_us = (int64_t)c->wait_s * 1000000;
     wait_us -= (int64_t)(_rand(srv) % (uint64_t)(wait_us / 10 + 1));
     c->hold_until_us = fp_now_us() + wait_us;
-    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, c->key, c->key_len, c->inm_tag,
+    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, rq->key, rq->key_len, c->inm_tag,
                                    _conn_on_wake, c);
     if (r != FP_MC_QUEUED)
         return _conn_answer_result(c, r, NULL, 0, NULL);
@@ -603,10 +603,11 @@ static int _conn_hold(fp_conn_t *c)
 
 static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
 {
-    c->action = ACT_RESPOND;
-    c->answer_code = (int16_t)code;
-    c->answer_message = message;
-    c->answer_cache = cache;
+    fp_request_t *rq = &c->in->req;
+    rq->action = ACT_RESPOND;
+    rq->answer_code = (int16_t)code;
+    rq->answer_message = message;
+    rq->answer_cache = cache;
 }
 
 /* path = "/Poll/" resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources */
@@ -627,19 +628,20 @@ static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
 static void _conditional(fp_conn_t *c)
 {
     const char *data = c->in->data;
-    if (c->have_inm > 1 || c->have_prefer > 1) {
+    fp_request_t *rq = &c->in->req;
+    if (rq->have_inm > 1 || rq->have_prefer > 1) {
         _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
         return;
     }
-    if (c->have_inm) {
-        c->inm = (uint8_t)fp_inm_parse(data + c->inm_off, c->inm_len, c->inm_tag);
+    if (rq->have_inm) {
+        c->inm = (uint8_t)fp_inm_parse(data + rq->inm_off, rq->inm_len, c->inm_tag);
         if (c->inm == FP_INM_UNREADABLE) {
             _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
             return;
         }
     }
-    if (c->have_prefer && c->srv->cfg->max_wait_s > 0) {
-        int32_t w = fp_prefer_wait(data + c->prefer_off, c->prefer_len);
+    if (rq->have_prefer && c->srv->cfg->max_wait_s > 0) {
+        int32_t w = fp_prefer_wait(data + rq->prefer_off, rq->prefer_len);
         if (w >= 0)
             c->wait_s = w < c->srv->cfg->max_wait_s ? w : c->srv->cfg->max_wait_s;
     }
@@ -653,11 +655,12 @@ static void _authenticate(fp_conn_t *c, int res)
     size_t tok_len = 0;
     fp_token_t token;
     int64_t now;
+    fp_request_t *rq = &c->in->req;
 
     /* read exactly as Django reads them (docs/contract.md, section 2) */
-    fp_header_span_t auth = {c->have_auth ? data + c->auth_off : NULL, c->auth_len};
-    fp_header_span_t cookie = {c->have_cookie ? data + c->cookie_off : NULL, c->cookie_len};
-    fp_cred_result_t found = fp_credentials(&auth, c->have_auth, &cookie, c->have_cookie,
+    fp_header_span_t auth = {rq->have_auth ? data + rq->auth_off : NULL, rq->auth_len};
+    fp_header_span_t cookie = {rq->have_cookie ? data + rq->cookie_off : NULL, rq->cookie_len};
+    fp_cred_result_t found = fp_credentials(&auth, rq->have_auth, &cookie, rq->have_cookie,
                                             &tok, &tok_len);
     if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
         _decide(c, 404, "ambiguous credentials", "MISS");
@@ -680,13 +683,13 @@ static void _authenticate(fp_conn_t *c, int res)
         _decide(c, 401, fp_token_strerror(tr), NULL);
         return;
     }
-    size_t key_len = fp_make_key(c->key, sizeof(c->key), cfg->resources[res], cfg->resource_len[res], &token);
+    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->resources[res], cfg->resource_len[res], &token);
     if (key_len == 0 || key_len > FP_KEY_CAP) {
         _decide(c, 400, "bad key", NULL);
         return;
     }
-    c->key_len = (uint8_t)key_len;
-    c->action = ACT_MEMCACHED;
+    rq->key_len = (uint8_t)key_len;
+    rq->action = ACT_MEMCACHED;
     _conditional(c);
 }
 
@@ -712,7 +715,7 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
 static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
 {
     if (method == HTTP_GET && url_len == 8 && memcmp(url, "/metrics", 8) == 0)
-        c->action = ACT_METRICS;
+        c->in->req.action = ACT_METRICS;
     else
         _decide(c, 404, "not found", NULL);
 }
@@ -720,18 +723,19 @@ static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t u
 /* A whole request has been read: answer it, or ask memcached.  -1: connection closed. */
 static int _dispatch(fp_conn_t *c)
 {
-    switch (c->action) {
+    fp_request_t *rq = &c->in->req;
+    switch (rq->action) {
     case ACT_METRICS:
         return _conn_respond_metrics(c);
     case ACT_MEMCACHED:
         break;
     default:
-        return _conn_respond_error(c, c->answer_code, c->answer_message, c->answer_cache);
+        return _conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
     /* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
     if (c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping)
         return _conn_hold(c);
-    fp_mc_result_t r = fp_mc_get(&c->srv->mc, c->key, c->key_len, _conn_on_answer, c, &c->mc_req);
+    fp_mc_result_t r = fp_mc_get(&c->srv->mc, rq->key, rq->key_len, _conn_on_answer, c, &c->mc_req);
     if (r == FP_MC_QUEUED) {
         _conn_set_state(c, CONN_WAITING);
         return 0;
@@ -746,9 +750,10 @@ static int _dispatch(fp_conn_t *c)
  * must never refuse what nginx forwards. */
 static int _http_fail(fp_conn_t *c, int status, const char *message, const char *cache)
 {
-    c->error_status = (int16_t)status;
-    c->error_message = message;
-    c->error_cache = cache;
+    fp_request_t *rq = &c->in->req;
+    rq->error_status = (int16_t)status;
+    rq->error_message = message;
+    rq->error_cache = cache;
     return -1;
 }
 
@@ -759,7 +764,7 @@ static size_t _off(fp_conn_t *c, const char *at)
 
 static int _head_too_big(fp_conn_t *c, const char *at, size_t len)
 {
-    return _off(c, at) + len - c->head_start > c->srv->cfg->max_headers;
+    return _off(c, at) + len - c->in->req.start > c->srv->cfg->max_headers;
 }
 
 static int _head_too_big_fail(fp_conn_t *c)
@@ -780,42 +785,43 @@ static int _count_body(fp_conn_t *c, size_t len)
 static int _on_message_begin(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
+    size_t start = rq->start;        /* set by _conn_process before parsing began */
+
+    memset(rq, 0, sizeof(*rq));      /* nothing decided yet: ACT_RESPOND, code 0, no error */
+    rq->start = start;
     c->in_message = 1;
     c->in_head = 1;
-    c->url_len = c->field_len = c->value_len = c->auth_len = c->cookie_len = 0;
-    c->have_auth = c->have_cookie = c->have_prefer = c->have_inm = 0;
-    c->prefer_len = c->inm_len = 0;
     c->inm = FP_INM_NONE;
-    c->has_etag = 0;
     c->wait_s = -1;
     c->body_len = 0;
     c->is_head = 0;
-    c->key_len = 0;
-    _decide(c, 0, NULL, NULL);
     return 0;
 }
 
 static int _on_url(llhttp_t *p, const char *at, size_t len)
 {
     fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
     if (_head_too_big(c, at, len))
         return _head_too_big_fail(c);
-    if (c->url_len == 0)
-        c->url_off = _off(c, at);
-    c->url_len += len;
+    if (rq->url_len == 0)
+        rq->url_off = _off(c, at);
+    rq->url_len += len;
     return 0;
 }
 
 static int _on_header_field(llhttp_t *p, const char *at, size_t len)
 {
     fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
     if (!c->in_head)
         return _count_body(c, len);  /* a trailer */
     if (_head_too_big(c, at, len))
         return _head_too_big_fail(c);
-    if (c->field_len == 0)
-        c->field_off = _off(c, at);
-    c->field_len += len;
+    if (rq->field_len == 0)
+        rq->field_off = _off(c, at);
+    rq->field_len += len;
     return 0;
 }
 
@@ -827,7 +833,7 @@ static int _on_header_field(llhttp_t *p, const char *at, size_t len)
  * stays in the buffer while it is parsed, so looking back is safe. */
 static int _is_folded(fp_conn_t *c, const char *at)
 {
-    const char *p = at, *start = c->in->data + c->head_start;
+    const char *p = at, *start = c->in->data + c->in->req.start;
     while (p > start && (p[-1] == ' ' || p[-1] == '\t'))
         p--;
     return p > start && p[-1] == '\n';
@@ -836,6 +842,7 @@ static int _is_folded(fp_conn_t *c, const char *at)
 static int _on_header_value(llhttp_t *p, const char *at, size_t len)
 {
     fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
     if (!c->in_head)
         return _count_body(c, len);
     if (_head_too_big(c, at, len))
@@ -844,9 +851,9 @@ static int _on_header_value(llhttp_t *p, const char *at, size_t len)
         return 0;                    /* an empty value: llhttp points it at the next line */
     if (_is_folded(c, at))
         return _http_fail(c, 400, "obsolete header line folding", NULL);
-    if (c->value_len == 0)
-        c->value_off = _off(c, at);
-    c->value_len += len;
+    if (rq->value_len == 0)
+        rq->value_off = _off(c, at);
+    rq->value_len += len;
     return 0;
 }
 
@@ -855,46 +862,48 @@ static int _on_header_value(llhttp_t *p, const char *at, size_t len)
 static int _on_header_value_complete(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
     if (!c->in_head)
         return 0;                    /* trailers carry no credentials */
-    fp_cred_header_t kind = fp_cred_header(c->in->data + c->field_off, c->field_len);
+    fp_cred_header_t kind = fp_cred_header(c->in->data + rq->field_off, rq->field_len);
     if (kind == FP_CRED_AUTHORIZATION) {
-        if (c->have_auth++ == 0) {
-            c->auth_off = c->value_off;
-            c->auth_len = c->value_len;
+        if (rq->have_auth++ == 0) {
+            rq->auth_off = rq->value_off;
+            rq->auth_len = rq->value_len;
         } else {
-            c->have_auth = 2;
+            rq->have_auth = 2;
         }
     } else if (kind == FP_CRED_COOKIE) {
-        if (c->have_cookie++ == 0) {
-            c->cookie_off = c->value_off;
-            c->cookie_len = c->value_len;
+        if (rq->have_cookie++ == 0) {
+            rq->cookie_off = rq->value_off;
+            rq->cookie_len = rq->value_len;
         } else {
-            c->have_cookie = 2;
+            rq->have_cookie = 2;
         }
-    } else if (c->field_len == 6 && fp_ascii_casecmp(c->in->data + c->field_off, "prefer", 6) == 0) {
-        if (c->have_prefer++ == 0) {
-            c->prefer_off = c->value_off;
-            c->prefer_len = c->value_len;
+    } else if (rq->field_len == 6 && fp_ascii_casecmp(c->in->data + rq->field_off, "prefer", 6) == 0) {
+        if (rq->have_prefer++ == 0) {
+            rq->prefer_off = rq->value_off;
+            rq->prefer_len = rq->value_len;
         } else {
-            c->have_prefer = 2;
+            rq->have_prefer = 2;
         }
-    } else if (c->field_len == 13 &&
-               fp_ascii_casecmp(c->in->data + c->field_off, "if-none-match", 13) == 0) {
-        if (c->have_inm++ == 0) {
-            c->inm_off = c->value_off;
-            c->inm_len = c->value_len;
+    } else if (rq->field_len == 13 &&
+               fp_ascii_casecmp(c->in->data + rq->field_off, "if-none-match", 13) == 0) {
+        if (rq->have_inm++ == 0) {
+            rq->inm_off = rq->value_off;
+            rq->inm_len = rq->value_len;
         } else {
-            c->have_inm = 2;
+            rq->have_inm = 2;
         }
     }
-    c->field_len = c->value_len = 0;
+    rq->field_len = rq->value_len = 0;
     return 0;
 }
 
 static int _on_headers_complete(llhttp_t *p)
 {
     fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->cfg->max_body)
         return _http_fail(c, 413, "body too large", NULL);
     c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
@@ -902,7 +911,7 @@ static int _on_headers_complete(llhttp_t *p)
     c->is_head = method == HTTP_HEAD;
     if (c->is_head)
         c->keep_alive = 0;           /* we answer HEAD with 405; no body framing doubts */
-    _kinds[c->kind].route(c, method, c->in->data + c->url_off, c->url_len);
+    _kinds[c->kind].route(c, method, c->in->data + rq->url_off, rq->url_len);
     c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
     return 0;
 }
@@ -947,28 +956,29 @@ void fp_conn_settings_init(llhttp_settings_t *s)
 static void _compact(fp_conn_t *c)
 {
     fp_buf_t *b = c->in;
-    size_t keep = c->in_head ? c->head_start : b->pos;
+    fp_request_t *rq = &b->req;
+    size_t keep = c->in_head ? rq->start : b->pos;
     if (keep == 0)
         return;
     memmove(b->data, b->data + keep, b->len - keep);
     b->len -= keep;
     b->pos -= keep;
     if (c->in_head) {
-        c->head_start -= keep;
-        if (c->url_len)
-            c->url_off -= keep;
-        if (c->field_len)
-            c->field_off -= keep;
-        if (c->value_len)
-            c->value_off -= keep;
-        if (c->have_auth)
-            c->auth_off -= keep;
-        if (c->have_cookie)
-            c->cookie_off -= keep;
-        if (c->have_prefer && c->prefer_len)
-            c->prefer_off -= keep;
-        if (c->have_inm && c->inm_len)
-            c->inm_off -= keep;
+        rq->start -= keep;
+        if (rq->url_len)
+            rq->url_off -= keep;
+        if (rq->field_len)
+            rq->field_off -= keep;
+        if (rq->value_len)
+            rq->value_off -= keep;
+        if (rq->have_auth)
+            rq->auth_off -= keep;
+        if (rq->have_cookie)
+            rq->cookie_off -= keep;
+        if (rq->have_prefer && rq->prefer_len)
+            rq->prefer_off -= keep;
+        if (rq->have_inm && rq->inm_len)
+            rq->inm_off -= keep;
     }
 }
 
@@ -987,19 +997,20 @@ static int _bad_value_char(const llhttp_t *p, llhttp_errno_t err)
 /* A request we cannot parse or take in: answer it with the reason and close. */
 static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
 {
-    int code = c->error_status;
-    const char *message = c->error_message;
+    fp_request_t *rq = &c->in->req;
+    int code = rq->error_status;
+    const char *message = rq->error_message;
     if (code == 0 && _bad_value_char(&c->parser, err))
         (void)_http_fail(c, 404, "header value fastpath cannot read", "MISS");
-    code = c->error_status;
-    message = c->error_message;
+    code = rq->error_status;
+    message = rq->error_message;
     if (code == 0) {
         code = err == HPE_INVALID_VERSION ? 505 : 400;
         message = "bad request";
     }
     c->keep_alive = 0;
     c->is_head = 0;
-    (void)_conn_respond_error(c, code, message, c->error_status ? c->error_cache : NULL);
+    (void)_conn_respond_error(c, code, message, rq->error_status ? rq->error_cache : NULL);
 }
 
 static void _conn_process(fp_conn_t *c)
@@ -1007,7 +1018,7 @@ static void _conn_process(fp_conn_t *c)
     while (c->state == CONN_READING && c->in != NULL && c->in->pos < c->in->len) {
         fp_buf_t *b = c->in;
         if (!c->in_message)
-            c->head_start = b->pos;
+            c->in->req.start = b->pos;
         llhttp_errno_t err = llhttp_execute(&c->parser, b->data + b->pos, b->len - b->pos);
         if (err == HPE_OK) {
             b->pos = b->len;
@@ -1022,7 +1033,7 @@ static void _conn_process(fp_conn_t *c)
         }
     }
     fp_buf_t *b = c->in;
-    if (b != NULL && b->pos == b->len && !c->in_head) {
+    if (b != NULL && b->pos == b->len && !c->in_message) {
         _buf_put(c->srv, b);         /* nothing left that we need: idle connections hold no buffer */
         c->in = NULL;
     }
@@ -1050,7 +1061,7 @@ static void _conn_readable(fp_conn_t *c)
         }
         if (c->state == CONN_WAITING) {          /* pipelined bytes pile up: read them later */
             c->read_paused = 1;
-            if (event_del(c->ev) < 0)
+            if (event_del(_ev(c)) < 0)
                 _conn_close(c);
             return;
         }

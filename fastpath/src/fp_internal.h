@@ -31,11 +31,44 @@
 struct fp_server;
 struct fp_conn;
 
-/* A read buffer lent to a connection while it has unparsed bytes (idle connections hold none). */
+/* How a request that has been read is answered (decided at the end of its head). */
+typedef enum {
+    ACT_RESPOND = 0,                 /**< answer_code and answer_message, no lookup (a zeroed request) */
+    ACT_METRICS,                     /**< the Prometheus text */
+    ACT_MEMCACHED                    /**< get key from memcached, answer with what it says */
+} fp_conn_action_t;
+
+/* The request being read: where its head's parts are (offset, length into the buffer's data,
+ * from start), what they decided, and why parsing failed.  A connection keeps its read buffer
+ * from a request's first byte until the request is dispatched, so all of this lives with the
+ * buffer and not in every connection: an idle or held connection holds none of it. */
+typedef struct fp_request {
+    size_t start;                    /* the head's first byte */
+    size_t url_off, url_len;
+    size_t field_off, field_len;
+    size_t value_off, value_len;
+    size_t auth_off, auth_len;
+    size_t cookie_off, cookie_len;
+    size_t prefer_off, prefer_len;
+    size_t inm_off, inm_len;
+    uint8_t have_auth, have_cookie;
+    uint8_t have_prefer, have_inm;   /* how often each came (2: repeated) */
+    uint8_t action;                  /* fp_conn_action_t */
+    uint8_t key_len;
+    int16_t answer_code;             /* ACT_RESPOND's status */
+    int16_t error_status;            /* set by a parser callback: answer this and close */
+    const char *answer_message, *answer_cache;
+    const char *error_message, *error_cache;
+    char key[FP_KEY_CAP];            /* ACT_MEMCACHED's key */
+} fp_request_t;
+
+/* A read buffer lent to a connection while it has unparsed bytes or a request not yet
+ * dispatched (idle and held connections hold none). */
 typedef struct fp_buf {
     struct fp_buf *next;             /* in the pool */
     size_t len;                      /* bytes read */
     size_t pos;                      /* bytes the parser has consumed */
+    fp_request_t req;                /* the request being read */
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
 
@@ -57,13 +90,6 @@ typedef enum {
     FP_CONN_KIND_N
 } fp_conn_kind_t;
 
-/* How a request that has been read is answered (decided at the end of its head). */
-typedef enum {
-    ACT_RESPOND,                     /**< answer_code and answer_message, no lookup */
-    ACT_METRICS,                     /**< the Prometheus text */
-    ACT_MEMCACHED                    /**< get key from memcached, answer with what it says */
-} fp_conn_action_t;
-
 /* One client connection.  Requests on it are answered one at a time, in order (pipelined ones
  * wait in the read buffer), so responses never need reordering. */
 typedef struct fp_conn {
@@ -72,31 +98,16 @@ typedef struct fp_conn {
     int fd;
     uint8_t kind;                    /* fp_conn_kind_t */
     uint8_t state;                   /* fp_conn_state_t; only _conn_set_state writes it */
-    uint8_t action;                  /* fp_conn_action_t of the current request */
     uint8_t keep_alive;
     uint8_t in_head;                 /* between the first byte of a request and its blank line */
     uint8_t is_head;                 /* HEAD request: no body in the answer */
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t read_paused;             /* read buffer full while waiting: stop reading */
-    uint8_t have_auth, have_cookie;
-    uint8_t have_prefer, have_inm;   /* how often each came (2: repeated) */
     uint8_t inm;                     /* fp_inm_t of the request */
-    uint8_t has_etag;                /* the answer being built carries etag */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
-    char etag[FP_ETAG_LEN];          /* the answer's ETag (has_etag) */
-    int16_t error_status;            /* set by a parser callback: answer this and close */
-    const char *error_message;
-    const char *error_cache;
-    int16_t answer_code;             /* ACT_RESPOND's status */
-    const char *answer_message;
-    const char *answer_cache;
-    uint8_t key_len;
-    char key[FP_KEY_CAP];
     int64_t deadline_s;              /* READING: the request must have arrived by then;
                                         LINGERING: reading stops then, however much still comes */
-    struct event *ev;                /* read (or write while the socket is full), with timeout;
-                                        it lives right after this struct (conn_slab) */
     llhttp_t parser;
     fp_buf_t *in;
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
@@ -104,21 +115,14 @@ typedef struct fp_conn {
     int64_t hold_until_us;           /* HELD: answered 304 then */
     char *out;                       /* response bytes the socket would not take yet */
     size_t out_len, out_sent;
-    /* the request being parsed: offsets into in->data from head_start */
-    size_t head_start;
-    size_t url_off, url_len;
-    size_t field_off, field_len;
-    size_t value_off, value_len;
-    size_t auth_off, auth_len;
-    size_t cookie_off, cookie_len;
-    size_t prefer_off, prefer_len;
-    size_t inm_off, inm_len;
     uint64_t body_len;               /* body, chunk extensions and trailers; dropped bytes when
                                         LINGERING */
+    /* its struct event (read, or write while the socket is full, with a timeout) follows in
+     * the same conn_slab object, at FP_CONN_EV_OFFSET: libevent sizes it at run time */
 } fp_conn_t;
 
 /* Where a connection's struct event sits in its conn_slab object (libevent sizes it at run time:
- * event_get_struct_event_size()). */
+ * event_get_struct_event_size()); fp_conn.c's _ev() finds it. */
 #define FP_CONN_EV_OFFSET ((sizeof(fp_conn_t) + 15) & ~(size_t)15)
 #define FP_CONN_SLAB_CHUNK (64 * 1024)
 
