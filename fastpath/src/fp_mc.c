@@ -30,6 +30,7 @@
 #define MC_LINE_MAX 512              /* longest reply line we accept */
 #define MC_CMD_MAX 1024              /* longest "get" line we send */
 #define MC_MAX_PENDING 65536
+#define MC_REQ_SLAB_CHUNK (64 * 1024)
 #define MC_IN_START 65536            /* read buffer, and what it shrinks back to */
 #define MC_IN_MAX (2u << 20)         /* largest reply buffered: a 1 MiB item plus its framing */
 #define MC_VALUE_MAX (1u << 30)      /* memcached's largest item (-I 1g): beyond, not memcached */
@@ -59,18 +60,12 @@ struct fp_mc_req {
 
 static fp_mc_req_t *_req_get(fp_mc_pool_t *pool)
 {
-    fp_mc_req_t *p = pool->free_reqs;
-    if (p != NULL) {
-        pool->free_reqs = p->next;
-        return p;
-    }
-    return malloc(sizeof(*p));       /* grows to the peak in-flight count, then reused */
+    return fp_slab_alloc(&pool->req_slab);       /* zeroed */
 }
 
 static void _req_put(fp_mc_pool_t *pool, fp_mc_req_t *p)
 {
-    p->next = pool->free_reqs;
-    pool->free_reqs = p;
+    fp_slab_free(&pool->req_slab, p);
 }
 
 /* Tell the requester (if it has not cancelled).  done is cleared first: the callback may cancel
@@ -594,7 +589,6 @@ fp_mc_result_t fp_mc_get(fp_mc_pool_t *pool, const char *key, size_t key_len,
     }
     if (mc->n_pending >= MC_MAX_PENDING || (p = _req_get(pool)) == NULL)
         return FP_MC_OVERLOADED;
-    memset(p, 0, offsetof(fp_mc_req_t, key));
     p->mc = mc;
     p->done = done;
     p->ctx = ctx;
@@ -670,6 +664,7 @@ int fp_mc_pool_init(fp_mc_pool_t *pool, struct event_base *base, fp_stats_t *st,
     pool->cfg = cfg;
     pool->in_start = MC_IN_START;
     pool->in_max = MC_IN_MAX;
+    fp_slab_init(&pool->req_slab, sizeof(fp_mc_req_t), MC_REQ_SLAB_CHUNK);
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS) {
         snprintf(err, err_len, "need 1..%d memcached servers", FP_MAX_SERVERS);
         return -1;
@@ -729,10 +724,6 @@ void fp_mc_pool_fini(fp_mc_pool_t *pool)
         _answer_all(&pool->mc[i], FP_MC_UNAVAILABLE);
     for (int i = 0; i < pool->n; i++)
         _mc_free(&pool->mc[i]);
-    while (pool->free_reqs != NULL) {
-        fp_mc_req_t *next = pool->free_reqs->next;
-        free(pool->free_reqs);
-        pool->free_reqs = next;
-    }
+    fp_slab_fini(&pool->req_slab);
     pool->n = 0;
 }

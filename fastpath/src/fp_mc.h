@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "fp_server.h"
+#include "fp_slab.h"
 
 #define FP_KEY_CAP 80                /* longest key a get takes */
 
@@ -68,7 +69,7 @@ typedef struct fp_mc_pool {
     size_t in_start, in_max;         /* read buffer: usual size (it shrinks back to it), and the
                                       * largest reply buffered (larger: a miss for its key); the
                                       * fuzz target lowers both, in_max >= in_start >= 512 */
-    fp_mc_req_t *free_reqs;          /* request records for reuse */
+    fp_slab_t req_slab;              /* request records: a worker keeps its peak in flight */
     fp_mc_t mc[FP_MAX_SERVERS];
 } fp_mc_pool_t;
 

@@ -1,11 +1,13 @@
-/* Fixed-size objects for one worker (connections, wait keys), carved from chunks the worker
- * maps itself.
+/* Fixed-size objects for one worker (connections, wait keys, memcached requests), carved from
+ * chunks the worker maps itself.
  *
  * Why not malloc: a worker is forked from the Python supervisor and inherits its heap, free
  * chunks and all.  malloc hands those chunks out first, and every object placed in one copies a
  * page the supervisor and the other workers still share: about 400 KB per worker, the first few
  * hundred connections of each (bench/longpoll.py).  Chunks mapped after the fork are the
- * worker's own from the start, and objects sit packed in them with no per-object header.
+ * worker's own from the start, and objects sit packed in them with no per-object header.  (What
+ * still comes from malloc, libevent's records above all, avoids the inherited heap another way:
+ * the worker serves on a thread of its own, which malloc gives a fresh arena; fp_server.c.)
  *
  * Memory freed here is kept for reuse, as memcached keeps its slabs: a worker stays at its peak,
  * which --max-connections bounds.  Sanitizer builds use calloc/free instead, so that ASan still
