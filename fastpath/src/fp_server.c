@@ -5,6 +5,7 @@
  * Everything runs on one event base per worker process, without the GIL.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -146,6 +147,19 @@ static struct evconnlistener *_listen(fp_server_t *srv, int fd, evconnlistener_c
     return l;
 }
 
+/* Check one well-formed token and hash one body now, so that each worker faults in the code a
+ * request runs (libcrypto's SHA-256, about 100 KB of shared pages per process) at start and
+ * not under its first request: the results are not used. */
+static void _warm_up(fp_server_t *srv)
+{
+    static const char token[] = "v1.1.1.1.0000000000000000000000000000000000000000000000000000000000000000";
+    char tag[FP_ETAG_LEN];
+    fp_token_t t;
+
+    (void)fp_token_check(&srv->hmac, token, sizeof(token) - 1, 0, &t);
+    (void)fp_etag_of("", 0, tag);
+}
+
 /* Everything but the signals and the loop: event base, memcached clients, listeners (when
  * cfg->listen_fd >= 0; the fuzz target adopts sockets itself).  On failure, err says why and
  * fp_server_fini must still be called. */
@@ -168,6 +182,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
         return _init_fail(err, err_len, "clock_gettime: CLOCK_MONOTONIC or CLOCK_MONOTONIC_COARSE unavailable");
     if (fp_hmac_prepare(&srv->hmac, cfg->secret, cfg->secret_len) != 0)
         return _init_fail(err, err_len, "cannot prepare the HMAC key (libcrypto SHA-256 failed)");
+    _warm_up(srv);
     if (cfg->n_nodes <= 0 || cfg->n_nodes > FP_MAX_SERVERS)
         return _init_fail(err, err_len, "need 1..64 memcached servers");
     if (cfg->max_connections <= 0)
@@ -262,7 +277,7 @@ static int _run_loop(fp_server_t *srv)
     }
 }
 
-int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
+static int _serve(const fp_config_t *cfg, char *err, size_t err_len)
 {
     fp_server_t srv;
     int rc = -1;
@@ -288,4 +303,37 @@ int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
 out:
     fp_server_fini(&srv);
     return rc;
+}
+
+typedef struct {
+    const fp_config_t *cfg;
+    char *err;
+    size_t err_len;
+    int rc;
+} _serve_args_t;
+
+static void *_serve_thread(void *arg)
+{
+    _serve_args_t *a = arg;
+    a->rc = _serve(a->cfg, a->err, a->err_len);
+    return NULL;
+}
+
+/* The worker serves on a thread of its own, and the calling thread only waits for it.  A worker
+ * is forked from the Python supervisor, and malloc in its first thread hands out the free
+ * chunks of the heap it inherited: each small object that lands in one (libevent's record of
+ * every descriptor, the wait table's buckets, read buffers) copies a page the supervisor and
+ * the other workers still share, scattered one or two objects a page.  glibc gives a new
+ * thread a malloc arena of its own, mapped after the fork, where the same objects sit packed.
+ * bench/longpoll.py measures it (docs/benchmarks.md).  Without a thread, it serves here. */
+int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
+{
+    _serve_args_t a = {cfg, err, err_len, -1};
+    pthread_t thread;
+
+    if (pthread_create(&thread, NULL, _serve_thread, &a) != 0)
+        return _serve(cfg, err, err_len);
+    if (pthread_join(thread, NULL) != 0)
+        return _init_fail(err, err_len, "cannot wait for the serving thread");
+    return a.rc;
 }
