@@ -195,6 +195,8 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     c->fd = fd;
     c->kind = (uint8_t)kind;
     c->deadline_s = fp_now_s() + cfg->idle_timeout_s;
+    llhttp_init(&c->parser, HTTP_REQUEST, &srv->http_settings);
+    c->parser.data = c;
         if (event_assign(_ev(c), srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
         event_add(_ev(c), srv->idle_tv) < 0) {
         fp_slab_free(&srv->conn_slab, c);
@@ -317,7 +319,7 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
         PUT_LIT(h, "Allow: GET, POST\r\n");
     if (!c->keep_alive || c->srv->stopping)
         PUT_LIT(h, "Connection: close\r\n");
-    else if (c->http10)
+    else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
         PUT_LIT(h, "Connection: keep-alive\r\n");
     PUT_LIT(h, "\r\n");
 }
@@ -794,7 +796,6 @@ static int _on_message_begin(llhttp_t *p)
     c->wait_s = -1;
     c->body_len = 0;
     c->is_head = 0;
-    c->http10 = 0;
     return 0;
 }
 
@@ -906,7 +907,6 @@ static int _on_headers_complete(llhttp_t *p)
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->cfg->max_body)
         return _http_fail(c, 413, "body too large", NULL);
     c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
-    c->http10 = p->http_major == 1 && p->http_minor == 0;
     uint8_t method = llhttp_get_method(p);
     c->is_head = method == HTTP_HEAD;
     if (c->is_head)
@@ -1000,7 +1000,7 @@ static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
     fp_request_t *rq = &c->in->req;
     int code = rq->error_status;
     const char *message = rq->error_message;
-    if (code == 0 && _bad_value_char(&c->in->parser, err))
+    if (code == 0 && _bad_value_char(&c->parser, err))
         (void)_http_fail(c, 404, "header value fastpath cannot read", "MISS");
     code = rq->error_status;
     message = rq->error_message;
@@ -1019,12 +1019,12 @@ static void _conn_process(fp_conn_t *c)
         fp_buf_t *b = c->in;
         if (!c->in_message)
             c->in->req.start = b->pos;
-        llhttp_errno_t err = llhttp_execute(&b->parser, b->data + b->pos, b->len - b->pos);
+        llhttp_errno_t err = llhttp_execute(&c->parser, b->data + b->pos, b->len - b->pos);
         if (err == HPE_OK) {
             b->pos = b->len;
         } else if (err == HPE_PAUSED) {
-            b->pos = (size_t)(llhttp_get_error_pos(&b->parser) - b->data);
-            llhttp_resume(&b->parser);
+            b->pos = (size_t)(llhttp_get_error_pos(&c->parser) - b->data);
+            llhttp_resume(&c->parser);
             if (_dispatch(c) < 0)
                 return;
         } else {
@@ -1047,13 +1047,9 @@ static void _conn_readable(fp_conn_t *c)
         _conn_close(c);              /* the request is too slow to arrive (slowloris) */
         return;
     }
-    if (c->in == NULL) {
-        if ((c->in = _buf_get(srv)) == NULL) {
-            _conn_close(c);
-            return;
-        }
-        llhttp_init(&c->in->parser, HTTP_REQUEST, &srv->http_settings);
-        c->in->parser.data = c;
+    if (c->in == NULL && (c->in = _buf_get(srv)) == NULL) {
+        _conn_close(c);
+        return;
     }
     fp_buf_t *b = c->in;
     if (b->len == srv->buf_cap)

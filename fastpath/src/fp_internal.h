@@ -63,13 +63,11 @@ typedef struct fp_request {
 } fp_request_t;
 
 /* A read buffer lent to a connection while it has unparsed bytes or a request not yet
- * dispatched (idle and held connections hold none).  The parser comes with it: between two
- * requests llhttp holds nothing a fresh one would not, so it starts afresh with each loan. */
+ * dispatched (idle and held connections hold none). */
 typedef struct fp_buf {
     struct fp_buf *next;             /* in the pool */
     size_t len;                      /* bytes read */
     size_t pos;                      /* bytes the parser has consumed */
-    llhttp_t parser;                 /* data: the connection it is lent to */
     fp_request_t req;                /* the request being read */
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
@@ -106,11 +104,11 @@ typedef struct fp_conn {
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t read_paused;             /* read buffer full while waiting: stop reading */
     uint8_t inm;                     /* fp_inm_t of the request */
-    uint8_t http10;                  /* the request was HTTP/1.0: keep-alive must be said */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
     int64_t deadline_s;              /* READING: the request must have arrived by then;
                                         LINGERING: reading stops then, however much still comes */
+    llhttp_t parser;
     fp_buf_t *in;
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
     fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */

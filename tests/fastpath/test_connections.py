@@ -96,23 +96,6 @@ def test_http10_closes_unless_asked_to_keep_alive(fp):
         assert _closed_by_peer(sock)
 
 
-def test_http_version_is_each_requests_own(fp):
-    """A keep-alive HTTP/1.0 request, then HTTP/1.1 ones on the same connection, pipelined and
-    not: only the 1.0 answer says keep-alive (the version is kept per request, not read back
-    from a parser that has moved on)."""
-    with _connect(fp) as sock:
-        reader = Reader(sock)
-        sock.sendall(_req(version="1.0", extra=b"Connection: keep-alive\r\n") + _req(uid=2))
-        status, headers, body = reader.response()
-        assert (status, headers["connection"], body) == (200, "keep-alive", b'{"mine":1}')
-        status, headers, body = reader.response()
-        assert (status, body) == (200, b'{"mine":2}') and "connection" not in headers
-        sock.sendall(_req(version="1.0", extra=b"Connection: keep-alive\r\n"))
-        assert reader.response()[1]["connection"] == "keep-alive"
-        sock.sendall(_req())
-        assert "connection" not in reader.response()[1]
-
-
 def test_request_split_into_single_bytes(fp):
     with _connect(fp) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
