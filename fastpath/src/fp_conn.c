@@ -2,10 +2,10 @@
  *
  * A connection costs its struct and one event while idle or held; a read buffer (max_headers +
  * 1 KiB) is lent from a pool only while it has unparsed bytes or a request under way, and what
- * the request's head said (fp_request_t) lives in it, not in the connection.  Requests on one connection are
- * answered one at a time and in order: after each complete request the parser pauses, the
- * request is answered (at once, or when memcached replies), and only then does parsing go on
- * with any pipelined bytes.
+ * the request's head said (fp_request_t) lives in it, not in the connection.  Requests on one
+ * connection are answered one at a time and in order: after each complete request the parser
+ * pauses, the request is answered (at once, or when memcached replies), and only then does
+ * parsing go on with any pipelined bytes.
  *
  * A connection is a small state machine (fp_conn_state_t): _conn_set_state is the only writer
  * of c->state, and debug builds check each transition against _legal below.  What a connection
@@ -149,7 +149,7 @@ static void _conn_close(fp_conn_t *c)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
-    event_del(_ev(c));                /* its memory goes with c's: nothing of it may stay armed */
+    event_del(_ev(c));               /* its memory goes with c's: nothing of it may stay armed */
     close(c->fd);
     if (c->in != NULL)
         _buf_put(srv, c->in);
@@ -197,7 +197,7 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     c->deadline_s = fp_now_s() + cfg->idle_timeout_s;
     llhttp_init(&c->parser, HTTP_REQUEST, &srv->http_settings);
     c->parser.data = c;
-        if (event_assign(_ev(c), srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
+    if (event_assign(_ev(c), srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
         event_add(_ev(c), srv->idle_tv) < 0) {
         fp_slab_free(&srv->conn_slab, c);
         goto reject;

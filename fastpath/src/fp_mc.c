@@ -30,7 +30,7 @@
 #define MC_LINE_MAX 512              /* longest reply line we accept */
 #define MC_CMD_MAX 1024              /* longest "get" line we send */
 #define MC_MAX_PENDING 65536
-#define MC_REQ_SLAB_CHUNK (64 * 1024)
+#define MC_REQ_SLAB_CHUNK (64 * 1024) /* request records mapped at a time (~400) */
 #define MC_IN_START 65536            /* read buffer, and what it shrinks back to */
 #define MC_IN_MAX (2u << 20)         /* largest reply buffered: a 1 MiB item plus its framing */
 #define MC_VALUE_MAX (1u << 30)      /* memcached's largest item (-I 1g): beyond, not memcached */
