@@ -162,14 +162,23 @@ static void _conn_close(fp_conn_t *c)
         srv->drained(srv->drained_arg);
 }
 
-/* Watch the socket for `what` (EV_READ or EV_WRITE), with the idle timeout. */
+/* Watch the socket for `what` (EV_READ or EV_WRITE) with timeout `tv`.  The event is assigned
+ * again only when `what` changes: a new timeout alone is event_add's to reschedule, with no
+ * epoll_ctl (a held poll's answer used to cost two, DEL and ADD, for the same EV_READ). */
+static int _conn_arm(fp_conn_t *c, short what, const struct timeval *tv)
+{
+    struct event *ev = _ev(c);
+    if ((event_get_events(ev) & (EV_READ | EV_WRITE)) != what &&
+        (event_del(ev) < 0 ||
+         event_assign(ev, c->srv->base, c->fd, what | EV_PERSIST, _conn_event_cb, c) < 0))
+        return -1;
+    return event_add(ev, tv);
+}
+
+/* Watch the socket for `what`, with the idle timeout. */
 static int _conn_watch(fp_conn_t *c, short what)
 {
-    if (event_del(_ev(c)) < 0)
-        return -1;
-    if (event_assign(_ev(c), c->srv->base, c->fd, what | EV_PERSIST, _conn_event_cb, c) < 0)
-        return -1;
-    return event_add(_ev(c), c->srv->idle_tv);
+    return _conn_arm(c, what, c->srv->idle_tv);
 }
 
 /* Nagle off, so that an answer leaves at once.  A unix socket has no Nagle to turn off. */
@@ -466,9 +475,7 @@ static void _conn_linger(fp_conn_t *c)
     _conn_set_state(c, CONN_LINGERING);
     c->body_len = 0;                 /* now counts dropped bytes */
     c->deadline_s = fp_now_s() + LINGER_S;
-    if (shutdown(c->fd, SHUT_WR) < 0 || event_del(_ev(c)) < 0 ||
-        event_assign(_ev(c), c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
-        event_add(_ev(c), &linger) < 0)
+    if (shutdown(c->fd, SHUT_WR) < 0 || _conn_arm(c, EV_READ, &linger) < 0)
         _conn_close(c);
 }
 
@@ -543,10 +550,7 @@ static int _conn_hold_arm(fp_conn_t *c)
     if (left < 0)
         left = 0;
     struct timeval tv = {(time_t)(left / 1000000), (suseconds_t)(left % 1000000)};
-    if (event_del(_ev(c)) < 0 ||
-        event_assign(_ev(c), c->srv->base, c->fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0)
-        return -1;
-    return event_add(_ev(c), &tv);
+    return _conn_arm(c, EV_READ, &tv);
 }
 
 /* xorshift64: jitter needs no quality, only spread */
