@@ -70,6 +70,13 @@ def test_the_long_poll_read_timeout_follows_the_max_wait(tmp_path):
     assert "worker_rlimit_nofile 20000;" in text       # the machine's hard limit per process
 
 
+def test_every_client_a_worker_carries_may_keep_its_upstream_connection(tmp_path):
+    text = open(nginxconf.render(stack_config(tmp_path))).read()
+    assert "worker_connections 19000;" in text
+    # a fan-out answers thousands of held polls at once: 1,024 kept closed the rest on both sides
+    assert "keepalive 9500;" in text and "keepalive 1024;" not in text
+
+
 @pytest.mark.parametrize("prefer", ["wait=30", "respond-async, wait=30", "handling=lenient,wait = 30", "WAIT=30"])
 def test_a_long_poll_is_held_by_fastpath_not_cut_after_a_second(nginx_with_fakes, prefer):
     config, seen = nginx_with_fakes

@@ -120,7 +120,7 @@ def test_the_balancer_template_renders_and_nginx_accepts_it(tmp_path):
     text = open(path).read()
     assert "{{" not in text
     for line in ("server 127.0.0.21:8080 max_fails=1 fail_timeout=5s;", "server 127.0.0.22:8080 max_fails=1",
-                 "keepalive 1024;", "proxy_read_timeout 50s;",        # max wait + 20: after the web host's 45
+                 "keepalive 9500;", "proxy_read_timeout 50s;",        # max wait + 20: after the web host's 45
                  "proxy_next_upstream error timeout http_502 http_503;",
                  "X-Forwarded-For $proxy_add_x_forwarded_for;", "worker_connections 19000;",
                  "worker_rlimit_nofile 20000;", f"listen 127.0.0.10:{config.http[1]} ",
