@@ -6,11 +6,16 @@
   HashClient this one never ejects a failed server (fastpath does not either, docs/contract.md
   section 4), so a key is never written where fastpath would not look.  A failure raises
   :class:`CacheUnavailable` naming the server; the caller records it (repair.mark_suspect).
-- Batches are per server and pipelined: one round trip per ``CHUNK`` keys.
+- Batches are per server and pipelined (:class:`_Wire`): a batch goes out whole and its replies
+  are read when the caller asks (:meth:`AnswerCache.request_uniques` and
+  :meth:`~AnswerCache.request_stores` return a :class:`Pending`), so the writer computes one batch
+  while memcached answers the next.
 - A server that failed is skipped by this process for ``MEMCACHED_RETRY_INTERVAL`` seconds, so a
   dead server costs one timeout per interval, not one per request.
 """
+import collections
 import logging
+import select
 import socket
 import threading
 import time
@@ -23,8 +28,8 @@ from . import conf
 
 logger = logging.getLogger("plurkcore.cache")
 
-CHUNK = 500          # commands per pipelined round trip (keeps replies well inside socket buffers)
 RECV_SIZE = 65536
+GET_CHUNK = 500      # keys per ``get`` line of get_many (pymemcache's own command)
 
 #: Failures per server since start (exported for monitoring and tests).
 stats = {"failures": 0, "skipped": 0}
@@ -103,6 +108,7 @@ class AnswerCache:
             timeout=timeout, no_delay=True, retry_attempts=0, default_noreply=False,
             allow_unicode_keys=False)
         self._down_until = {}
+        self._wires = {}             # node -> _Wire of its current connection
 
     @property
     def nodes(self):
@@ -113,6 +119,14 @@ class AnswerCache:
         if len(nodes) == 1:
             return nodes[0]
         return self.client.hasher.get_node(key)
+
+    def nodes_for(self, keys):
+        """{key: node} of ``keys``."""
+        nodes = self.client.hasher.nodes
+        if len(nodes) == 1:
+            return dict.fromkeys(keys, nodes[0])
+        get_node = self.client.hasher.get_node
+        return {key: get_node(key) for key in keys}
 
     def group(self, keys, node_of=None):
         """{node: [key, ...]}; ``node_of`` is an optional precomputed {key: node}."""
@@ -127,74 +141,96 @@ class AnswerCache:
         until = self._down_until.get(node)
         return until is not None and time.monotonic() < until
 
-    def _run(self, node, func, force=False):
+    def _skip_if_down(self, node, force=False):
         if not force and self.is_down(node):
             stats["skipped"] += 1
             raise CacheUnavailable(node, "skipped (failed recently)", attempted=False)
+
+    def _fail(self, node, exc):
+        """``node`` failed with ``exc``: close its connection (every batch in flight on it is
+        lost), skip it for the retry interval, raise :class:`CacheUnavailable`."""
+        self.client.clients[node].close()
+        wire = self._wires.pop(node, None)
+        if wire is not None:
+            wire.failed = exc
+        stats["failures"] += 1
+        self._down_until[node] = time.monotonic() + self.retry_interval
+        logger.warning("memcached %s failed: %s", node, exc or type(exc).__name__)
+        raise CacheUnavailable(node, exc or type(exc).__name__) from exc
+
+    def _run(self, node, func, force=False):
+        """``func(client)`` with pymemcache's own commands, which read their replies at once."""
+        self._skip_if_down(node, force)
         client = self.client.clients[node]
         try:
+            wire = self._wires.get(node)
+            if wire is not None and wire.sock is client.sock:
+                wire.drain()         # batches in flight come first on the connection
             result = func(client)
-        except (OSError, socket.timeout, MemcacheError, ValueError) as exc:
-            client.close()
-            stats["failures"] += 1
-            self._down_until[node] = time.monotonic() + self.retry_interval
-            logger.warning("memcached %s failed: %s", node, exc or type(exc).__name__)
-            raise CacheUnavailable(node, exc or type(exc).__name__) from exc
+        except _IO_ERRORS as exc:
+            self._fail(node, exc)
         self._down_until.pop(node, None)
         return result
 
+    # -- pipelined batches -----------------------------------------------------------------
+    def _send(self, node, commands, parse):
+        self._skip_if_down(node)
+        client = self.client.clients[node]
+        try:
+            if client.sock is None:
+                client._connect()
+            wire = self._wires.get(node)
+            if wire is None or wire.sock is not client.sock:
+                wire = self._wires[node] = _Wire(client.sock)
+            batch = wire.send(commands)
+        except _IO_ERRORS as exc:
+            self._fail(node, exc)
+        return Pending(self, node, wire, batch, parse)
+
+    def _receive(self, pending):
+        wire = pending.wire
+        if wire.failed is not None:
+            raise CacheUnavailable(pending.node, f"connection lost: {wire.failed}")
+        try:
+            lines = wire.receive(pending.batch)
+        except _IO_ERRORS as exc:
+            self._fail(pending.node, exc)
+        self._down_until.pop(pending.node, None)
+        return lines
+
     # -- operations on one server ----------------------------------------------------------
+    def request_uniques(self, node, keys):
+        """Send ``mg <key> c`` for ``keys`` (the cas unique without the value, which the writer
+        does not need); the :class:`Pending`'s result is {key: cas unique} of those present."""
+        return self._send(node, [b"mg %s c\r\n" % k.encode("ascii") for k in keys],
+                          lambda replies: _uniques(keys, replies))
+
     def cas_uniques(self, node, keys):
-        """{key: cas unique} for the keys present on ``node`` (meta get ``mg <key> c``: the
-        unique without the value, which the writer does not need)."""
-        def run(client):
-            found = {}
-            for start in range(0, len(keys), CHUNK):
-                chunk = keys[start:start + CHUNK]
-                replies = _pipeline(client, [b"mg %s c\r\n" % k.encode("ascii") for k in chunk])
-                for key, reply in zip(chunk, replies):
-                    if reply[:4] == b"HD c" and reply[4:].isdigit():      # the usual "HD c<unique>"
-                        found[key] = int(reply[4:])
-                    elif reply.startswith(b"HD "):
-                        flag = next((f for f in reply.split()[1:] if f.startswith(b"c")), None)
-                        if flag is None:
-                            raise MemcacheError(f"unexpected meta reply {reply!r}")
-                        found[key] = int(flag[1:])
-                    elif reply != b"EN":
-                        raise MemcacheError(f"unexpected meta reply {reply!r}")
-            return found
+        return self.request_uniques(node, keys).result() if keys else {}
 
-        return self._run(node, run)
-
-    def get_many(self, node, keys):
-        found = {}
-
-        def run(client):
-            for start in range(0, len(keys), CHUNK):
-                found.update(client.get_many(keys[start:start + CHUNK]))
-            return found
-
-        return self._run(node, run)
+    def request_stores(self, node, ops, expire):
+        """Send ``ops`` = [(command, key, value, cas)] with command b"cas" or b"add"; the
+        :class:`Pending`'s result is {key: reply} (b"STORED", b"EXISTS", b"NOT_FOUND" or
+        b"NOT_STORED")."""
+        expire_b = str(int(expire)).encode()
+        commands = [b"cas %s 0 %s %d %d\r\n%s\r\n" % (key.encode("ascii"), expire_b, len(value), cas, value)
+                    if command == b"cas" else _store_command(command, key, value, cas, expire_b)
+                    for command, key, value, cas in ops]
+        return self._send(node, commands, lambda replies: dict(zip([op[1] for op in ops], replies)))
 
     def store_many(self, node, ops, expire):
-        """Pipeline ``ops`` = [(command, key, value, cas)] with command b"cas" or b"add";
-        returns {key: reply} (b"STORED", b"EXISTS", b"NOT_FOUND" or b"NOT_STORED")."""
-        expire_b = str(int(expire)).encode()
-
-        def run(client):
-            replies = {}
-            for start in range(0, len(ops), CHUNK):
-                chunk = ops[start:start + CHUNK]
-                parts = [_store_command(command, key, value, cas, expire_b) for command, key, value, cas in chunk]
-                replies.update(zip((key for _, key, _, _ in chunk), _pipeline(client, parts)))
-            return replies
-
-        return self._run(node, run)
+        return self.request_stores(node, ops, expire).result() if ops else {}
 
     def delete_many(self, node, keys):
+        if keys:
+            self._send(node, [b"delete %s\r\n" % k.encode("ascii") for k in keys], None).result()
+
+    def get_many(self, node, keys):
         def run(client):
-            for start in range(0, len(keys), CHUNK):
-                _pipeline(client, [b"delete %s\r\n" % k.encode("ascii") for k in keys[start:start + CHUNK]])
+            found = {}
+            for start in range(0, len(keys), GET_CHUNK):
+                found.update(client.get_many(keys[start:start + GET_CHUNK]))
+            return found
 
         return self._run(node, run)
 
@@ -210,6 +246,40 @@ class AnswerCache:
     def close(self):
         for client in self.client.clients.values():
             client.close()
+        self._wires.clear()
+
+
+_IO_ERRORS = (OSError, socket.timeout, MemcacheError, ValueError)
+
+
+class Pending:
+    """A batch sent to one server whose replies are still to be read: :meth:`result` reads them
+    (after the replies of the batches sent before it on that connection) and returns them parsed.
+    Raises :class:`CacheUnavailable` if the server failed meanwhile."""
+
+    __slots__ = ("cache", "node", "wire", "batch", "parse")
+
+    def __init__(self, cache, node, wire, batch, parse):
+        self.cache, self.node, self.wire, self.batch, self.parse = cache, node, wire, batch, parse
+
+    def result(self):
+        replies = self.cache._receive(self)
+        return replies if self.parse is None else self.parse(replies)
+
+
+def _uniques(keys, replies):
+    found = {}
+    for key, reply in zip(keys, replies):
+        if reply[:4] == b"HD c" and reply[4:].isdigit():      # the usual "HD c<unique>"
+            found[key] = int(reply[4:])
+        elif reply.startswith(b"HD "):
+            flag = next((f for f in reply.split()[1:] if f.startswith(b"c")), None)
+            if flag is None:
+                raise MemcacheError(f"unexpected meta reply {reply!r}")
+            found[key] = int(flag[1:])
+        elif reply != b"EN":
+            raise MemcacheError(f"unexpected meta reply {reply!r}")
+    return found
 
 
 def _store_command(command, key, value, cas, expire_b):
@@ -218,30 +288,100 @@ def _store_command(command, key, value, cas, expire_b):
     return b"%s %s 0 %s %d%s\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), unique, value)
 
 
-def _pipeline(client, commands):
-    """Send ``commands`` (bytes, each ending in CRLF, each answered by one line) at once and
-    read one reply line for each.  The replies are read whole and split once: a line at a time
-    cost ~3 us per reply in Python, most of a fan-out's memcached time."""
-    if client.sock is None:
-        client._connect()
-    sock = client.sock
-    sock.sendall(b"".join(commands))
-    want = len(commands)
-    chunks = []
-    lines = 0
-    while lines < want:
-        data = sock.recv(RECV_SIZE)
+class _Batch:
+    """The reply lines of one batch of commands, each answered by one line."""
+
+    __slots__ = ("want", "lines")
+
+    def __init__(self, want):
+        self.want = want
+        self.lines = []
+
+
+class _Wire:
+    """Batches in flight on one connection, answered in the order they were sent.
+
+    :meth:`send` writes a batch whole and returns at once; :meth:`receive` reads until that
+    batch's replies are in, handing the lines before them to the batches sent earlier.  While a
+    batch goes out, what memcached has answered so far is read: it never stalls on replies
+    nobody reads while we stall on commands it does not read (two full socket buffers), however
+    large the batches.  The socket keeps pymemcache's timeout: each wait is bounded by it."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.batches = collections.deque()       # sent, replies not all read yet
+        self.partial = b""                       # bytes after the last complete line
+        self.failed = None                       # the error that lost the connection
+        self._poll = None
+
+    def send(self, commands):
+        batch = _Batch(len(commands))
+        self.batches.append(batch)
+        data = memoryview(b"".join(commands))
+        while data:
+            sent = self.sock.send(data) if self._writable() else 0
+            data = data[sent:]
+        return batch
+
+    def receive(self, batch):
+        while len(batch.lines) < batch.want:
+            self._read()
+        if not self.batches and self._ready(0) & select.POLLIN:
+            self._read()             # nothing may follow the last reply (raises if a line does)
+        return batch.lines
+
+    def drain(self):
+        while self.batches:
+            self._read()
+
+    def _ready(self, timeout):
+        """poll(2) events of the socket (within ``timeout`` seconds, None: forever); 0 if none."""
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.sock.fileno(), select.POLLIN | select.POLLOUT)
+        events = self._poll.poll(None if timeout is None else timeout * 1000)
+        return events[0][1] if events else 0
+
+    def _writable(self):
+        """Wait until the socket takes bytes, reading replies that arrive meanwhile."""
+        ready = self._ready(self.sock.gettimeout())
+        if not ready:
+            raise socket.timeout("memcached took no commands within the timeout")
+        if ready & (select.POLLIN | select.POLLHUP):
+            self._read()             # replies, or the end of the connection (raises)
+        elif ready & select.POLLERR:
+            raise MemcacheError("connection failed")
+        return ready & select.POLLOUT
+
+    def _read(self):
+        """One recv (waiting up to the timeout); complete lines go to the batches in order."""
+        data = self.sock.recv(RECV_SIZE)
         if not data:
             raise MemcacheError("connection closed by the server")
-        chunks.append(data)
-        lines += data.count(b"\n")      # replies are CRLF-terminated lines with no bare LF
-    replies = b"".join(chunks).split(b"\r\n")
-    if lines != want or replies.pop() != b"" or len(replies) != want:
-        raise MemcacheError(f"expected {want} reply lines, got {lines}")
-    for line in replies:
+        if self.partial:
+            data = self.partial + data
+        if b"ERROR" in data:
+            _refuse_errors(data)
+        lines = data.split(b"\r\n")
+        self.partial = lines.pop()
+        at = 0
+        while at < len(lines):
+            if not self.batches:
+                raise MemcacheError(f"{len(lines) - at} reply line(s) no command asked for")
+            batch = self.batches[0]
+            take = batch.want - len(batch.lines)
+            batch.lines += lines[at:at + take]
+            at += take
+            if len(batch.lines) == batch.want:
+                self.batches.popleft()
+
+
+def _refuse_errors(data):
+    """A reply line ``ERROR``, ``CLIENT_ERROR ...`` or ``SERVER_ERROR ...`` fails the connection
+    (no other reply of ours contains the word)."""
+    for line in data.split(b"\r\n"):
         if line.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")):
             raise MemcacheError(line.decode("ascii", "replace"))
-    return replies
 
 
 _local = threading.local()

@@ -1,4 +1,6 @@
 """cache.py against real memcached: raw bytes with flags 0, pipelined batches, no ejection."""
+import select
+import socket
 import time
 
 import pytest
@@ -47,44 +49,86 @@ def test_pipelined_batches_larger_than_a_chunk(memcached):
 
 
 class _TrickleSocket:
-    """A socket that replies ``data`` a few bytes per recv (replies split anywhere, even
-    between CR and LF), then reports the connection closed."""
+    """A socket that takes every command and replies ``data`` a few bytes per recv (replies
+    split anywhere, even between CR and LF), then reports the connection closed."""
 
     def __init__(self, data, step):
         self.data, self.step, self.sent = data, step, b""
+        self.replying = False                    # no reply before the test's commands are out
 
-    def sendall(self, data):
-        self.sent += data
+    def gettimeout(self):
+        return 1.0
+
+    def send(self, data):
+        self.sent += bytes(data)
+        return len(data)
 
     def recv(self, size):
         out, self.data = self.data[:min(size, self.step)], self.data[min(size, self.step):]
         return out
 
 
-class _FakeClient:
-    def __init__(self, sock):
-        self.sock = sock
+def _trickle_wire(data, step):
+    from plurkcore.cache import _Wire
+
+    class Wire(_Wire):
+        def _ready(self, timeout):               # always writable; readable while data is left
+            return select.POLLOUT | (select.POLLIN if self.sock.replying and self.sock.data else 0)
+
+    return Wire(_TrickleSocket(data, step))
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 4096])
-def test_pipeline_reads_replies_split_anywhere(step):
-    from plurkcore.cache import _pipeline
-
-    replies = b"HD c12\r\nEN\r\nSTORED\r\nEXISTS\r\n"
-    sock = _TrickleSocket(replies, step)
-    got = _pipeline(_FakeClient(sock), [b"a\r\n", b"b\r\n", b"c\r\n", b"d\r\n"])
-    assert got == [b"HD c12", b"EN", b"STORED", b"EXISTS"] and sock.sent == b"a\r\nb\r\nc\r\nd\r\n"
+def test_wire_hands_replies_split_anywhere_to_the_batches_in_order(step):
+    wire = _trickle_wire(b"HD c12\r\nEN\r\nSTORED\r\nEXISTS\r\nDELETED\r\n", step)
+    sock = wire.sock
+    first = wire.send([b"a\r\n", b"b\r\n"])
+    second = wire.send([b"c\r\n", b"d\r\n"])
+    third = wire.send([b"e\r\n"])
+    sock.replying = True
+    assert wire.receive(second) == [b"STORED", b"EXISTS"]        # the first one's lines read on the way
+    assert wire.receive(first) == [b"HD c12", b"EN"]
+    assert wire.receive(third) == [b"DELETED"] and not wire.batches
+    assert sock.sent == b"a\r\nb\r\nc\r\nd\r\ne\r\n"
 
 
 @pytest.mark.parametrize("replies", [b"STORED\r\n", b"STORED\r\nSTO", b"STORED\r\nSERVER_ERROR out of memory\r\n",
-                                     b"STORED\r\nSTORED\r\nSTORED\r\n"])
-def test_pipeline_refuses_short_extra_and_error_replies(replies):
+                                     b"STORED\r\nSTORED\r\nSTORED\r\n", b"CLIENT_ERROR bad data chunk\r\n"])
+def test_wire_refuses_short_extra_and_error_replies(replies):
     from pymemcache.exceptions import MemcacheError
 
-    from plurkcore.cache import _pipeline
-
+    wire = _trickle_wire(replies, 5)
+    batch = wire.send([b"a\r\n", b"b\r\n"])
+    wire.sock.replying = True
     with pytest.raises(MemcacheError):
-        _pipeline(_FakeClient(_TrickleSocket(replies, 5)), [b"a\r\n", b"b\r\n"])
+        wire.receive(batch)
+
+
+def test_a_batch_larger_than_both_socket_buffers_never_deadlocks(memcached):
+    """memcached stops reading commands while it cannot write replies: a writer that only sent
+    until it had sent everything would wait forever (here, until the timeout: socket.timeout)."""
+    cache = AnswerCache([memcached.spec], 2.0, 1.0)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # before connect: the window too
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sock.connect(parse_server(memcached.spec))
+    sock.settimeout(2.0)
+    cache.client.clients[memcached.spec].sock = sock
+    # 6.4 MB of replies: more than memcached's send buffer grows to (4 MB, tcp_wmem) and ours
+    count = 400_000
+    replies = cache._send(memcached.spec, [b"version\r\n"] * count, None).result()
+    assert len(replies) == count and replies[0].startswith(b"VERSION ") and len(set(replies)) == 1
+
+
+def test_batches_in_flight_are_read_in_any_order_and_survive_a_plain_command(memcached):
+    cache = AnswerCache([memcached.spec], 1.0, 1.0)
+    node = memcached.spec
+    keys = [f"p1:getUnreadCount:{i}:0" for i in range(1, 4)]
+    adds = cache.request_stores(node, [(b"add", k, b"v", None) for k in keys], 60)
+    uniques = cache.request_uniques(node, keys)
+    assert cache.get_many(node, keys[:1]) == {keys[0]: b"v"}     # pymemcache's own get, after both
+    assert len(uniques.result()) == 3
+    assert adds.result() == {k: b"STORED" for k in keys}
 
 
 def test_a_dead_server_is_skipped_for_the_retry_interval_but_never_ejected(memcached3):

@@ -372,3 +372,34 @@ def test_answers_stored_leaves_out_conflicted_stores(signup, cache1, hooks, stor
     # the second writer stores b's keys; the first one's stores then conflict (no signal) and
     # succeed on its next round
     assert done and stored_signals == [(b_keys, set()), (b_keys, set())]
+
+
+def test_chunks_are_pipelined_and_a_chunk_stored_meanwhile_conflicts_and_goes_round_again(
+        signup, cache1, hooks, settings):
+    """With 3 users a chunk, chunk 2's gets go out before chunk 1 is computed.  A second writer
+    that stores every follower's keys while chunk 1 is computed comes after those gets on the
+    connection: the stores of chunks 1 and 2 then hold old uniques, conflict and go round again,
+    never overwriting a newer answer; chunk 3's gets go out after it (no conflict)."""
+    from django.test import override_settings
+
+    a = signup("a")
+    followers = [signup(f"f{i}") for i in range(10)]
+    for f in followers:
+        f.call("POST", "/api/follow", {"username": "a"})
+    done = []
+
+    def second_writer(**context):
+        if not done:
+            done.append(context["keys"])
+            a.call("POST", "/api/plurks", {"content": "second"})
+    with override_settings(PLURKCORE={**settings.PLURKCORE, "BATCH_SIZE": 3}):
+        hooks("write.after_read", second_writer)
+        conflicts = publish.stats["conflicts"]
+        assert a.call("POST", "/api/plurks", {"content": "first"}).status_code == 201
+        hooks("write.after_read", None)
+    assert len(done[0]) == 2 * 3                       # the hook ran in the first chunk
+    # chunk 1's keys and chunk 2's, whose gets were out before the second writer (unpipelined: 6)
+    assert publish.stats["conflicts"] - conflicts == 2 * 3 + 2 * 3
+    uids = [f.user["id"] for f in followers]
+    assert_consistent(uids, [cache1], require=True)
+    assert all(cached("getUnreadCount", uid, [cache1]) == b'{"count":2}' for uid in uids)
