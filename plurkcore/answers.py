@@ -17,6 +17,7 @@ the resource's answers; ``None`` (the default) means every kind.
 import contextlib
 import dataclasses
 import datetime
+import heapq
 import json
 import threading
 
@@ -214,20 +215,9 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
     memo_key = (frozenset(user_ids), limit)
     if memo is not None and memo_key in memo:
         return memo[memo_key]
-    sql, params = _unread_sql(user_ids)
-    sql += """
-        SELECT uid, eid, cnt FROM (
-            SELECT uid, eid, ROW_NUMBER() OVER (PARTITION BY uid ORDER BY eid DESC) AS rn,
-                   COUNT(*) OVER (PARTITION BY uid) AS cnt
-              FROM unread) w
-         WHERE rn <= %s
-        UNION ALL
-        SELECT user_id, NULL, 0 FROM s"""
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, limit])
-        rows = cursor.fetchall()
+    counts, newest = _newest_unread(user_ids, limit)
     entries = {}
-    wanted = {eid for _, eid, _ in rows if eid is not None}
+    wanted = set().union(*newest.values())
     if wanted:
         for row in Plurk.entries.filter(id__in=wanted).values_list(
                 "id", "parent_id", "author__username", "content", "created"):
@@ -240,17 +230,62 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
                 "content": content,
                 "created": isoformat(created),
             }
-    # the rows (uid, NULL, 0) say which users exist (one per user of s)
-    result = {uid: (0, []) for uid, eid, _ in rows if eid is None}
-    for uid, eid, cnt in rows:
-        if uid in result and eid in entries:
-            result[uid][1].append(entries[eid])
-            result[uid] = (cnt, result[uid][1])
-    for count, items in result.values():
-        items.sort(key=lambda item: item["id"], reverse=True)
+    result = {}
+    for uid, count in counts.items():
+        items = [entries[eid] for eid in newest[uid] if eid in entries]
+        result[uid] = (count if items else 0, items)
     if memo is not None:
         memo[memo_key] = result
     return result
+
+
+def _newest_unread(user_ids, limit):
+    """({uid: number of unread items}, {uid: ids of the newest ``limit`` of them, newest first})
+    for the users that exist (0 and [] included)."""
+    sql, params = _unread_sql(user_ids)
+    counts, newest = {}, {}
+    if connection.vendor == "sqlite":
+        # Every unread row, the newest kept here: SQLite's window functions cost more than the
+        # rest of the query (4.8 against 2.3 ms per 1,000 followers of a fan-out).  A bounded
+        # heap per user keeps memory at ``limit`` ids a user however many rows come.
+        with connection.cursor() as cursor:
+            cursor.execute(sql + " SELECT uid, eid FROM unread UNION ALL SELECT user_id, NULL FROM s", params)
+            for uid, eid in cursor:
+                if eid is None:                          # one row per user of s: who exists
+                    counts.setdefault(uid, 0)
+                    newest.setdefault(uid, [])
+                    continue
+                counts[uid] = counts.get(uid, 0) + 1
+                heap = newest.setdefault(uid, [])
+                if len(heap) < limit:
+                    heapq.heappush(heap, eid)
+                elif eid > heap[0]:
+                    heapq.heapreplace(heap, eid)
+        for uid, heap in newest.items():
+            heap.sort(reverse=True)
+        return counts, newest
+    sql += """
+        SELECT uid, eid, cnt FROM (
+            SELECT uid, eid, ROW_NUMBER() OVER (PARTITION BY uid ORDER BY eid DESC) AS rn,
+                   COUNT(*) OVER (PARTITION BY uid) AS cnt
+              FROM unread) w
+         WHERE rn <= %s
+        UNION ALL
+        SELECT user_id, NULL, 0 FROM s"""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, limit])
+        rows = cursor.fetchall()
+    # the rows (uid, NULL, 0) say which users exist (one per user of s)
+    for uid, eid, cnt in rows:
+        if eid is None:
+            counts.setdefault(uid, 0)
+            newest.setdefault(uid, [])
+        else:
+            counts[uid] = cnt
+            newest.setdefault(uid, []).append(eid)
+    for ids in newest.values():
+        ids.sort(reverse=True)
+    return counts, {uid: newest[uid] for uid in counts}
 
 
 _shared = threading.local()
