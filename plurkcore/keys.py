@@ -25,8 +25,8 @@ def answer_key(resource, uid, epoch):
 
 def key_prefix(resource):
     """``p1:<resource>:``, checked: a fan-out builds the keys of thousands of users from it,
-    ``f"{prefix}{uid:d}:{epoch:d}"`` (the ``:d`` refuses anything but an int, as
-    :func:`answer_key`'s ``int()`` would a str)."""
+    ``"%s%d:%d" % (prefix, uid, epoch)`` (``%d`` takes what :func:`answer_key`'s ``int()`` takes
+    but a str, which it refuses)."""
     return answer_key(resource, 0, 0)[:-3]
 
 
