@@ -91,14 +91,16 @@ def write_answers(by_resource, epochs=None):
     """Write ``{resource name: user ids}``; returns the keys that could not be written.
     ``epochs``: {uid: epoch} already read after the commit (the others are read per chunk).
 
-    Users go in chunks of ``BATCH_SIZE``, pipelined so that memcached answers one chunk while the
-    database and Python work on another: a chunk's ``gets`` go out before the chunk ahead of it
-    is computed, and a chunk's store replies are read after the next chunk's stores went out.
-    Each key still follows the write protocol in order (:func:`_write_keys`)."""
+    Users go in chunks of ``BATCH_SIZE`` (the first a quarter of it, so that the first answers
+    leave early), pipelined so that memcached answers one chunk while the database and Python
+    work on another: a chunk's ``gets`` go out before the chunk ahead of it is computed, and a
+    chunk's store replies are read once the next chunk's gets went out.  Each key still follows
+    the write protocol in order (:func:`_write_keys`)."""
     users = sorted(set().union(*by_resource.values())) if by_resource else []
     size = conf.get_config()["BATCH_SIZE"]
+    starts = [0] + list(range(max(1, size // 4), len(users), size))
     chunks = ({name: uids & chunk for name, uids in by_resource.items() if uids & chunk}
-              for chunk in (set(users[start:start + size]) for start in range(0, len(users), size)))
+              for chunk in (set(users[a:b]) for a, b in zip(starts, starts[1:] + [len(users)])) if chunk)
     write = _Write(get_cache(), epochs)
     ahead = write.begin(next(chunks, None))
     behind = None
@@ -107,11 +109,11 @@ def write_answers(by_resource, epochs=None):
         uniques = write.uniques(current)
         _testhooks.fire("write.after_gets", keys=sorted(current.todo), attempt=0)
         ahead = write.begin(next(chunks, None))          # its gets, while this chunk is computed
+        if behind is not None:
+            write.finish(behind)                         # its stores, answered meanwhile
         values = _compute_round(current.todo, write.failed)
         _testhooks.fire("write.after_read", keys=sorted(current.todo), attempt=0)
         write.send_stores(current, uniques, values)
-        if behind is not None:
-            write.finish(behind)                         # its stores were answered meanwhile
         behind = current
     if behind is not None:
         write.finish(behind)

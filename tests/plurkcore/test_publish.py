@@ -376,10 +376,11 @@ def test_answers_stored_leaves_out_conflicted_stores(signup, cache1, hooks, stor
 
 def test_chunks_are_pipelined_and_a_chunk_stored_meanwhile_conflicts_and_goes_round_again(
         signup, cache1, hooks, settings):
-    """With 3 users a chunk, chunk 2's gets go out before chunk 1 is computed.  A second writer
-    that stores every follower's keys while chunk 1 is computed comes after those gets on the
-    connection: the stores of chunks 1 and 2 then hold old uniques, conflict and go round again,
-    never overwriting a newer answer; chunk 3's gets go out after it (no conflict)."""
+    """With BATCH_SIZE 8 the 11 users (author and followers) go in chunks of 2, 8 and 1, and
+    chunk 2's gets go out before chunk 1 is computed.  A second writer that stores every
+    follower's keys while chunk 1 is computed comes after those gets on the connection: the
+    stores of chunks 1 and 2 then hold old uniques, conflict and go round again, never
+    overwriting a newer answer; chunk 3's gets go out after it (no conflict)."""
     from django.test import override_settings
 
     a = signup("a")
@@ -392,14 +393,14 @@ def test_chunks_are_pipelined_and_a_chunk_stored_meanwhile_conflicts_and_goes_ro
         if not done:
             done.append(context["keys"])
             a.call("POST", "/api/plurks", {"content": "second"})
-    with override_settings(PLURKCORE={**settings.PLURKCORE, "BATCH_SIZE": 3}):
+    with override_settings(PLURKCORE={**settings.PLURKCORE, "BATCH_SIZE": 8}):
         hooks("write.after_read", second_writer)
         conflicts = publish.stats["conflicts"]
         assert a.call("POST", "/api/plurks", {"content": "first"}).status_code == 201
         hooks("write.after_read", None)
-    assert len(done[0]) == 2 * 3                       # the hook ran in the first chunk
-    # chunk 1's keys and chunk 2's, whose gets were out before the second writer (unpipelined: 6)
-    assert publish.stats["conflicts"] - conflicts == 2 * 3 + 2 * 3
+    assert len(done[0]) == 2 * 2                       # the hook ran in the first chunk (a quarter)
+    # chunk 1's keys and chunk 2's, whose gets were out before the second writer (unpipelined: 4)
+    assert publish.stats["conflicts"] - conflicts == 2 * 2 + 2 * 8
     uids = [f.user["id"] for f in followers]
     assert_consistent(uids, [cache1], require=True)
     assert all(cached("getUnreadCount", uid, [cache1]) == b'{"count":2}' for uid in uids)
