@@ -284,7 +284,10 @@ def longpoll_rows(doc):
                    f"last follower answered after **{t(s['last_answer_s'])}** ({s['answered']:,} answered, "
                    f"{s['statuses']}); nchan, one publish to {doc['fanout_followers']:,} subscribers: "
                    f"**{t(n['last_answer_s'])}**" + (f"; ratio {fan['stack_over_nchan']:.2f}"
-                                                      if fan.get("stack_over_nchan") else ""))
+                                                      if fan.get("stack_over_nchan") else "")
+                   + (f" (median of {len(fan['rounds'])} rounds, alternated: stack "
+                      + ", ".join(t(r["stack_s"]) for r in fan["rounds"]) + "; nchan "
+                      + ", ".join(t(r["nchan_s"]) for r in fan["rounds"]) + ")" if fan.get("rounds") else ""))
     for load in [doc.get("load")] + [d["load"] for d in extra.values() if d.get("load")]:
         if not load:
             continue

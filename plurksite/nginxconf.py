@@ -35,7 +35,8 @@ WORKER_CONNECTIONS = 19000
 # answered at once asks again, and each of nginx's answers frees an upstream connection: with
 # 1,024 kept, an author's post to 10,000 held followers closed ~8,000 of them on both sides and
 # the followers' next polls opened them again (bench/longpoll.py fan-out: fastpath's CPU
-# 240 -> 50 ms, nginx's 440 -> 340 ms).  nginx allocates the cache up front, ~150 bytes a slot.
+# 240 -> 50 ms, nginx's 440 -> 340 ms).  nginx's master allocates the slots when it reads the
+# configuration: 152 bytes each, 1.4 MB, shared with the workers until they use them.
 UPSTREAM_KEEPALIVE = WORKER_CONNECTIONS // 2
 
 
