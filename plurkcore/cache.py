@@ -319,6 +319,8 @@ class _Wire:
 
     def send(self, commands):
         batch = _Batch(len(commands))
+        if not commands:
+            return batch             # complete as it is: nothing to wait for
         self.batches.append(batch)
         data = memoryview(b"".join(commands))
         while data:

@@ -92,6 +92,14 @@ def test_wire_hands_replies_split_anywhere_to_the_batches_in_order(step):
     assert sock.sent == b"a\r\nb\r\nc\r\nd\r\ne\r\n"
 
 
+def test_an_empty_batch_is_complete_and_never_waited_for():
+    wire = _trickle_wire(b"", 3)                   # a recv would read the end of the connection
+    empty = wire.send([])
+    wire.sock.replying = True
+    wire.drain()                                   # nothing in flight: no recv
+    assert wire.receive(empty) == [] and wire.sock.sent == b""
+
+
 @pytest.mark.parametrize("replies", [b"STORED\r\n", b"STORED\r\nSTO", b"STORED\r\nSERVER_ERROR out of memory\r\n",
                                      b"STORED\r\nSTORED\r\nSTORED\r\n", b"CLIENT_ERROR bad data chunk\r\n"])
 def test_wire_refuses_short_extra_and_error_replies(replies):
