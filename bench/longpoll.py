@@ -49,6 +49,10 @@ CLIENT_CONNS = 10_000           # sockets per client process (fd hard limit 20,0
 HOLD_S = 600                    # Prefer: wait and the stack's --max-wait: no hold ends mid-measure
 QUIET_S = 5.0                   # the window in which CPU is measured while nothing changes
 IP_BIND_ADDRESS_NO_PORT = 24    # linux/in.h: pick the source port at connect(), per destination
+# One locust process saturates its core at 300 users (~900 requests/s): in its own view a
+# fastpath hit took 77-88 ms at the median, against 46-60 ms with two (same evening, 3 and 2
+# runs), and it times the deliveries too.  Two processes in locust's distributed mode.
+LOAD_PROCESSES = 2
 
 NCHAN_CONF = """
 {user}
@@ -466,7 +470,7 @@ def _nchan_request_after_last(port):
 
 # --- 3. the locust simulation in both modes ---------------------------------------------------
 
-def _load_child(mode, users, run_time, name):
+def _load_child(mode, users, run_time, name, processes=1):
     """bench/load.py in this process, with the delivery percentile it does not record (p99, from
     locust's histogram of the ``delivery`` pseudo-requests) added to its endpoints."""
     from bench import load
@@ -494,7 +498,8 @@ def _load_child(mode, users, run_time, name):
         return (endpoints, *rest)
 
     load._locust_details = with_p99
-    return load.main(["--users", str(users), "--run-time", str(run_time), "--result-name", name])
+    return load.main(["--users", str(users), "--run-time", str(run_time), "--result-name", name,
+                      "--processes", str(processes)])
 
 
 def load_summary(name):
@@ -516,14 +521,15 @@ def _load_name(mode, users):
     return f"load-{mode}poll" + ("" if users == 300 else f"-{users}")
 
 
-def run_load(users, run_time):
-    out = {}
+def run_load(users, run_time, processes=LOAD_PROCESSES):
+    out = {"locust_processes": processes}
     for mode in ("long", "short"):
         name = _load_name(mode, users)
-        progress(f"=== locust {mode} polling: {users} users, {run_time}s")
+        progress(f"=== locust {mode} polling: {users} users, {run_time}s, {processes} locust process(es)")
         started, began = time.monotonic(), time.time()
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--load-child", mode, "--load-users",
-                             str(users), "--load-time", str(run_time)], cwd=ROOT).returncode
+                             str(users), "--load-time", str(run_time), "--load-processes", str(processes)],
+                            cwd=ROOT).returncode
         try:
             # a run that died before writing leaves the previous run's file: never report that
             if os.path.getmtime(os.path.join(RESULTS_DIR, f"{name}.json")) < began:
@@ -569,6 +575,7 @@ def main(argv=None):
     ap.add_argument("--fanout-rounds", type=int, default=3, help="fan-outs of each; the median round is reported")
     ap.add_argument("--load-users", type=int, default=300)
     ap.add_argument("--load-time", type=int, default=60)
+    ap.add_argument("--load-processes", type=int, default=LOAD_PROCESSES, help="locust processes (distributed mode)")
     ap.add_argument("--no-load", action="store_true", help="skip the locust runs")
     ap.add_argument("--load-only", action="store_true", help="only the locust runs (no held polls, no nchan)")
     ap.add_argument("--nchan-header-buffer", default=None,
@@ -580,13 +587,14 @@ def main(argv=None):
     ap.add_argument("--load-child", choices=["long", "short"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.load_child:
-        return _load_child(args.load_child, args.load_users, args.load_time, _load_name(args.load_child, args.load_users))
+        return _load_child(args.load_child, args.load_users, args.load_time, _load_name(args.load_child, args.load_users),
+                           args.load_processes)
     if args.quick:
         args.counts, args.fanout, args.no_load = "100", 100, True
         args.fanout_rounds = min(args.fanout_rounds, 2)      # the second holds the first one's ETag
     counts = [int(c) for c in args.counts.split(",") if c]
     if args.load_only:
-        result = {"load": run_load(args.load_users, args.load_time)}
+        result = {"load": run_load(args.load_users, args.load_time, args.load_processes)}
         result["goals"] = goals(result)
         path = write_result(args.result_name, result)
         progress(f"results: {path}")
@@ -649,7 +657,7 @@ def main(argv=None):
         if stack is not None:
             stack.stop()
     if not args.no_load:
-        result["load"] = run_load(args.load_users, args.load_time)
+        result["load"] = run_load(args.load_users, args.load_time, args.load_processes)
     result["goals"] = goals(result)
     result["runtime_s"] = round(time.monotonic() - started)
     path = write_result(args.result_name, result)

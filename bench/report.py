@@ -296,7 +296,9 @@ def longpoll_rows(doc):
             if "requests_per_s" not in r:
                 out.append(f"- locust, {mode} polling: {r.get('error', 'no result')}")
                 continue
-            out.append(f"- locust, {mode} polling ({r['users']} users, {r['run_time_s']} s): "
+            procs = load.get("locust_processes")
+            out.append(f"- locust, {mode} polling ({r['users']} users, {r['run_time_s']} s"
+                       + (f", {procs} locust processes" if procs and procs > 1 else "") + "): "
                        f"{r['requests_per_s']:,} requests/s, {r['failures']} failures, **{r['lost']} lost** of "
                        f"{r['deliveries_checked']:,} deliveries, delivery latency p50 **{r['delivery_p50_ms']} ms**, "
                        f"p95 {r['delivery_p95_ms']} ms, p99 **{r.get('delivery_p99_ms', 'n/a')} ms** (locust's "
