@@ -2,14 +2,19 @@
 follower's poll answers (getUnreadCount and getMessages) are written to memcached.
 
     .venv/bin/python bench/fanout.py [--followers 1000,10000] [--servers 1,3] [--backends sqlite,postgresql]
+                                     [--rounds 3]
 
 Each backend runs in a child process (Django settings are per process) against a fresh database
 (a temporary SQLite file; a throwaway PostgreSQL cluster from tests/support/postgres.py) and fresh
 memcached servers.  "cold": the followers' keys are absent (add); "warm": they hold an answer
-already (gets + cas), the steady state of users who poll.  Results: bench/results/fanout.json.
+already (gets + cas), the steady state of users who poll.  Each count runs ``--rounds`` times, a
+new author with new followers each, and the median round is reported (one run moved by +-30%
+here).  The child freezes what Django loaded before it measures, as gunicorn's workers do
+(plurksite/wsgi.py).  Results: bench/results/fanout.json.
 Goal: 10,000 followers in under one second.
 """
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -38,10 +43,12 @@ def child(args):
     from plurkcore.models import Follow, Plurk, UserState
 
     call_command("migrate", verbosity=0)
+    gc.collect()
+    gc.freeze()                      # as plurksite/wsgi.py does in gunicorn's workers
     User = get_user_model()
     results = []
-    for n in [int(x) for x in args.followers.split(",")]:
-        tag = f"n{n}t{int(time.time() * 1000)}"
+    for n, r in [(int(x), r) for x in args.followers.split(",") for r in range(args.rounds)]:
+        tag = f"n{n}r{r}t{int(time.time() * 1000)}"
         author = User.objects.create_user(f"{tag}author", password=None)
         followers = User.objects.bulk_create([User(username=f"{tag}f{i}", password="!") for i in range(n)],
                                              batch_size=2000)
@@ -63,7 +70,7 @@ def child(args):
             for node, node_keys in cache.group(want).items():
                 got.update(cache.get_many(node, node_keys))
             ok = sum(1 for k in want if got.get(k) == expected)
-            results.append({"followers": n, "phase": phase, "seconds": round(seconds, 4),
+            results.append({"followers": n, "round": r, "phase": phase, "seconds": round(seconds, 4),
                             "keys_written": 2 * n, "verified_followers": ok,
                             "keys_per_second": round(2 * n / seconds)})
             progress(f"{connection.vendor} servers={args.server_count} n={n} {phase}: {seconds * 1000:.0f} ms, "
@@ -118,7 +125,7 @@ def small_writes(users, rounds=3):
             "ratio": round(w / wo, 3)}
 
 
-def run_backend(backend, servers, followers):
+def run_backend(backend, servers, followers, rounds):
     from tests.support.servers import memcached_servers
 
     with tempfile.TemporaryDirectory(prefix="plurk-fanout-") as tmp, memcached_servers(servers) as mcs:
@@ -135,7 +142,7 @@ def run_backend(backend, servers, followers):
             env["PLURK_DATABASE_URL"] = cluster.create_database("fanout")
         try:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--followers", followers,
-                                   "--server-count", str(servers)],
+                                   "--server-count", str(servers), "--rounds", str(rounds)],
                                   env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=1800)
         finally:
             if cluster is not None:
@@ -145,11 +152,27 @@ def run_backend(backend, servers, followers):
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _medians(results):
+    """One row per (followers, phase): the median round's, with every round's seconds."""
+    groups = {}
+    for row in results:
+        groups.setdefault((row["followers"], row["phase"]), []).append(row)
+    out = []
+    for rows in groups.values():
+        rows.sort(key=lambda row: row["seconds"])
+        median = dict(rows[len(rows) // 2], rounds_s=[row["seconds"] for row in rows])
+        median.pop("round", None)
+        out.append(median)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--followers", default="1000,10000")
     parser.add_argument("--servers", default="1,3", help="memcached server counts to try")
     parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="fresh author and followers per round; the median round is reported")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server-count", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -159,8 +182,8 @@ def main():
     for backend in args.backends.split(","):
         for servers in [int(s) for s in args.servers.split(",")]:
             progress(f"{backend}, {servers} memcached server(s), followers {args.followers}")
-            out = run_backend(backend, servers, args.followers)
-            for row in out["results"]:
+            out = run_backend(backend, servers, args.followers, args.rounds)
+            for row in _medians(out["results"]):
                 runs.append({"backend": backend, "memcached_servers": servers, **row})
             writes.append({"backend": backend, "memcached_servers": servers, **out["writes"]})
     goal = [r for r in runs if r["followers"] == 10000]
