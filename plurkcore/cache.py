@@ -17,6 +17,7 @@ import collections
 import logging
 import select
 import socket
+import struct
 import threading
 import time
 
@@ -151,8 +152,19 @@ class AnswerCache:
 
     def _fail(self, node, exc):
         """``node`` failed with ``exc``: close its connection (every batch in flight on it is
-        lost), skip it for the retry interval, raise :class:`CacheUnavailable`."""
-        self.client.clients[node].close()
+        lost), skip it for the retry interval, raise :class:`CacheUnavailable`.
+
+        The close is abortive (RST): commands the kernel still queues must never reach the
+        server.  A graceful close leaves them to TCP's retransmissions, which after a partition
+        arrive seconds after the link is back, after the repair pass flushed the server: an
+        ``add`` computed before the partition then lands in the emptied server and stays."""
+        client = self.client.clients[node]
+        if client.sock is not None:
+            try:
+                client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT)
+            except OSError:
+                pass
+        client.close()
         wire = self._wires.pop(node, None)
         if wire is not None:
             wire.failed = exc
@@ -253,6 +265,7 @@ class AnswerCache:
 
 
 _IO_ERRORS = (OSError, socket.timeout, MemcacheError, ValueError)
+_ABORT = struct.pack("ii", 1, 0)         # SO_LINGER on, 0 s: close() discards and sends RST
 
 
 class Pending:

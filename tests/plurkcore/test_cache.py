@@ -128,6 +128,26 @@ def test_a_batch_larger_than_both_socket_buffers_never_deadlocks(memcached):
     assert len(replies) == count and replies[0].startswith(b"VERSION ") and len(set(replies)) == 1
 
 
+def test_a_failed_server_never_gets_the_commands_left_queued_when_it_failed():
+    """A server that stops reading (a partition) makes the send time out; the connection is
+    then reset, not closed gracefully, so the kernel drops what it still queued instead of
+    delivering it later (after a repair pass flushed the server)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    node = "127.0.0.1:%d" % listener.getsockname()[1]
+    cache = AnswerCache([node], 0.3, 1.0)
+    client = cache.client.clients[node]
+    client._connect()
+    server, _ = listener.accept()
+    with pytest.raises(CacheUnavailable):
+        cache._send(node, [b"mn\r\n"] * 2_000_000, None)      # 8 MB: more than the buffers hold
+    with pytest.raises(ConnectionResetError):                  # a graceful close ends in EOF
+        while server.recv(65536):
+            pass
+    server.close()
+    listener.close()
+
+
 def test_batches_in_flight_are_read_in_any_order_and_survive_a_plain_command(memcached):
     cache = AnswerCache([memcached.spec], 1.0, 1.0)
     node = memcached.spec
