@@ -228,8 +228,9 @@ class AnswerCache:
         :class:`Pending`'s result is {key: reply} (b"STORED", b"EXISTS", b"NOT_FOUND" or
         b"NOT_STORED")."""
         expire_b = str(int(expire)).encode()
-        commands = [b"cas %s 0 %s %d %d\r\n%s\r\n" % (key.encode("ascii"), expire_b, len(value), cas, value)
-                    if command == b"cas" else _store_command(command, key, value, cas, expire_b)
+        # formatted inline, no call per command: a fan-out builds 20,000 of them
+        commands = [_CAS % (key.encode("ascii"), expire_b, len(value), cas, value) if command == b"cas"
+                    else _STORE % (command, key.encode("ascii"), expire_b, len(value), value)
                     for command, key, value, cas in ops]
         return self._send(node, commands, lambda replies: dict(zip([op[1] for op in ops], replies)))
 
@@ -298,10 +299,9 @@ def _uniques(keys, replies):
     return found
 
 
-def _store_command(command, key, value, cas, expire_b):
-    """One storage command with its data block: ``add``, or ``cas`` with its unique."""
-    unique = b" %d" % int(cas) if command == b"cas" else b""
-    return b"%s %s 0 %s %d%s\r\n%s\r\n" % (command, key.encode("ascii"), expire_b, len(value), unique, value)
+#: storage commands with their data blocks (flags 0): ``cas`` with its unique, ``add`` without
+_CAS = b"cas %s 0 %s %d %d\r\n%s\r\n"
+_STORE = b"%s %s 0 %s %d\r\n%s\r\n"
 
 
 class _Batch:
