@@ -2,14 +2,15 @@
 follower's poll answers (getUnreadCount and getMessages) are written to memcached.
 
     .venv/bin/python bench/fanout.py [--followers 1000,10000] [--servers 1,3] [--backends sqlite,postgresql]
-                                     [--rounds 3]
+                                     [--rounds 3] [--history 0,1000]
 
 Each backend runs in a child process (Django settings are per process) against a fresh database
 (a temporary SQLite file; a throwaway PostgreSQL cluster from tests/support/postgres.py) and fresh
 memcached servers.  "cold": the followers' keys are absent (add); "warm": they hold an answer
 already (gets + cas), the steady state of users who poll.  Each count runs ``--rounds`` times, a
 new author with new followers each, and the median round is reported (one run moved by +-30%
-here).  The child freezes what Django loaded before it measures, as gunicorn's workers do
+here).  ``--history``: the author wrote that many older plurks, each answered, which the followers
+have read: the cost must follow what is new, not the author's past.  The child freezes what Django loaded before it measures, as gunicorn's workers do
 (plurksite/wsgi.py).  Results: bench/results/fanout.json.
 Goal: 10,000 followers in under one second.
 """
@@ -47,14 +48,17 @@ def child(args):
     gc.freeze()                      # as plurksite/wsgi.py does in gunicorn's workers
     User = get_user_model()
     results = []
-    for n, r in [(int(x), r) for x in args.followers.split(",") for r in range(args.rounds)]:
-        tag = f"n{n}r{r}t{int(time.time() * 1000)}"
+    histories = [int(h) for h in str(args.history).split(",")]
+    for h, n, r in [(h, int(x), r) for h in histories for x in args.followers.split(",") for r in range(args.rounds)]:
+        tag = f"h{h}n{n}r{r}t{int(time.time() * 1000)}"
         author = User.objects.create_user(f"{tag}author", password=None)
         followers = User.objects.bulk_create([User(username=f"{tag}f{i}", password="!") for i in range(n)],
                                              batch_size=2000)
         if not followers[0].pk:          # backends without RETURNING on bulk_create
             followers = list(User.objects.filter(username__startswith=f"{tag}f"))
-        UserState.objects.bulk_create([UserState(user=u) for u in followers], batch_size=2000)
+        history_upto = make_history(author, followers, h)
+        UserState.objects.bulk_create([UserState(user=u, read_upto=history_upto) for u in followers],
+                                      batch_size=2000)
         Follow.objects.bulk_create([Follow(follower=u, followee=author) for u in followers], batch_size=2000)
         cache = get_cache()
         for phase in ("cold", "warm"):
@@ -70,16 +74,35 @@ def child(args):
             for node, node_keys in cache.group(want).items():
                 got.update(cache.get_many(node, node_keys))
             ok = sum(1 for k in want if got.get(k) == expected)
-            results.append({"followers": n, "round": r, "phase": phase, "seconds": round(seconds, 4),
+            results.append({"followers": n, "history": h, "round": r, "phase": phase, "seconds": round(seconds, 4),
                             "keys_written": 2 * n, "verified_followers": ok,
                             "keys_per_second": round(2 * n / seconds)})
-            progress(f"{connection.vendor} servers={args.server_count} n={n} {phase}: {seconds * 1000:.0f} ms, "
+            progress(f"{connection.vendor} servers={args.server_count} n={n} history={h} {phase}: {seconds * 1000:.0f} ms, "
                      f"{ok}/{n} verified")
     writes = small_writes(followers[:WRITES])
     progress(f"{connection.vendor} servers={args.server_count} {WRITES} one-user writes: "
              f"{writes['ms_per_write']:.2f} ms each, {writes['ms_per_write_without_outbox']:.2f} ms without the outbox")
     print(json.dumps({"vendor": connection.vendor, "results": results, "writes": writes,
                       "publish_stats": publish.stats}))
+
+
+def make_history(author, followers, count):
+    """``count`` older plurks by ``author``, each with one response by a follower, all read by the
+    followers (the id returned is their read cursor): an author with a past.  A fan-out's cost
+    must follow what is new, not how much the author wrote before."""
+    from plurkcore.models import Plurk
+
+    if not count:
+        return 0
+    plurks = Plurk.entries.bulk_create([Plurk(author=author, content=f"old {i}") for i in range(count)],
+                                       batch_size=2000)
+    if not plurks[0].pk:
+        plurks = list(Plurk.entries.filter(author=author).order_by("id"))
+    responses = Plurk.entries.bulk_create(
+        [Plurk(author=followers[i % len(followers)], parent=p, content="re") for i, p in enumerate(plurks)],
+        batch_size=2000)
+    last = responses[-1].pk or Plurk.entries.order_by("-id").values_list("id", flat=True)[0]
+    return last
 
 
 #: one-user transactions timed by :func:`small_writes`
@@ -125,7 +148,7 @@ def small_writes(users, rounds=3):
             "ratio": round(w / wo, 3)}
 
 
-def run_backend(backend, servers, followers, rounds):
+def run_backend(backend, servers, followers, rounds, history="0"):
     from tests.support.servers import memcached_servers
 
     with tempfile.TemporaryDirectory(prefix="plurk-fanout-") as tmp, memcached_servers(servers) as mcs:
@@ -142,7 +165,7 @@ def run_backend(backend, servers, followers, rounds):
             env["PLURK_DATABASE_URL"] = cluster.create_database("fanout")
         try:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--followers", followers,
-                                   "--server-count", str(servers), "--rounds", str(rounds)],
+                                   "--server-count", str(servers), "--rounds", str(rounds), "--history", str(history)],
                                   env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=1800)
         finally:
             if cluster is not None:
@@ -153,10 +176,10 @@ def run_backend(backend, servers, followers, rounds):
 
 
 def _medians(results):
-    """One row per (followers, phase): the median round's, with every round's seconds."""
+    """One row per (followers, history, phase): the median round's, with every round's seconds."""
     groups = {}
     for row in results:
-        groups.setdefault((row["followers"], row["phase"]), []).append(row)
+        groups.setdefault((row["followers"], row.get("history", 0), row["phase"]), []).append(row)
     out = []
     for rows in groups.values():
         rows.sort(key=lambda row: row["seconds"])
@@ -173,6 +196,9 @@ def main():
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--rounds", type=int, default=3,
                         help="fresh author and followers per round; the median round is reported")
+    parser.add_argument("--history", default="0,1000",
+                        help="older plurks (each answered) by the author, read by the followers: a "
+                             "comma-separated list, each a run of its own")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server-count", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,14 +208,15 @@ def main():
     for backend in args.backends.split(","):
         for servers in [int(s) for s in args.servers.split(",")]:
             progress(f"{backend}, {servers} memcached server(s), followers {args.followers}")
-            out = run_backend(backend, servers, args.followers, args.rounds)
+            out = run_backend(backend, servers, args.followers, args.rounds, args.history)
             for row in _medians(out["results"]):
                 runs.append({"backend": backend, "memcached_servers": servers, **row})
             writes.append({"backend": backend, "memcached_servers": servers, **out["writes"]})
-    goal = [r for r in runs if r["followers"] == 10000]
+    goal = [r for r in runs if r["followers"] == 10000]     # with and without a history
     path = write_result("fanout", {
         "what": "one plurk fanned out: seconds from commit until every follower's getUnreadCount and "
-                "getMessages entries are written (cold: keys absent, add; warm: keys present, gets+cas)",
+                "getMessages entries are written (cold: keys absent, add; warm: keys present, gets+cas); "
+                "history: older plurks by the author, each answered, all read by the followers",
         "goal": "10,000 followers < 1 s",
         "goal_met": bool(goal) and all(r["seconds"] < 1.0 for r in goal),
         "runs": runs,
@@ -199,6 +226,7 @@ def main():
     })
     for r in runs:
         print(f"{r['backend']:>10} servers={r['memcached_servers']} followers={r['followers']:>6} "
+              f"history={r.get('history', 0):>5} "
               f"{r['phase']:>4}: {r['seconds'] * 1000:7.1f} ms  ({r['verified_followers']} verified)")
     for w in writes:
         print(f"{w['backend']:>10} servers={w['memcached_servers']} one-user writes: {w['ms_per_write']:.2f} ms, "

@@ -46,7 +46,8 @@ def fanout(doc):
     fig, ax = plt.subplots(figsize=(6, 4))
     labels, values = [], []
     for run in doc["runs"]:
-        labels.append(f"{run['backend']}\n{run['memcached_servers']}mc {run['followers']//1000}k {run['phase']}")
+        past = f" h{run['history']}" if run.get("history") else ""
+        labels.append(f"{run['backend']}\n{run['memcached_servers']}mc {run['followers']//1000}k{past} {run['phase']}")
         values.append(run["seconds"])
     ax.bar(range(len(values)), values)
     ax.axhline(1.0, color="red", linestyle="--", label="goal (10k < 1 s)")

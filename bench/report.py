@@ -109,13 +109,14 @@ def main():
         m = doc["machine"]
         out.append(f"Fan-out ({m['date']}, commit {m['commit']}), seconds from commit until every "
                    f"follower's entries are written:\n")
-        out.append("| database | memcached servers | followers | cold | warm |")
-        out.append("|---|---|---|---|---|")
+        out.append("| database | memcached servers | followers | author's older plurks (answered, read) | cold | warm |")
+        out.append("|---|---|---|---|---|---|")
         rows = {}
         for r in doc["runs"]:
-            rows.setdefault((r["backend"], r["memcached_servers"], r["followers"]), {})[r["phase"]] = r["seconds"]
-        for (b, s, f), ph in rows.items():
-            out.append(f"| {b} | {s} | {f:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
+            key = (r["backend"], r["memcached_servers"], r["followers"], r.get("history", 0))
+            rows.setdefault(key, {})[r["phase"]] = r["seconds"]
+        for (b, s, f, h), ph in rows.items():
+            out.append(f"| {b} | {s} | {f:,} | {h:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
         out.append("")
         if doc.get("writes"):
             out.append("The outbox's cost on the smallest write (one user's read cursor and its two keys, "

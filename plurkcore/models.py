@@ -39,6 +39,19 @@ class PlurkQuerySet(models.QuerySet):
     def responses(self):
         return self.filter(parent__isnull=False)
 
+    def bulk_create(self, objs, *args, **kwargs):
+        """As Django's, with each response's ``parent_author`` filled in (``save()`` is skipped):
+        one query for the parents not already loaded."""
+        objs = list(objs)
+        missing = {o.parent_id for o in objs if o.parent_id is not None and not Plurk.parent.is_cached(o)}
+        authors = dict(Plurk.entries.filter(pk__in=missing).values_list("pk", "author_id")) if missing else {}
+        for o in objs:
+            if o.parent_id is not None:
+                o.parent_author_id = o.parent.author_id if Plurk.parent.is_cached(o) else authors.get(o.parent_id)
+            else:
+                o.parent_author_id = None
+        return super().bulk_create(objs, *args, **kwargs)
+
 
 class PlurkManager(models.Manager.from_queryset(PlurkQuerySet)):
     """Top-level plurks only (``parent`` is NULL)."""
@@ -55,10 +68,20 @@ class ResponseManager(models.Manager.from_queryset(PlurkQuerySet)):
 class Plurk(models.Model):
     """A plurk (``parent`` is NULL) or a response to one; both share the id sequence."""
 
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="plurks")
-    parent = models.ForeignKey("self", models.CASCADE, null=True, blank=True, related_name="responses")
+    # No index of their own: (author, id) and (parent, id) below serve lookups by either column,
+    # and a second index on author alone drew PostgreSQL's planner, before the table's first
+    # ANALYZE, to walk an author's every plurk to find the few above a read cursor.
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="plurks", db_index=False)
+    parent = models.ForeignKey("self", models.CASCADE, null=True, blank=True, related_name="responses",
+                               db_index=False)
     content = models.CharField(max_length=MAX_CONTENT_LENGTH)
     created = models.DateTimeField(default=timezone.now, db_index=True)
+    # The parent's author, kept on each response (NULL on a plurk) so that "new responses in the
+    # threads of these users" is an index range scan: read through the parent, it walked every
+    # plurk the users ever wrote (an author with 1,000 old plurks made a 1,000-follower fan-out
+    # 18x slower on SQLite, 30x on PostgreSQL).  Set by save() and bulk_create().
+    parent_author = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, null=True, blank=True,
+                                      editable=False, related_name="+", db_index=False)
 
     objects = PlurkManager()
     entries = models.Manager.from_queryset(PlurkQuerySet)()  # plurks and responses
@@ -71,6 +94,7 @@ class Plurk(models.Model):
         indexes = [
             models.Index(fields=["author", "id"], name="plurkcore_entry_author"),
             models.Index(fields=["parent", "id"], name="plurkcore_entry_parent"),
+            models.Index(fields=["parent_author", "id"], name="plurkcore_entry_thread"),
         ]
 
     def save(self, *args, **kwargs):
@@ -81,6 +105,7 @@ class Plurk(models.Model):
         out sequence values before commit, so new entries take a transaction-level advisory lock
         first (held until the transaction commits).  SQLite serialises writers already.
         ``bulk_create`` bypasses this: use it only where nobody polls yet."""
+        self.parent_author_id = self.parent.author_id if self.parent_id is not None else None
         if self.pk is not None or not self._state.adding:
             return super().save(*args, **kwargs)
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)

@@ -42,3 +42,33 @@ def test_every_user_gets_a_state(users):
     state = UserState.objects.get(user=a)
     assert (state.epoch, state.read_upto) == (0, 0)
     assert "epoch 0" in str(state)
+
+
+def test_a_response_knows_its_parents_author_however_it_is_made(users):
+    """``parent_author`` is what the unread query reads responses by: save(), bulk_create() with a
+    parent object or only its id, and a response moved to another plurk all keep it right."""
+    a, b = users
+    pa = Plurk.objects.create(author=a, content="pa")
+    pb = Plurk.objects.create(author=b, content="pb")
+    saved = Response.objects.create(author=b, parent_id=pa.pk, content="r1")
+    by_object, by_id = Plurk.entries.bulk_create([Plurk(author=a, parent=pb, content="r2"),
+                                                  Plurk(author=b, parent_id=pa.pk, content="r3")])
+    rows = dict(Plurk.entries.values_list("content", "parent_author_id"))
+    assert rows == {"pa": None, "pb": None, "r1": a.pk, "r2": b.pk, "r3": a.pk}
+    saved.parent = pb
+    saved.save()
+    assert Plurk.entries.get(pk=saved.pk).parent_author_id == b.pk
+
+
+def test_the_migration_fills_the_parents_author_of_existing_responses(users):
+    import importlib
+
+    from django.apps import apps
+
+    a, b = users
+    p = Plurk.objects.create(author=a, content="p")
+    r = Response.objects.create(author=b, parent=p, content="r")
+    Plurk.entries.update(parent_author=None)           # as the rows were before the migration
+    importlib.import_module("plurkcore.migrations.0004_parent_author").fill_parent_author(apps, None)
+    assert Plurk.entries.get(pk=r.pk).parent_author_id == a.pk
+    assert Plurk.entries.get(pk=p.pk).parent_author_id is None
