@@ -5,7 +5,8 @@ from django.contrib.auth.password_validation import validate_password
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Max, Q
+from django.db.models import Count, F, Max, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.middleware.csrf import get_token
 
 from . import conf
@@ -35,7 +36,12 @@ def response_json(response):
 
 
 def _plurks():
-    return Plurk.objects.select_related("author").annotate(response_count=Count("responses"))
+    # A correlated count, run for the rows a page returns.  Count("responses") joined and grouped
+    # every plurk of the authors with all its responses before the LIMIT: a timeline of authors
+    # with 100,000 answered plurks took 0.5 s on SQLite, 0.2 s on PostgreSQL.
+    responses = (Plurk.entries.filter(parent=OuterRef("pk")).order_by().values("parent")
+                 .annotate(n=Count("*")).values("n"))
+    return Plurk.objects.select_related("author").annotate(response_count=Coalesce(Subquery(responses), 0))
 
 
 def _content(data):

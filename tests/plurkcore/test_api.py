@@ -3,6 +3,7 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from plurkcore import conf, tokens
 from plurkcore.auth import signing_key
@@ -139,6 +140,46 @@ def test_timeline_paging(signup):
         seen += [p["id"] for p in page["items"]]
     assert seen == sorted(ids, reverse=True)
     assert len(b.call("GET", "/api/timeline").json()["items"]) == 10
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="counts SQLite's own instructions")
+def test_a_timeline_page_costs_its_page_not_the_authors_history(signup):
+    """The page's response counts are counted for its rows: Count("responses") joined and grouped
+    every plurk of the followed authors with their responses before the LIMIT applied."""
+    from plurkcore.models import Plurk
+
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    first = a.call("POST", "/api/plurks", {"content": "first"}).json()["id"]
+    b.call("POST", f"/api/plurks/{first}/responses", {"content": "re"})
+
+    def steps():
+        count = [0]
+
+        def tick():
+            count[0] += 1
+            return 0
+        connection.ensure_connection()
+        connection.connection.set_progress_handler(tick, 100)
+        try:
+            page = b.call("GET", "/api/timeline?limit=5").json()
+        finally:
+            connection.connection.set_progress_handler(None, 100)
+        return count[0], page
+
+    for i in range(5):
+        a.call("POST", "/api/plurks", {"content": f"new {i}"})
+    before, _ = steps()
+    old = Plurk.entries.bulk_create([Plurk(author_id=a.user["id"], content="old") for _ in range(3000)])
+    if not old[0].pk:
+        old = list(Plurk.objects.filter(content="old"))
+    Plurk.entries.bulk_create([Plurk(author_id=b.user["id"], parent=p, content="re") for p in old])
+    newest = [a.call("POST", "/api/plurks", {"content": f"newest {i}"}).json()["id"] for i in range(5)]
+    b.call("POST", f"/api/plurks/{newest[0]}/responses", {"content": "re"})
+    after, page = steps()
+    assert [p["id"] for p in page["items"]] == newest[::-1]
+    assert [p["response_count"] for p in page["items"]] == [0, 0, 0, 0, 1]
+    assert after <= before * 1.5 + 10, (before, after)
 
 
 def test_mark_read_moves_forward_only(signup):
