@@ -2,6 +2,7 @@
 import contextlib
 import time
 
+from django.db import connection
 from pymemcache.client.base import Client
 
 from plurkcore import answers, keys
@@ -51,3 +52,19 @@ def elapsed_below(seconds):
     yield
     took = time.monotonic() - start
     assert took < seconds, f"took {took:.3f}s, limit {seconds}s"
+
+
+def sqlite_steps(func):
+    """SQLite virtual-machine instructions (in hundreds) that ``func`` runs: a deterministic cost."""
+    steps = [0]
+
+    def tick():
+        steps[0] += 1
+        return 0
+    connection.ensure_connection()
+    connection.connection.set_progress_handler(tick, 100)
+    try:
+        func()
+    finally:
+        connection.connection.set_progress_handler(None, 100)
+    return steps[0]

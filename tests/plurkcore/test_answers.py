@@ -16,6 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from plurkcore import answers
 from plurkcore.models import Follow, Plurk, UserState
 
+from .helpers import sqlite_steps
+
 pytestmark = pytest.mark.django_db
 
 
@@ -82,22 +84,6 @@ def test_reading_unread_items_is_one_query_whatever_the_users_count():
     assert len(many) == len(few)
 
 
-def _sqlite_steps(func):
-    """SQLite virtual-machine instructions (in hundreds) that ``func`` runs: a deterministic cost."""
-    steps = [0]
-
-    def tick():
-        steps[0] += 1
-        return 0
-    connection.ensure_connection()
-    connection.connection.set_progress_handler(tick, 100)
-    try:
-        func()
-    finally:
-        connection.connection.set_progress_handler(None, 100)
-    return steps[0]
-
-
 @pytest.mark.skipif("connection.vendor != 'sqlite'", reason="counts SQLite's own instructions")
 def test_reading_unread_items_does_not_grow_with_the_table():
     """A user who never read (cursor 0) costs what its follows and plurks cost, not what the whole
@@ -105,12 +91,12 @@ def test_reading_unread_items_does_not_grow_with_the_table():
     50,000 plurks)."""
     uids, _, _, _ = _world(5, users=20, entries=100)
     UserState.objects.filter(user_id__in=uids).update(read_upto=0)
-    before = _sqlite_steps(lambda: answers.unread_messages(uids))
+    before = sqlite_steps(lambda: answers.unread_messages(uids))
     stranger = get_user_model().objects.create(username="stranger", password="!")
     Plurk.objects.bulk_create([Plurk(author=stranger, content="y") for _ in range(5000)])
     parents = list(Plurk.objects.filter(author=stranger).values_list("id", flat=True)[:500])
     Plurk.objects.bulk_create([Plurk(author=stranger, parent_id=p, content="z") for p in parents])
-    after = _sqlite_steps(lambda: answers.unread_messages(uids))
+    after = sqlite_steps(lambda: answers.unread_messages(uids))
     assert after <= before * 1.5 + 10, (before, after)
 
 
@@ -118,7 +104,7 @@ def _work(uids):
     """A deterministic cost of reading the users' unread items: SQLite's instructions (hundreds),
     PostgreSQL's buffer accesses (EXPLAIN ANALYZE of the query the publisher runs)."""
     if connection.vendor == "sqlite":
-        return _sqlite_steps(lambda: answers.unread_messages(uids))
+        return sqlite_steps(lambda: answers.unread_messages(uids))
     sql, params = answers._unread_sql(uids)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql + " SELECT uid, eid FROM unread", params)

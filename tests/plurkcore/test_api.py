@@ -8,6 +8,8 @@ from django.db import connection
 from plurkcore import conf, tokens
 from plurkcore.auth import signing_key
 
+from .helpers import sqlite_steps
+
 pytestmark = pytest.mark.django_db
 
 
@@ -154,18 +156,8 @@ def test_a_timeline_page_costs_its_page_not_the_authors_history(signup):
     b.call("POST", f"/api/plurks/{first}/responses", {"content": "re"})
 
     def steps():
-        count = [0]
-
-        def tick():
-            count[0] += 1
-            return 0
-        connection.ensure_connection()
-        connection.connection.set_progress_handler(tick, 100)
-        try:
-            page = b.call("GET", "/api/timeline?limit=5").json()
-        finally:
-            connection.connection.set_progress_handler(None, 100)
-        return count[0], page
+        pages = []
+        return sqlite_steps(lambda: pages.append(b.call("GET", "/api/timeline?limit=5").json())), pages[0]
 
     for i in range(5):
         a.call("POST", "/api/plurks", {"content": f"new {i}"})
