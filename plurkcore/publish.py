@@ -106,14 +106,14 @@ def write_answers(by_resource, epochs=None):
     behind = None
     while ahead is not None:
         current = ahead
-        uniques = write.uniques(current)
+        uniques = _read_uniques(current, write.failed)
         _testhooks.fire("write.after_gets", keys=sorted(current.todo), attempt=0)
         ahead = write.begin(next(chunks, None))          # its gets, while this chunk is computed
         if behind is not None:
             write.finish(behind)                         # its stores, answered meanwhile
         values = _compute_round(current.todo, write.failed)
         _testhooks.fire("write.after_read", keys=sorted(current.todo), attempt=0)
-        write.send_stores(current, uniques, values)
+        _send_stores(write.cache, current, uniques, values, write.failed)
         behind = current
     if behind is not None:
         write.finish(behind)
@@ -157,55 +157,18 @@ class _Write:
             prefix = keys.key_prefix(name)
             todo.update(("%s%d:%d" % (prefix, uid, epochs[uid]), (name, uid)) for uid in uids if uid in epochs)
         chunk = _Chunk(todo, self.cache.nodes_for(todo))
-        for node, node_keys in self.cache.group(todo, chunk.node_of).items():
-            try:
-                chunk.gets[node] = (self.cache.request_uniques(node, node_keys), node_keys)
-            except CacheUnavailable:
-                repair.mark_suspect(node)
-                _drop(todo, self.failed, node_keys)
+        _send_gets(self.cache, chunk, self.failed)
         return chunk
-
-    def uniques(self, chunk):
-        """Step 1's replies: {key: cas unique} of the keys present."""
-        found = {}
-        for node, (pending, node_keys) in chunk.gets.items():
-            try:
-                found.update(pending.result())
-            except CacheUnavailable:
-                repair.mark_suspect(node)
-                _drop(chunk.todo, self.failed, [k for k in node_keys if k in chunk.todo])
-        chunk.gets = {}
-        return found
-
-    def send_stores(self, chunk, uniques, values):
-        """Step 3 sent: ``cas`` (or ``add``) of every key computed."""
-        for node, ops in _store_ops(chunk.todo, chunk.node_of, uniques, values).items():
-            try:
-                chunk.stores[node] = (self.cache.request_stores(node, ops, conf.get_config()["CACHE_TTL"]), ops)
-            except CacheUnavailable:
-                repair.mark_suspect(node)
-                self.failed.update(key for _, key, _, _ in ops)
 
     def finish(self, chunk):
         """Step 3's replies; then step 4: the keys that conflicted go round again, one step at
         a time (:func:`_write_keys`)."""
-        stored, retry = {}, {}
-        for node, (pending, ops) in chunk.stores.items():
-            try:
-                replies = pending.result()
-            except CacheUnavailable:
-                repair.mark_suspect(node)
-                self.failed.update(key for _, key, _, _ in ops)
-                continue
-            for key, reply in replies.items():
-                (stored if reply == b"STORED" else retry)[key] = chunk.todo[key]
-        chunk.stores = {}
-        stats["conflicts"] += len(retry)
+        stored = _read_stores(chunk, self.failed)
         self.written.update(stored)
         _after_store(stored, ())
         _testhooks.fire("write.after_store", keys=sorted(self.written), attempt=0)
-        if retry:
-            self.written.update(_write_keys(self.cache, retry, chunk.node_of, self.failed, first_attempt=1))
+        if chunk.todo:
+            self.written.update(_write_keys(self.cache, chunk.todo, chunk.node_of, self.failed, first_attempt=1))
 
 
 def _write_keys(cache, todo, node_of, failed, first_attempt=0):
@@ -213,9 +176,9 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
     docs/consistency.md, one step at a time for every key; returns {key: (name, uid)} stored and
     adds to ``failed`` the keys that could not be.  For every key:
 
-    1. ``gets`` the key's cas unique, or learn it is absent (:func:`_gets_round`);
+    1. ``gets`` the key's cas unique, or learn it is absent (:func:`_send_gets`, :func:`_read_uniques`);
     2. read the database and compute the answer (:func:`_compute_round`);
-    3. ``cas`` with the unique from step 1, or ``add`` if the key was absent (:func:`_store_round`);
+    3. ``cas`` with the unique from step 1, or ``add`` if the key was absent (:func:`_send_stores`, :func:`_read_stores`);
     4. on ``EXISTS`` / ``NOT_FOUND`` / ``NOT_STORED`` go back to 1 (up to ``CAS_ATTEMPTS``, then
        ``StaleKey``).
 
@@ -225,11 +188,15 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
     for attempt in range(first_attempt, conf.get_config()["CAS_ATTEMPTS"]):
         if not todo:
             break
-        uniques = _gets_round(cache, todo, node_of, failed)
+        chunk = _Chunk(todo, node_of)
+        _send_gets(cache, chunk, failed)
+        uniques = _read_uniques(chunk, failed)
         _testhooks.fire("write.after_gets", keys=sorted(todo), attempt=attempt)
         values = _compute_round(todo, failed)
         _testhooks.fire("write.after_read", keys=sorted(todo), attempt=attempt)
-        stored, todo = _store_round(cache, todo, node_of, uniques, values, failed)
+        _send_stores(cache, chunk, uniques, values, failed)
+        stored = _read_stores(chunk, failed)
+        todo = chunk.todo
         written.update(stored)
         _after_store(stored, ())
         _testhooks.fire("write.after_store", keys=sorted(written), attempt=attempt)
@@ -239,24 +206,39 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
     return written
 
 
+def _server_failed(node, todo, failed, key_list):
+    """A server that failed is suspect (it may hold stale answers until the repair pass flushes
+    it), and its keys are given up in this write: out of ``todo``, into ``failed``."""
+    repair.mark_suspect(node)
+    _drop(todo, failed, key_list)
+
+
 def _drop(todo, failed, key_list):
     """Give up on ``key_list`` in this write: out of ``todo``, into ``failed``."""
     for key in key_list:
-        del todo[key]
+        todo.pop(key, None)
     failed.update(key_list)
 
 
-def _gets_round(cache, todo, node_of, failed):
-    """Step 1: {key: cas unique} of the keys present.  A server that fails is suspect and its
-    keys leave ``todo``."""
-    uniques = {}
-    for node, node_keys in cache.group(todo, node_of).items():
+def _send_gets(cache, chunk, failed):
+    """Step 1 sent: ``mg`` of every key of ``chunk``, per server."""
+    for node, node_keys in cache.group(chunk.todo, chunk.node_of).items():
         try:
-            uniques.update(cache.cas_uniques(node, node_keys))
+            chunk.gets[node] = (cache.request_uniques(node, node_keys), node_keys)
         except CacheUnavailable:
-            repair.mark_suspect(node)
-            _drop(todo, failed, node_keys)
-    return uniques
+            _server_failed(node, chunk.todo, failed, node_keys)
+
+
+def _read_uniques(chunk, failed):
+    """Step 1's replies: {key: cas unique} of the keys present."""
+    found = {}
+    for node, (pending, node_keys) in chunk.gets.items():
+        try:
+            found.update(pending.result())
+        except CacheUnavailable:
+            _server_failed(node, chunk.todo, failed, node_keys)
+    chunk.gets = {}
+    return found
 
 
 def _compute_round(todo, failed):
@@ -291,22 +273,32 @@ def _store_ops(todo, node_of, uniques, values):
     return ops
 
 
-def _store_round(cache, todo, node_of, uniques, values, failed):
-    """Steps 3 and 4: ``cas`` (or ``add``) every key; returns ({key: (name, uid)} stored, the
-    keys that conflicted and go back to step 1).  A server that fails is suspect and its keys
-    are given up."""
-    stored, retry = {}, {}
-    for node, node_ops in _store_ops(todo, node_of, uniques, values).items():
+def _send_stores(cache, chunk, uniques, values, failed):
+    """Step 3 sent: ``cas`` (or ``add``) of every key computed."""
+    for node, ops in _store_ops(chunk.todo, chunk.node_of, uniques, values).items():
         try:
-            replies = cache.store_many(node, node_ops, conf.get_config()["CACHE_TTL"])
+            chunk.stores[node] = (cache.request_stores(node, ops, conf.get_config()["CACHE_TTL"]), ops)
         except CacheUnavailable:
-            repair.mark_suspect(node)
-            failed.update(key for _, key, _, _ in node_ops)
+            _server_failed(node, chunk.todo, failed, [key for _, key, _, _ in ops])
+
+
+def _read_stores(chunk, failed):
+    """Step 3's replies: returns {key: (name, uid)} stored, and leaves in ``chunk.todo`` only the
+    keys that conflicted (step 4 sends them back to step 1).  A key with no store (its user is
+    gone) leaves too."""
+    stored, retry = {}, {}
+    for node, (pending, ops) in chunk.stores.items():
+        try:
+            replies = pending.result()
+        except CacheUnavailable:
+            _server_failed(node, chunk.todo, failed, [key for _, key, _, _ in ops])
             continue
         for key, reply in replies.items():
-            (stored if reply == b"STORED" else retry)[key] = todo[key]
+            (stored if reply == b"STORED" else retry)[key] = chunk.todo[key]
+    chunk.stores = {}
+    chunk.todo = retry
     stats["conflicts"] += len(retry)
-    return stored, retry
+    return stored
 
 
 def _retire_revoked(written, epochs):
