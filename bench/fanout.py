@@ -44,6 +44,13 @@ def child(args):
     from plurkcore.models import Follow, Plurk, UserState
 
     call_command("migrate", verbosity=0)
+    # time the writer itself, in the committing thread, whatever the fan-out's size (above
+    # FANOUT_IN_REQUEST the request would hand it to the background writer and answer at once)
+    from django.conf import settings
+
+    from plurkcore import conf
+    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=10**9)
+    conf.reset()
     gc.collect()
     gc.freeze()                      # as plurksite/wsgi.py does in gunicorn's workers
     User = get_user_model()

@@ -17,6 +17,9 @@ killed between its commit and its stores leaves its rows behind, and the repair 
 answers (:func:`plurkcore.repair.repair`): a commit's answers are written even when the process
 that committed is not there to write them.  Outside a transaction the change is already
 committed when :func:`changed` is called; the row then only narrows that window.
+
+A batch that would rewrite the answers of more than ``FANOUT_IN_REQUEST`` followers is written by
+the process's background writer (:mod:`plurkcore.background`), its outbox rows kept until then.
 """
 import json
 import logging
@@ -24,7 +27,7 @@ import threading
 
 from django.db import connections, transaction
 
-from . import publish
+from . import background, publish
 from .models import PendingChange
 
 logger = logging.getLogger("plurkcore.changes")
@@ -46,6 +49,12 @@ class _Batch:
         self.pending.append(row.pk)
 
     def __call__(self):
+        if publish.is_large(self.items):
+            background.submit(self.write)          # the request answers now; the rows stay meanwhile
+        else:
+            self.write()
+
+    def write(self):
         if publish.flush(self.items):
             forget(self.alias, self.pending)
 

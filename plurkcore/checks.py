@@ -8,7 +8,7 @@
 | E007 | MEMCACHED_SERVERS lists a server twice |
 | E003 | a duration (MEMCACHED_TIMEOUT, MEMCACHED_RETRY_INTERVAL, REPAIR_INTERVAL, OUTBOX_GRACE) is not positive |
 | W002 | MEMCACHED_TIMEOUT is above one second |
-| E004 | a count or size (TOKEN_TTL, CACHE_TTL, CAS_ATTEMPTS, BATCH_SIZE, MAX_BODY_SIZE) is not a positive integer |
+| E004 | a count or size (TOKEN_TTL, CACHE_TTL, CAS_ATTEMPTS, BATCH_SIZE, MAX_BODY_SIZE, FANOUT_IN_REQUEST) is not a positive integer |
 | E008 | CACHE_TTL is above 30 days |
 | E005 | SECRET_FILE is not set |
 | E006 | SECRET_FILE cannot be read as a secret |
@@ -30,7 +30,7 @@ from . import conf
 TAG = "plurkcore"
 
 DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL", "OUTBOX_GRACE")
-COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "MAX_BODY_SIZE")
+COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "MAX_BODY_SIZE", "FANOUT_IN_REQUEST")
 MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
 
 

@@ -28,6 +28,9 @@ DEFAULTS = {
     "CAS_ATTEMPTS": 4,
     # users per answer query / memcached batch.
     "BATCH_SIZE": 1000,
+    # most followers whose answers are written in the request that committed the change; a larger
+    # fan-out goes to the process's background writer thread (plurkcore.background).
+    "FANOUT_IN_REQUEST": 20000,
     # largest request body the API accepts, bytes (larger: 413).
     "MAX_BODY_SIZE": 64 * 1024,
     # name of the auth cookie (the contract fixes "plurk_token"; change only with fastpath).

@@ -42,6 +42,21 @@ def flush(batch):
     return True
 
 
+def is_large(batch):
+    """True if writing ``batch`` would rewrite the answers of more than ``FANOUT_IN_REQUEST``
+    followers, and it revokes nothing (a revocation's deletes are never postponed): one count
+    on the follow index, and none for a change that has no author's followers to write."""
+    authors = set()
+    for _, _, followers_of, dead_keys in batch:
+        if dead_keys:
+            return False
+        authors |= followers_of
+    if not authors:
+        return False
+    limit = conf.get_config()["FANOUT_IN_REQUEST"]
+    return Follow.objects.filter(followee_id__in=authors).values("pk")[limit:limit + 1].exists()
+
+
 def publish(batch):
     """Write the answers for a batch of (kind, users, followers_of, dead_keys)."""
     stats["publishes"] += 1

@@ -5,6 +5,7 @@ Most tests make a process "die" by never running its after-commit callback: the 
 committed, its outbox row with it, and nothing else happens, which is what SIGKILL between the
 commit and the stores leaves behind.  The last test does it for real, to a separate Django process
 at the writer's hook point; the drill ``web-host-lost`` kills whole web hosts."""
+import threading
 import types
 
 import pytest
@@ -12,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import transaction
 
-from plurkcore import changes, publish, repair
+from plurkcore import background, changes, publish, repair
 from plurkcore.models import PendingChange, Plurk
 
 from .helpers import assert_consistent, cached, truth
@@ -131,6 +132,76 @@ def test_a_debt_that_could_not_be_recorded_keeps_the_row(pair, cache1, monkeypat
 def test_an_unreadable_row_is_dropped_not_retried_forever(cache1, no_grace):
     PendingChange.objects.create(change="{not json")
     assert repair.repair()["replayed"] == 1
+    assert PendingChange.objects.count() == 0
+
+
+@pytest.fixture
+def crowd(pair, signup, settings):
+    """a with two followers (b, c), and FANOUT_IN_REQUEST 1: a's posts are large fan-outs."""
+    c = signup("c")
+    assert c.call("POST", "/api/follow", {"username": "a"}).status_code == 201
+    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=1)
+    return (*pair, c)
+
+
+@pytest.fixture
+def gated_background(monkeypatch):
+    """Background writes wait for ``gate.set()``; ``fail`` makes them raise instead."""
+    gate, real = threading.Event(), changes._Batch.write
+    state = {"fail": False}
+
+    def write(self):
+        if threading.current_thread() is threading.main_thread():
+            return real(self)                            # written in the request: not gated
+        assert gate.wait(10), "the test never opened the gate"
+        if state["fail"]:
+            raise RuntimeError("the process went away mid-write")
+        real(self)
+    monkeypatch.setattr(changes._Batch, "write", write)
+    yield types.SimpleNamespace(gate=gate, state=state)
+    gate.set()
+    background.wait()
+
+
+def test_a_large_fan_out_is_written_after_the_request_its_row_kept_until_then(crowd, cache1, gated_background):
+    a, b, c = crowd
+    submitted = background.stats["submitted"]
+    post(a.user["id"], "to my many followers")          # returns with nothing written yet
+    assert background.stats["submitted"] == submitted + 1
+    assert PendingChange.objects.count() == 1
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
+    gated_background.gate.set()
+    background.wait()
+    assert PendingChange.objects.count() == 0
+    for follower in (b, c):
+        assert cached("getUnreadCount", follower.user["id"], [cache1]) == b'{"count":1}'
+    assert_consistent([a.user["id"], b.user["id"], c.user["id"]], [cache1], require=True)
+
+
+def test_a_small_change_is_still_written_in_the_request(crowd, cache1, gated_background):
+    a, b, _ = crowd
+    submitted = background.stats["submitted"]
+    b_plurk = post(b.user["id"], "nobody follows me")     # no followers: in the request
+    assert background.stats["submitted"] == submitted and PendingChange.objects.count() == 0
+    with transaction.atomic():                           # a response: b's own answers and a's followers'
+        Plurk.entries.create(author=get_user_model().objects.get(pk=a.user["id"]), parent=b_plurk,
+                             content="re")
+    assert background.stats["submitted"] == submitted
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+
+
+def test_a_background_write_that_dies_leaves_its_row_to_the_repair_pass(crowd, cache1, no_grace,
+                                                                        gated_background):
+    a, b, _ = crowd
+    errors = background.stats["errors"]
+    post(a.user["id"], "lost with its writer")
+    gated_background.state["fail"] = True
+    gated_background.gate.set()
+    background.wait()
+    assert background.stats["errors"] == errors + 1
+    assert PendingChange.objects.count() == 1
+    assert repair.repair()["replayed"] == 1
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
     assert PendingChange.objects.count() == 0
 
 

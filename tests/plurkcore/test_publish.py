@@ -404,3 +404,17 @@ def test_chunks_are_pipelined_and_a_chunk_stored_meanwhile_conflicts_and_goes_ro
     uids = [f.user["id"] for f in followers]
     assert_consistent(uids, [cache1], require=True)
     assert all(cached("getUnreadCount", uid, [cache1]) == b'{"count":2}' for uid in uids)
+
+
+def test_a_fan_out_is_large_above_fanout_in_request_followers_and_never_with_a_revocation(settings):
+    User = get_user_model()
+    author, *followers = User.objects.bulk_create([User(username=f"l{i}", password="!") for i in range(4)])
+    if not author.pk:
+        author, *followers = User.objects.filter(username__startswith="l").order_by("id")
+    Follow.objects.bulk_create([Follow(follower=f, followee=author) for f in followers])
+    post = ("plurk", frozenset(), frozenset({author.pk}), frozenset())
+    for limit, large in ((3, False), (2, True)):
+        settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=limit)
+        assert publish.is_large([post]) is large, limit
+    assert not publish.is_large([("user", frozenset({author.pk}), frozenset(), frozenset())])
+    assert not publish.is_large([post, ("epoch", frozenset({author.pk}), frozenset(), frozenset({"p1:k:1:0"}))])

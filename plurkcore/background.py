@@ -1,0 +1,59 @@
+"""Large fan-outs, written off the request that committed them.
+
+A committed change whose writer would rewrite the answers of more than ``FANOUT_IN_REQUEST``
+followers (an author with many followers posts) is handed to one writer thread per process: the
+request answers at once instead of waiting ~25-50 us per follower (100,000 followers: about 3 s,
+and near gunicorn's 30 s timeout at 600,000).  The change's outbox rows stay until the thread has
+written it, so a process that exits first (a restart, a killed worker) leaves them to the repair
+pass, as a process killed after its commit always did (docs/consistency.md).
+
+Jobs run one at a time, in the order submitted.  Every write reads the database afresh and stores
+with ``cas``, so a later change written in a request meanwhile cannot be overwritten by this
+thread's older view (the write protocol of docs/consistency.md holds between any two writers).
+"""
+import logging
+import queue
+import threading
+
+from django.db import connections
+
+logger = logging.getLogger("plurkcore.background")
+
+#: Counters since process start: jobs submitted, finished, raised.
+stats = {"submitted": 0, "done": 0, "errors": 0}
+
+_jobs = queue.Queue()
+_lock = threading.Lock()
+_thread = None
+
+
+def submit(job):
+    """Run ``job()`` on this process's writer thread (started on first use, and again in a forked
+    child, where the parent's thread does not exist)."""
+    global _thread
+    with _lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, name="plurkcore-fanout", daemon=True)
+            _thread.start()
+        stats["submitted"] += 1
+    _jobs.put(job)
+
+
+def wait():
+    """Block until every job submitted so far is done (tests, and a clean shutdown)."""
+    _jobs.join()
+
+
+def _run():
+    while True:
+        job = _jobs.get()
+        try:
+            job()
+            stats["done"] += 1
+        except Exception:
+            # the job's outbox rows stay: the repair pass writes them
+            stats["errors"] += 1
+            logger.exception("a background fan-out failed; the repair pass writes it again")
+        finally:
+            connections.close_all()          # this thread's own connections, as a request's end
+            _jobs.task_done()
