@@ -52,7 +52,8 @@ def _user_audience(uid):
     """users= and followers_of= for a change to ``uid`` itself: its followers, and the authors
     (and their followers) of the plurks it responded to."""
     followers = set(Follow.objects.filter(followee_id=uid).values_list("follower_id", flat=True))
-    authors = set(Plurk.entries.filter(responses__author_id=uid).values_list("author_id", flat=True))
+    authors = set(Plurk.entries.filter(author_id=uid, parent_author__isnull=False)
+                  .values_list("parent_author_id", flat=True).distinct())
     authors.discard(uid)
     return {"users": followers | authors | {uid}, "followers_of": authors}
 
@@ -69,7 +70,9 @@ def _audience(entry):
     """(kind, users, followers_of) whose answers an entry is part of."""
     if entry.parent_id is None:
         return "plurk", set(), {entry.author_id}
-    parent_author = Plurk.entries.filter(pk=entry.parent_id).values_list("author_id", flat=True).first()
+    parent_author = entry.parent_author_id          # kept by Plurk.save() and the migration
+    if parent_author is None:
+        parent_author = Plurk.entries.filter(pk=entry.parent_id).values_list("author_id", flat=True).first()
     if parent_author is None:
         return "response", set(), set()
     return "response", {parent_author}, {parent_author}
