@@ -20,14 +20,18 @@ committed when :func:`changed` is called; the row then only narrows that window.
 
 A batch that would rewrite the answers of more than ``FANOUT_IN_REQUEST`` followers is written by
 the process's background writer (:mod:`plurkcore.background`), its outbox rows kept until then.
+A write that takes longer than half of ``OUTBOX_GRACE`` renews its rows (:class:`_Lease`), so the
+repair pass does not write a change again while its own writer is still at it.
 """
 import json
 import logging
 import threading
+import time
 
 from django.db import connections, transaction
+from django.db.models.functions import Now
 
-from . import background, publish
+from . import background, conf, publish
 from .models import PendingChange
 
 logger = logging.getLogger("plurkcore.changes")
@@ -55,13 +59,36 @@ class _Batch:
             self.write()
 
     def write(self):
-        if publish.flush(self.items):
+        lease = _Lease(self.alias, self.pending)
+        if publish.flush(self.items, alive=lease.renew):
             forget(self.alias, self.pending)
 
     def is_pending(self, connection):
         # Django drops a rolled-back transaction's callbacks from this list (and the list is
         # emptied before a commit runs them): if we are not in it, our transaction is over.
         return any(func is self for _, func, _ in connection.run_on_commit)
+
+
+class _Lease:
+    """A long write keeps its outbox rows young: the repair pass takes a row older than
+    ``OUTBOX_GRACE`` for an abandoned change and writes it again, which for a fan-out of hundreds
+    of thousands of followers (seconds) would be the same work twice, at once.  Between chunks the
+    writer moves its rows' ``created`` to now (the database's clock), at most every half grace;
+    a writer that dies stops doing so, and its rows age into the repair pass as before."""
+
+    def __init__(self, alias, pks):
+        self.alias, self.pks = alias, pks
+        self.renewed = time.monotonic()
+
+    def renew(self):
+        if time.monotonic() - self.renewed < conf.get_config()["OUTBOX_GRACE"] / 2:
+            return
+        self.renewed = time.monotonic()
+        try:
+            PendingChange.objects.using(self.alias).filter(pk__in=self.pks).update(created=Now())
+        except Exception:
+            # a missed renewal costs at most a second write of the same answers
+            logger.exception("cannot renew %d outbox row(s)", len(self.pks))
 
 
 def changed(kind, users=(), followers_of=(), dead_keys=(), using=None):

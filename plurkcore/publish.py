@@ -23,15 +23,16 @@ logger = logging.getLogger("plurkcore.publish")
 stats = {"publishes": 0, "keys_written": 0, "conflicts": 0, "errors": 0}
 
 
-def flush(batch):
+def flush(batch, alive=None):
     """Write a committed transaction's changes (its on_commit callback; never raises).  True if
     the write ran to its end: every key is written or recorded as a debt of the repair pass.
-    False leaves the batch's outbox rows for the repair pass to write again."""
+    False leaves the batch's outbox rows for the repair pass to write again.  ``alive()`` is
+    called between chunks (the batch's outbox rows say their writer is still at work)."""
     if not batch:
         return True
     unrecorded = repair.stats["unrecorded"]
     try:
-        publish(batch)
+        publish(batch, alive)
         if repair.stats["unrecorded"] != unrecorded:
             raise RuntimeError("a failed write could not be recorded as a debt")
     except Exception:
@@ -57,7 +58,7 @@ def is_large(batch):
     return Follow.objects.filter(followee_id__in=authors).values("pk")[limit:limit + 1].exists()
 
 
-def publish(batch):
+def publish(batch, alive=None):
     """Write the answers for a batch of (kind, users, followers_of, dead_keys)."""
     stats["publishes"] += 1
     repair.repair(quick=True)
@@ -77,7 +78,7 @@ def publish(batch):
         dead |= dead_keys
     if dead:
         delete_keys(sorted(dead))
-    write_answers(by_resource, epochs)
+    write_answers(by_resource, epochs, alive)
 
 
 def followers_by_author(authors):
@@ -102,7 +103,7 @@ def followers_by_author(authors):
 
 
 # -- writing --------------------------------------------------------------------------------
-def write_answers(by_resource, epochs=None):
+def write_answers(by_resource, epochs=None, alive=None):
     """Write ``{resource name: user ids}``; returns the keys that could not be written.
     ``epochs``: {uid: epoch} already read after the commit (the others are read per chunk).
 
@@ -120,6 +121,8 @@ def write_answers(by_resource, epochs=None):
     ahead = write.begin(next(chunks, None))
     behind = None
     while ahead is not None:
+        if alive is not None:
+            alive()
         current = ahead
         uniques = _read_uniques(current, write.failed)
         _testhooks.fire("write.after_gets", keys=sorted(current.todo), attempt=0)

@@ -6,6 +6,7 @@ committed, its outbox row with it, and nothing else happens, which is what SIGKI
 commit and the stores leaves behind.  The last test does it for real, to a separate Django process
 at the writer's hook point; the drill ``web-host-lost`` kills whole web hosts."""
 import threading
+import time
 import types
 
 import pytest
@@ -203,6 +204,30 @@ def test_a_background_write_that_dies_leaves_its_row_to_the_repair_pass(crowd, c
     assert repair.repair()["replayed"] == 1
     assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
     assert PendingChange.objects.count() == 0
+
+
+def test_a_long_write_renews_its_rows_so_the_repair_pass_leaves_them_alone(pair, signup, cache1, settings,
+                                                                          hooks):
+    """A write that outlives OUTBOX_GRACE would otherwise be written a second time by the repair
+    pass, at once (the same fan-out twice); its writer moves its rows' age forward between chunks."""
+    a, b = pair
+    for name in ("c", "d", "e"):
+        assert signup(name).call("POST", "/api/follow", {"username": "a"}).status_code == 201
+    settings.PLURKCORE = dict(settings.PLURKCORE, OUTBOX_GRACE=0.2, BATCH_SIZE=4)   # chunks of 1, then 3
+    seen = []
+
+    def slow_first_chunk(**context):
+        if not seen:
+            seen.append("outlived the grace")
+            time.sleep(0.3)
+        elif len(seen) == 1:                      # the second chunk, after its writer's renewal
+            seen.append("repairing")              # (a replay runs this hook too)
+            seen[1] = repair.repair()["replayed"]
+    hooks("write.after_gets", slow_first_chunk)
+    post(a.user["id"], "a slow fan-out")
+    assert seen == ["outlived the grace", 0]
+    assert PendingChange.objects.count() == 0
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
 
 
 def test_rows_round_trip():

@@ -93,7 +93,7 @@ def test_one_transaction_one_batch(signup, cache1, monkeypatch):
     b.call("POST", "/api/follow", {"username": "a"})
     calls = []
     real = publish.publish
-    monkeypatch.setattr(publish, "publish", lambda batch: (calls.append(batch), real(batch)))
+    monkeypatch.setattr(publish, "publish", lambda batch, alive=None: (calls.append(batch), real(batch, alive)))
     author = get_user_model().objects.get(pk=a.user["id"])
     with transaction.atomic():
         for i in range(20):
@@ -120,9 +120,9 @@ def batches(monkeypatch):
     calls = []
     real = publish.publish
 
-    def spy(batch):
+    def spy(batch, alive=None):
         calls.append({kind: set(users) for kind, users, _, _ in batch})
-        return real(batch)
+        return real(batch, alive)
     monkeypatch.setattr(publish, "publish", spy)
     return calls
 
