@@ -118,6 +118,14 @@ def main():
         for (b, s, f, h), ph in rows.items():
             out.append(f"| {b} | {s} | {f:,} | {h:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
         out.append("")
+        if doc.get("handed_off"):
+            out.append("A fan-out above `FANOUT_IN_REQUEST` (set to half the followers for this row) handed to the "
+                       "background writer: "
+                       + "; ".join(f"{h['backend']} with {h['memcached_servers']} server(s), {h['followers']:,} followers: "
+                                   f"the post's transaction {h['request_ms']} ms, every follower written "
+                                   f"{h['written_ms']} ms after it"
+                                   for h in doc["handed_off"]) + ".")
+            out.append("")
         if doc.get("writes"):
             out.append("The outbox's cost on the smallest write (one user's read cursor and its two keys, "
                        "no HTTP; interleaved rounds, medians): "
