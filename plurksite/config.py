@@ -26,7 +26,8 @@ VARIABLES = {
                        "so `var/run/fastpath.sock` by default, or `/run/plurk/<digest>/` when root's nginx workers "
                        "cannot reach the var dir; the runner creates its directory and refuses to start "
                        "when nginx's workers cannot reach it) or a loopback `host:port` (TCP: "
-                       "0.7-1.0x nginx's own `memcached_pass`, against 1.0-1.2x over the socket; see Benchmarks)"),
+                       "0.8-1.0x nginx's own `memcached_pass`, against 0.85-1.2x over the socket, from run to "
+                       "run; see Benchmarks)"),
     "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (`/metrics`)"),
     "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached `host:port` list"),
     "PLURK_DATABASE_URL": ("sqlite:///var/plurk.sqlite3",
