@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 
-from django.db import connections
+from django.db import close_old_connections
 
 logger = logging.getLogger("plurkcore.background")
 
@@ -55,5 +55,5 @@ def _run():
             stats["errors"] += 1
             logger.exception("a background fan-out failed; the repair pass writes it again")
         finally:
-            connections.close_all()          # this thread's own connections, as a request's end
+            close_old_connections()          # as at a request's end: kept within CONN_MAX_AGE
             _jobs.task_done()
