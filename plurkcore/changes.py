@@ -53,7 +53,13 @@ class _Batch:
         self.pending.append(row.pk)
 
     def __call__(self):
-        if publish.is_large(self.items):
+        try:
+            large = publish.is_large(self.items)
+        except Exception:
+            # never raise into the request that committed; written here, flush() reports any error
+            logger.exception("cannot size a change's fan-out; writing it in the request")
+            large = False
+        if large:
             background.submit(self.write)          # the request answers now; the rows stay meanwhile
         else:
             self.write()

@@ -191,6 +191,16 @@ def test_a_small_change_is_still_written_in_the_request(crowd, cache1, gated_bac
     assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
 
 
+def test_a_fan_out_that_cannot_be_sized_is_written_in_the_request(crowd, cache1, monkeypatch):
+    a, b, _ = crowd
+    monkeypatch.setattr(publish, "is_large", lambda batch: (_ for _ in ()).throw(RuntimeError("database gone")))
+    submitted = background.stats["submitted"]
+    post(a.user["id"], "sized or not")                     # no exception reaches the committer
+    assert background.stats["submitted"] == submitted
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+    assert PendingChange.objects.count() == 0
+
+
 def test_a_background_write_that_dies_leaves_its_row_to_the_repair_pass(crowd, cache1, no_grace,
                                                                         gated_background):
     a, b, _ = crowd
