@@ -58,6 +58,9 @@ def test_a_response_knows_its_parents_author_however_it_is_made(users):
     saved.parent = pb
     saved.save()
     assert Plurk.entries.get(pk=saved.pk).parent_author_id == b.pk
+    saved.parent = pa
+    saved.save(update_fields=["parent"])
+    assert Plurk.entries.get(pk=saved.pk).parent_author_id == a.pk
 
 
 def test_the_migration_fills_the_parents_author_of_existing_responses(users):
