@@ -39,18 +39,14 @@ def child(args):
     from django.core.management import call_command
     from django.db import connection, transaction
 
-    from plurkcore import keys, publish
+    from plurkcore import publish
     from plurkcore.cache import get_cache
     from plurkcore.models import Follow, Plurk, UserState
 
     call_command("migrate", verbosity=0)
     # time the writer itself, in the committing thread, whatever the fan-out's size (above
     # FANOUT_IN_REQUEST the request would hand it to the background writer and answer at once)
-    from django.conf import settings
-
-    from plurkcore import conf
-    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=10**9)
-    conf.reset()
+    set_fanout_in_request(ALWAYS_IN_REQUEST)
     gc.collect()
     gc.freeze()                      # as plurksite/wsgi.py does in gunicorn's workers
     User = get_user_model()
@@ -76,10 +72,8 @@ def child(args):
             done = time.perf_counter()
             seconds = done - marks["commit"]
             expected = b'{"count":%d}' % (1 if phase == "cold" else 2)
-            want = [keys.answer_key("getUnreadCount", u.pk, 0) for u in followers]
-            got = {}
-            for node, node_keys in cache.group(want).items():
-                got.update(cache.get_many(node, node_keys))
+            want = count_keys(followers)
+            got = cached(cache, want)
             ok = sum(1 for k in want if got.get(k) == expected)
             results.append({"followers": n, "history": h, "round": r, "phase": phase, "seconds": round(seconds, 4),
                             "keys_written": 2 * n, "verified_followers": ok,
@@ -96,42 +90,63 @@ def child(args):
                       "publish_stats": publish.stats}))
 
 
+#: a FANOUT_IN_REQUEST no fan-out here reaches: the writer runs in the committing thread
+ALWAYS_IN_REQUEST = 10**9
+
+
+def set_fanout_in_request(limit):
+    from django.conf import settings
+
+    from plurkcore import conf
+
+    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=limit)
+    conf.reset()
+
+
+def count_keys(followers):
+    """The followers' getUnreadCount keys (epoch 0: the bench never revokes)."""
+    from plurkcore import keys
+
+    return [keys.answer_key("getUnreadCount", u.pk, 0) for u in followers]
+
+
+def cached(cache, key_list):
+    """{key: value} of the keys present, read from the server each maps to."""
+    found = {}
+    for node, node_keys in cache.group(key_list).items():
+        found.update(cache.get_many(node, node_keys))
+    return found
+
+
 def handed_off(author, followers, rounds):
     """A post whose fan-out is above ``FANOUT_IN_REQUEST`` (set to half the followers here): ms
     the committing transaction takes (the poster's wait) and ms until the background writer has
     written every follower; medians of ``rounds`` posts by the last round's author."""
     import statistics
 
-    from django.conf import settings
     from django.db import transaction
 
-    from plurkcore import background, conf, keys
+    from plurkcore import background
     from plurkcore.cache import get_cache
     from plurkcore.models import PendingChange, Plurk
 
-    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=max(1, len(followers) // 2))
-    conf.reset()
+    set_fanout_in_request(max(1, len(followers) // 2))
     cache = get_cache()
     request_ms, written_ms, verified = [], [], []
     try:
         for r in range(rounds):
-            before = {uid: value for node, ks in cache.group(
-                [keys.answer_key("getUnreadCount", u.pk, 0) for u in followers]).items()
-                for uid, value in cache.get_many(node, ks).items()}
+            before = cached(cache, count_keys(followers))
             start = time.perf_counter()
             with transaction.atomic():
                 Plurk.objects.create(author=author, content=f"handed off {r}")
             request_ms.append((time.perf_counter() - start) * 1000)
             background.wait()
             written_ms.append((time.perf_counter() - start) * 1000)
-            after = {}
-            for node, ks in cache.group(list(before)).items():
-                after.update(cache.get_many(node, ks))
+            after = cached(cache, list(before))
             verified.append(sum(1 for k, v in after.items() if v != before[k]))
         assert not PendingChange.objects.exists(), "the background writer left its outbox rows"
     finally:
-        settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=10**9)
-        conf.reset()
+        set_fanout_in_request(ALWAYS_IN_REQUEST)
     return {"followers": len(followers), "fanout_in_request": max(1, len(followers) // 2), "rounds": rounds,
             "request_ms": round(statistics.median(request_ms), 2), "written_ms": round(statistics.median(written_ms), 1),
             "changed_followers": min(verified)}
