@@ -105,10 +105,12 @@ class Plurk(models.Model):
         out sequence values before commit, so new entries take a transaction-level advisory lock
         first (held until the transaction commits).  SQLite serialises writers already.
         ``bulk_create`` bypasses this: use it only where nobody polls yet."""
-        self.parent_author_id = self.parent.author_id if self.parent_id is not None else None
         update_fields = kwargs.get("update_fields")
-        if update_fields is not None and {"parent", "parent_id"} & set(update_fields):
-            kwargs["update_fields"] = {*update_fields, "parent_author"}
+        if update_fields is None or {"parent", "parent_id"} & set(update_fields):
+            # only when this save writes the parent: an edit of the content alone costs no lookup
+            self.parent_author_id = self.parent.author_id if self.parent_id is not None else None
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "parent_author"}
         if self.pk is not None or not self._state.adding:
             return super().save(*args, **kwargs)
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
