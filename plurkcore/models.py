@@ -68,9 +68,9 @@ class ResponseManager(models.Manager.from_queryset(PlurkQuerySet)):
 class Plurk(models.Model):
     """A plurk (``parent`` is NULL) or a response to one; both share the id sequence."""
 
-    # No index of their own: (author, id) and (parent, id) below serve lookups by either column,
-    # and a second index on author alone drew PostgreSQL's planner, before the table's first
-    # ANALYZE, to walk an author's every plurk to find the few above a read cursor.
+    # No index of their own: (author, parent, id) and (parent, id) below serve lookups by either
+    # column, and a second index on author alone drew PostgreSQL's planner, before the table's
+    # first ANALYZE, to walk an author's every plurk to find the few above a read cursor.
     author = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="plurks", db_index=False)
     parent = models.ForeignKey("self", models.CASCADE, null=True, blank=True, related_name="responses",
                                db_index=False)
@@ -92,9 +92,13 @@ class Plurk(models.Model):
         default_manager_name = "entries"
         base_manager_name = "entries"
         indexes = [
-            models.Index(fields=["author", "id"], name="plurkcore_entry_author"),
+            # The unread counts are index-only range counts (answers.py): an author's plurks
+            # above a cursor (parent IS NULL), and the responses in an author's threads above a
+            # cursor by anyone but the reader.  The first also serves every lookup by author (a
+            # second one on (author, id) drew PostgreSQL to it, reading the table for each row).
+            models.Index(fields=["author", "parent", "id"], name="plurkcore_entry_author"),
             models.Index(fields=["parent", "id"], name="plurkcore_entry_parent"),
-            models.Index(fields=["parent_author", "id"], name="plurkcore_entry_thread"),
+            models.Index(fields=["parent_author", "id", "author"], name="plurkcore_entry_thread"),
         ]
 
     def save(self, *args, **kwargs):
