@@ -2,7 +2,7 @@
 follower's poll answers (getUnreadCount and getMessages) are written to memcached.
 
     .venv/bin/python bench/fanout.py [--followers 1000,10000] [--servers 1,3] [--backends sqlite,postgresql]
-                                     [--rounds 3] [--history 0,1000]
+                                     [--rounds 3] [--history 0,1000] [--backlog 1000]
 
 Each backend runs in a child process (Django settings are per process) against a fresh database
 (a temporary SQLite file; a throwaway PostgreSQL cluster from tests/support/postgres.py) and fresh
@@ -10,8 +10,11 @@ memcached servers.  "cold": the followers' keys are absent (add); "warm": they h
 already (gets + cas), the steady state of users who poll.  Each count runs ``--rounds`` times, a
 new author with new followers each, and the median round is reported (one run moved by +-30%
 here).  ``--history``: the author wrote that many older plurks, each answered, which the followers
-have read: the cost must follow what is new, not the author's past.  The child freezes what Django loaded before it measures, as gunicorn's workers do
-(plurksite/wsgi.py).  Results: bench/results/fanout.json.
+have read: the cost must follow what is new, not the author's past.  ``--backlog``: each follower
+also follows another author, whose that many plurks it has not read (a follower who stays away;
+run without a history): the count is exact, so it is counted in the database over an index, and
+only each source's newest 50 are read.  The child freezes what Django loaded before it measures,
+as gunicorn's workers do (plurksite/wsgi.py).  Results: bench/results/fanout.json.
 Goal: 10,000 followers in under one second.
 """
 import argparse
@@ -51,9 +54,10 @@ def child(args):
     gc.freeze()                      # as plurksite/wsgi.py does in gunicorn's workers
     User = get_user_model()
     results = []
-    histories = [int(h) for h in str(args.history).split(",")]
-    for h, n, r in [(h, int(x), r) for h in histories for x in args.followers.split(",") for r in range(args.rounds)]:
-        tag = f"h{h}n{n}r{r}t{int(time.time() * 1000)}"
+    pasts = [(int(h), 0) for h in str(args.history).split(",")] + \
+        [(0, int(b)) for b in str(args.backlog).split(",") if b and int(b)]
+    for (h, b), n, r in [(p, int(x), r) for p in pasts for x in args.followers.split(",") for r in range(args.rounds)]:
+        tag = f"h{h}b{b}n{n}r{r}t{int(time.time() * 1000)}"
         author = User.objects.create_user(f"{tag}author", password=None)
         followers = User.objects.bulk_create([User(username=f"{tag}f{i}", password="!") for i in range(n)],
                                              batch_size=2000)
@@ -63,6 +67,7 @@ def child(args):
         UserState.objects.bulk_create([UserState(user=u, read_upto=history_upto) for u in followers],
                                       batch_size=2000)
         Follow.objects.bulk_create([Follow(follower=u, followee=author) for u in followers], batch_size=2000)
+        make_backlog(User.objects.create_user(f"{tag}distant", password=None), followers, b)
         cache = get_cache()
         for phase in ("cold", "warm"):
             marks = {}
@@ -71,14 +76,16 @@ def child(args):
                 Plurk.objects.create(author=author, content=f"{phase} plurk to {n} followers")
             done = time.perf_counter()
             seconds = done - marks["commit"]
-            expected = b'{"count":%d}' % (1 if phase == "cold" else 2)
+            expected = b'{"count":%d}' % (b + (1 if phase == "cold" else 2))
             want = count_keys(followers)
             got = cached(cache, want)
             ok = sum(1 for k in want if got.get(k) == expected)
-            results.append({"followers": n, "history": h, "round": r, "phase": phase, "seconds": round(seconds, 4),
+            results.append({"followers": n, "history": h, "backlog": b, "round": r, "phase": phase,
+                            "seconds": round(seconds, 4),
                             "keys_written": 2 * n, "verified_followers": ok,
                             "keys_per_second": round(2 * n / seconds)})
-            progress(f"{connection.vendor} servers={args.server_count} n={n} history={h} {phase}: {seconds * 1000:.0f} ms, "
+            progress(f"{connection.vendor} servers={args.server_count} n={n} history={h} backlog={b} {phase}: "
+                     f"{seconds * 1000:.0f} ms, "
                      f"{ok}/{n} verified")
     handed = handed_off(author, followers, 3)
     progress(f"{connection.vendor} servers={args.server_count} n={len(followers)} handed to the background writer: "
@@ -171,6 +178,18 @@ def make_history(author, followers, count):
     return last
 
 
+def make_backlog(distant, followers, count):
+    """``count`` plurks by ``distant``, whom every follower follows and none has read: followers
+    who stay away (the page marks read only what it showed).  A fan-out's cost must follow a
+    follower's sources, not how much it left unread."""
+    from plurkcore.models import Follow, Plurk
+
+    if not count:
+        return
+    Follow.objects.bulk_create([Follow(follower=u, followee=distant) for u in followers], batch_size=2000)
+    Plurk.entries.bulk_create([Plurk(author=distant, content=f"unread {i}") for i in range(count)], batch_size=2000)
+
+
 #: one-user transactions timed by :func:`small_writes`
 WRITES = 300
 
@@ -214,10 +233,12 @@ def small_writes(users, rounds=3):
             "ratio": round(w / wo, 3)}
 
 
-def run_backend(backend, servers, followers, rounds, history="0"):
+def run_backend(backend, servers, followers, rounds, history="0", backlog=""):
     from tests.support.servers import memcached_servers
 
-    with tempfile.TemporaryDirectory(prefix="plurk-fanout-") as tmp, memcached_servers(servers) as mcs:
+    # room for every round's answers: with a backlog each getMessages answer holds 50 items (~10 KB),
+    # and an eviction would count as a follower not written
+    with tempfile.TemporaryDirectory(prefix="plurk-fanout-") as tmp, memcached_servers(servers, memory_mb=2048) as mcs:
         env = dict(os.environ, PLURK_MEMCACHED=",".join(m.spec for m in mcs),
                    PLURK_SECRET_FILE=os.path.join(tmp, "secret.key"), PLURK_VAR_DIR=tmp,
                    PLURK_MEMCACHED_TIMEOUT_MS="1000")
@@ -231,7 +252,8 @@ def run_backend(backend, servers, followers, rounds, history="0"):
             env["PLURK_DATABASE_URL"] = cluster.create_database("fanout")
         try:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--followers", followers,
-                                   "--server-count", str(servers), "--rounds", str(rounds), "--history", str(history)],
+                                   "--server-count", str(servers), "--rounds", str(rounds), "--history", str(history),
+                                   "--backlog", str(backlog)],
                                   env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=1800)
         finally:
             if cluster is not None:
@@ -242,10 +264,10 @@ def run_backend(backend, servers, followers, rounds, history="0"):
 
 
 def _medians(results):
-    """One row per (followers, history, phase): the median round's, with every round's seconds."""
+    """One row per (followers, history, backlog, phase): the median round's, with every round's seconds."""
     groups = {}
     for row in results:
-        groups.setdefault((row["followers"], row.get("history", 0), row["phase"]), []).append(row)
+        groups.setdefault((row["followers"], row.get("history", 0), row.get("backlog", 0), row["phase"]), []).append(row)
     out = []
     for rows in groups.values():
         rows.sort(key=lambda row: row["seconds"])
@@ -265,6 +287,9 @@ def main():
     parser.add_argument("--history", default="0,1000",
                         help="older plurks (each answered) by the author, read by the followers: a "
                              "comma-separated list, each a run of its own")
+    parser.add_argument("--backlog", default="1000",
+                        help="plurks by another followee that every follower left unread: a comma-separated "
+                             "list, each a run of its own (without a history; 0 or empty: none)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server-count", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -274,16 +299,18 @@ def main():
     for backend in args.backends.split(","):
         for servers in [int(s) for s in args.servers.split(",")]:
             progress(f"{backend}, {servers} memcached server(s), followers {args.followers}")
-            out = run_backend(backend, servers, args.followers, args.rounds, args.history)
+            out = run_backend(backend, servers, args.followers, args.rounds, args.history, args.backlog)
             for row in _medians(out["results"]):
                 runs.append({"backend": backend, "memcached_servers": servers, **row})
             writes.append({"backend": backend, "memcached_servers": servers, **out["writes"]})
             handed.append({"backend": backend, "memcached_servers": servers, **out["handed_off"]})
-    goal = [r for r in runs if r["followers"] == 10000]     # with and without a history
+    # with and without a history; a backlog is reported beside it (its count grows with it)
+    goal = [r for r in runs if r["followers"] == 10000 and not r.get("backlog")]
     path = write_result("fanout", {
         "what": "one plurk fanned out: seconds from commit until every follower's getUnreadCount and "
                 "getMessages entries are written (cold: keys absent, add; warm: keys present, gets+cas); "
-                "history: older plurks by the author, each answered, all read by the followers",
+                "history: older plurks by the author, each answered, all read by the followers; "
+                "backlog: plurks by another followee, unread by every follower",
         "goal": "10,000 followers < 1 s",
         "goal_met": bool(goal) and all(r["seconds"] < 1.0 for r in goal),
         "runs": runs,
@@ -297,7 +324,7 @@ def main():
     })
     for r in runs:
         print(f"{r['backend']:>10} servers={r['memcached_servers']} followers={r['followers']:>6} "
-              f"history={r.get('history', 0):>5} "
+              f"history={r.get('history', 0):>5} backlog={r.get('backlog', 0):>5} "
               f"{r['phase']:>4}: {r['seconds'] * 1000:7.1f} ms  ({r['verified_followers']} verified)")
     for w in writes:
         print(f"{w['backend']:>10} servers={w['memcached_servers']} one-user writes: {w['ms_per_write']:.2f} ms, "

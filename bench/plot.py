@@ -46,7 +46,8 @@ def fanout(doc):
     fig, ax = plt.subplots(figsize=(6, 4))
     labels, values = [], []
     for run in doc["runs"]:
-        past = f" h{run['history']}" if run.get("history") else ""
+        past = (f" h{run['history']}" if run.get("history") else "") + \
+            (f" b{run['backlog']}" if run.get("backlog") else "")
         labels.append(f"{run['backend']}\n{run['memcached_servers']}mc {run['followers']//1000}k{past} {run['phase']}")
         values.append(run["seconds"])
     ax.bar(range(len(values)), values)

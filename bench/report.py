@@ -109,14 +109,15 @@ def main():
         m = doc["machine"]
         out.append(f"Fan-out ({m['date']}, commit {m['commit']}), seconds from commit until every "
                    f"follower's entries are written:\n")
-        out.append("| database | memcached servers | followers | author's older plurks (answered, read) | cold | warm |")
-        out.append("|---|---|---|---|---|---|")
+        out.append("| database | memcached servers | followers | author's older plurks (answered, read) "
+                   "| each follower's unread backlog | cold | warm |")
+        out.append("|---|---|---|---|---|---|---|")
         rows = {}
         for r in doc["runs"]:
-            key = (r["backend"], r["memcached_servers"], r["followers"], r.get("history", 0))
+            key = (r["backend"], r["memcached_servers"], r["followers"], r.get("history", 0), r.get("backlog", 0))
             rows.setdefault(key, {})[r["phase"]] = r["seconds"]
-        for (b, s, f, h), ph in rows.items():
-            out.append(f"| {b} | {s} | {f:,} | {h:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
+        for (b, s, f, h, u), ph in rows.items():
+            out.append(f"| {b} | {s} | {f:,} | {h:,} | {u:,} | {ph.get('cold', '')} | {ph.get('warm', '')} |")
         out.append("")
         if doc.get("handed_off"):
             out.append("A fan-out above `FANOUT_IN_REQUEST` (set to half the followers for this row) handed to the "

@@ -67,8 +67,8 @@ class Memcached:
 
 
 @contextlib.contextmanager
-def memcached_servers(count, host="127.0.0.1"):
-    servers = [Memcached(host) for _ in range(count)]
+def memcached_servers(count, host="127.0.0.1", memory_mb=32):
+    servers = [Memcached(host, memory_mb=memory_mb) for _ in range(count)]
     try:
         for server in servers:
             server.start()
