@@ -127,52 +127,100 @@ def _entries(alias, index):
     return f"{table} {alias} INDEXED BY {index}" if connection.vendor == "sqlite" else f"{table} {alias}"
 
 
-def _sources_sql(user_ids):
-    """(sql, params) of the CTEs ``s`` (uid, read cursor) of the users that exist, and ``src``:
-    one row (uid, cur, who, plurks, responses) per source of a user's unread items, with how many
-    of them it holds.  Unread items of U: plurks by users U follows, and responses by anyone but U
-    to plurks authored by U or by users U follows; all with an id above U's read cursor.  So each
-    followee is a source of plurks and of responses in its threads, and U is a source of
-    responses in its own threads.
+#: The plain plan (:func:`_items_sql`, every unread item a row) is kept while a batch of users has
+#: at most this many unread items per user; a batch with more is read per source instead
+#: (:func:`_sources_sql`).  The plain plan is the cheaper by half for a fan-out's followers, who
+#: mostly have one or two new items; the wasted rows of a batch that overflows are bounded by this.
+_PLAIN_ROWS_PER_USER = 16
 
-    The cost must follow the users' follows and what is new, never the size of the table or an
-    author's history, and as little as can be a reader's backlog: each count is an index-only
-    range count above the cursor (plurks by (author, parent, id); responses by (parent_author,
-    id, author)), in the database's C, and only a source's newest items are ever read
-    (:func:`_newest_sql`).  Handing every unread row to Python (SQLite) or ranking them all with
-    ``ROW_NUMBER`` (PostgreSQL) cost 1.2-1.7 us per row: 1,000 followers with 10,000 unread each
-    took 12 s per fan-out.  The counts stay linear in the backlog (the contract's count is
-    exact, and it is the long-poll's wake-up: a capped count would not change when a new item
-    arrives), at 65 ns per item on SQLite and 150-700 ns on PostgreSQL.
 
-    ``src`` is MATERIALIZED so that its count subqueries run once per source.  CROSS JOIN keeps
-    SQLite's join order as written (the users outwards).  On PostgreSQL each user's follows are a
-    LATERAL subquery that cannot be flattened (``OFFSET 0``), read by index: planned freely, a
-    batch's follows were hashed against every follower of every author (a fan-out quadratic in
-    the followers)."""
+def _users_sql(user_ids):
+    """(sql, params) of the CTE ``s`` (user_id, read_upto) of the (active) users that exist,
+    MATERIALIZED: each branch of a plan reads it, and SQLite would read the users again for each."""
     state = UserState._meta.db_table
-    follow = Follow._meta.db_table
     where, params = id_filter("user_id", user_ids)
     active, active_params = active_clause(state)
+    return f"WITH s AS MATERIALIZED (SELECT user_id, read_upto FROM {state} WHERE {where}{active})", \
+        params + active_params
+
+
+def _follows():
+    """(FROM, condition) of ``s`` with each user's follows ``f``.  CROSS JOIN keeps SQLite's join
+    order as written (the users outwards).  On PostgreSQL the follows are a LATERAL subquery that
+    cannot be flattened (``OFFSET 0``), read by index: planned freely, a batch's follows were
+    hashed against every follower of every author (a fan-out quadratic in the followers)."""
+    follow = Follow._meta.db_table
     if connection.vendor == "postgresql":
-        follows = f"s CROSS JOIN LATERAL (SELECT f.* FROM {follow} f WHERE f.follower_id = s.user_id OFFSET 0) f"
-    else:
-        follows = f"s CROSS JOIN {follow} f WHERE f.follower_id = s.user_id"
+        return f"s CROSS JOIN LATERAL (SELECT f.* FROM {follow} f WHERE f.follower_id = s.user_id OFFSET 0) f", "TRUE"
+    return f"s CROSS JOIN {follow} f", "f.follower_id = s.user_id"
+
+
+def _sources():
+    """The sources of a user's unread items: (FROM, condition, the source's user, its kind).
+    Unread items of U: plurks by users U follows, and responses by anyone but U to plurks
+    authored by U or by users U follows; all with an id above U's read cursor.  So each followee
+    is a source of plurks and of responses in its threads, and U of responses in its own."""
+    follows, condition = _follows()
+    plurks, responses = _SOURCE_KINDS
+    return [(follows, condition, "f.followee_id", plurks), (follows, condition, "f.followee_id", responses),
+            ("s", "TRUE", "s.user_id", responses)]
+
+
+def _items_sql(user_ids, rows):
+    """(sql, params) of the plain plan: (uid, id) for every unread item of the users, then
+    (uid, NULL) for every user that exists; at most ``rows`` rows.  Each source is an index range
+    above the cursor (on PostgreSQL a LATERAL subquery that cannot be flattened)."""
+    users, params = _users_sql(user_ids)
+    branches = []
+    for source, condition, who, (_, index, unread, _) in _sources():
+        where = unread.format(e="e", who=who, cur="s.read_upto", uid="s.user_id")
+        if connection.vendor == "postgresql":
+            branches.append(f"SELECT s.user_id, e.id FROM {source} CROSS JOIN LATERAL "
+                            f"(SELECT e.id FROM {_entries('e', index)} WHERE {where} OFFSET 0) e WHERE {condition}")
+        else:
+            branches.append(f"SELECT s.user_id, e.id FROM {source} CROSS JOIN {_entries('e', index)} "
+                            f"WHERE {condition} AND {where}")
+    branches.append("SELECT user_id, NULL FROM s")
+    return f"{users}\n        " + "\n        UNION ALL ".join(branches) + f"\n        LIMIT {int(rows)}", params
+
+
+def _sources_sql(user_ids, limit):
+    """(sql, params) of the per-source plan: (uid, count, ids of its newest plurks, of its newest
+    responses) for every source that holds unread items and for every user's own threads (which
+    say that the user exists); at most ``limit`` ids each (an array on PostgreSQL,
+    comma-separated text on SQLite).
+
+    Its cost follows the users' sources, not their backlogs: each count is an index-only range
+    count above the cursor (plurks by (author, parent, id), responses by (parent_author, id,
+    author)), in the database's C, and only a source's newest ``limit`` ids are read.  Every
+    unread row handed to Python (SQLite) or ranked with ``ROW_NUMBER`` (PostgreSQL) cost 1.2-1.7
+    us: 1,000 followers with 10,000 unread each took 12 s per fan-out.  The count stays linear in
+    a backlog (the contract's count is exact, and it is the long-poll's wake-up: a capped count
+    would not change when a new item arrives), at ~65 ns per item on SQLite and 150-700 on
+    PostgreSQL.  ``src`` is MATERIALIZED so that its count subqueries run once per source."""
+    users, params = _users_sql(user_ids)
 
     def count(kind, who):
-        _, index, entries, _ = _SOURCE_KINDS[kind]
-        where = entries.format(e="x", who=who, cur="s.read_upto", uid="s.user_id")
+        _, index, unread, _ = kind
+        where = unread.format(e="x", who=who, cur="s.read_upto", uid="s.user_id")
         return f"(SELECT COUNT(*) FROM {_entries('x', index)} WHERE {where})"
 
-    # a followee is a source of plurks and of responses; the user's own threads, of responses
-    return f"""
-        WITH s AS (SELECT user_id, read_upto FROM {state} WHERE {where}{active}),
+    lists = []
+    for column, index, unread, order in _SOURCE_KINDS:
+        where = unread.format(e="e", who="src.who", cur="src.cur", uid="src.uid")
+        newest = f"SELECT e.id FROM {_entries('e', index)} WHERE {where} ORDER BY {order.format(e='e')} LIMIT {int(limit)}"
+        listed = f"ARRAY({newest})" if connection.vendor == "postgresql" else f"(SELECT group_concat(id) FROM ({newest}))"
+        lists.append(f"CASE WHEN src.{column} > 0 THEN {listed} END")
+    follows, condition = _follows()
+    plurks, responses = _SOURCE_KINDS
+    return f"""{users},
         src AS MATERIALIZED (
             SELECT s.user_id AS uid, s.read_upto AS cur, f.followee_id AS who,
-                   {count(0, "f.followee_id")} AS plurks, {count(1, "f.followee_id")} AS responses
-              FROM {follows}
+                   {count(plurks, "f.followee_id")} AS plurks, {count(responses, "f.followee_id")} AS responses
+              FROM {follows} WHERE {condition}
             UNION ALL
-            SELECT user_id, read_upto, user_id, 0, {count(1, "s.user_id")} FROM s)""", params + active_params
+            SELECT user_id, read_upto, user_id, 0, {count(responses, "s.user_id")} FROM s)
+        SELECT uid, plurks + responses, {", ".join(lists)} FROM src WHERE plurks + responses > 0 OR who = uid""", params
 
 
 def active_clause(table):
@@ -215,15 +263,7 @@ def unread_counts(user_ids):
     memo = getattr(_shared, "memo", None)
     if memo is not None:
         return {uid: count for uid, (count, _) in unread_messages(user_ids).items()}
-    sql, params = _sources_sql(user_ids)
-    counts = {}
-    with connection.cursor() as cursor:
-        # (uid, 0) for every user of s: which users exist is part of the same read
-        cursor.execute(sql + " SELECT uid, plurks + responses FROM src WHERE plurks + responses > 0"
-                             " UNION ALL SELECT user_id, 0 FROM s", params)
-        for uid, n in cursor.fetchall():
-            counts[uid] = counts.get(uid, 0) + n
-    return counts
+    return _newest_unread(user_ids, MESSAGES_LIMIT)[0]
 
 
 def unread_messages(user_ids, limit=MESSAGES_LIMIT):
@@ -261,48 +301,36 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
 
 def _newest_unread(user_ids, limit):
     """({uid: number of unread items}, {uid: ids of the newest ``limit`` of them, newest first})
-    for the users that exist (0 and [] included).
-
-    Each source gives its count and the ids of at most its newest ``limit`` items, in one row
-    (an array on PostgreSQL, a comma-separated text on SQLite), merged here: what is read is
-    bounded by a user's sources, not by its backlog (a row per item cost Python more than the
-    whole query: 1,000 followers with 100 unread each, 58-64 against 38-43 ms on SQLite)."""
-    sql, params = _newest_sql(user_ids, limit)
+    for the users that exist (0 and [] included): by the plain plan while the users have few
+    unread items, else per source (:data:`_PLAIN_ROWS_PER_USER`)."""
     counts, newest = {}, {}
+    rows = (_PLAIN_ROWS_PER_USER + 1) * len(user_ids)
+    sql, params = _items_sql(user_ids, rows + 1)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        while rows := cursor.fetchmany(_ROWS_AT_ONCE):
-            for uid, n, *id_lists in rows:
-                counts[uid] = counts.get(uid, 0) + n
-                ids = newest.setdefault(uid, [])
-                for listed in id_lists:
-                    if listed:
-                        ids.extend(map(int, listed.split(",")) if isinstance(listed, str) else listed)
+        items = cursor.fetchall()
+        if len(items) <= rows:
+            for uid, eid in items:
+                if uid not in counts:
+                    counts[uid], newest[uid] = 0, []
+                if eid is not None:                   # (uid, NULL): the user exists
+                    counts[uid] += 1
+                    newest[uid].append(eid)
+        else:
+            sql, params = _sources_sql(user_ids, limit)
+            cursor.execute(sql, params)
+            while rows := cursor.fetchmany(_ROWS_AT_ONCE):
+                for uid, n, *id_lists in rows:
+                    if uid not in counts:
+                        counts[uid], newest[uid] = 0, []
+                    counts[uid] += n
+                    for listed in id_lists:
+                        if listed:
+                            newest[uid].extend(map(int, listed.split(",")) if isinstance(listed, str) else listed)
     for ids in newest.values():
         ids.sort(reverse=True)
         del ids[limit:]
     return counts, newest
-
-
-def _newest_sql(user_ids, limit):
-    """(sql, params) of :func:`_newest_unread`'s rows: (uid, count, ids of each kind) for every
-    source that holds unread items, and (uid, 0, NULL, ...) for every user that exists."""
-    sql, params = _sources_sql(user_ids)
-    limit = int(limit)
-    lists = []
-    for column, index, entries, order in _SOURCE_KINDS:
-        where = entries.format(e="e", who="src.who", cur="src.cur", uid="src.uid")
-        newest = f"SELECT e.id FROM {_entries('e', index)} WHERE {where} ORDER BY {order.format(e='e')} LIMIT {limit}"
-        if connection.vendor == "postgresql":
-            listed = f"ARRAY({newest})"
-        else:
-            listed = f"(SELECT group_concat(id) FROM ({newest}))"
-        lists.append(f"CASE WHEN src.{column} > 0 THEN {listed} END")
-    nothing = ", NULL" * len(lists)
-    return sql + f"""
-        SELECT uid, plurks + responses, {", ".join(lists)} FROM src WHERE plurks + responses > 0
-        UNION ALL
-        SELECT user_id, 0{nothing} FROM s""", params
 
 
 _shared = threading.local()

@@ -2,7 +2,7 @@
 
 The rule (docs/contract.md): the unread items of U are the plurks of the users U follows and the
 responses by anyone but U to plurks authored by U or by a user U follows, all with an id above
-U's read cursor.  The SQL is written for its plan (answers._sources_sql); this pins what it means,
+U's read cursor.  The SQL is written for its plan (answers._items_sql, answers._sources_sql); this pins what it means,
 on SQLite and, with PLURK_TEST_POSTGRES=1, on PostgreSQL.
 """
 import json
@@ -62,17 +62,20 @@ def _expected(uid, follows, rows, cursors):
     return sorted(unread, reverse=True)
 
 
+@pytest.mark.parametrize("plan", ["plain", "per source"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_unread_items_equal_the_rule_read_literally(seed):
+def test_unread_items_equal_the_rule_read_literally(seed, plan, monkeypatch):
+    if plan == "per source":                  # every batch "has too many": read per source
+        monkeypatch.setattr(answers, "_PLAIN_ROWS_PER_USER", 0)
     uids, follows, rows, cursors = _world(seed)
-    limit = 5
-    got = answers.unread_messages(uids, limit=limit)
     counts = answers.unread_counts(uids)
-    for uid in uids:
-        want = _expected(uid, follows, rows, cursors)
-        count, items = got[uid]
-        assert count == len(want) == counts[uid], uid
-        assert [item["id"] for item in items] == want[:limit], uid
+    for limit in (3, 50):
+        got = answers.unread_messages(uids, limit=limit)
+        for uid in uids:
+            want = _expected(uid, follows, rows, cursors)
+            count, items = got[uid]
+            assert count == len(want) == counts[uid], uid
+            assert [item["id"] for item in items] == want[:limit], uid
 
 
 def test_reading_unread_items_is_one_query_whatever_the_users_count():
@@ -105,7 +108,7 @@ def _work(uids):
     PostgreSQL's buffer accesses (EXPLAIN ANALYZE of the query the publisher runs)."""
     if connection.vendor == "sqlite":
         return sqlite_steps(lambda: answers.unread_messages(uids))
-    sql, params = answers._newest_sql(uids, answers.MESSAGES_LIMIT)
+    sql, params = answers._items_sql(uids, 10**6)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
         plan = cursor.fetchone()[0]
@@ -143,12 +146,30 @@ def test_reading_unread_items_does_not_grow_with_the_authors_history():
     assert after <= before * 1.5 + 10, (before, after)
 
 
-def test_a_followers_backlog_is_counted_in_the_database_and_only_its_newest_read():
+def _rows_fetched(monkeypatch):
+    """A list that gets the number of rows of every fetch from a Django cursor from now on."""
+    from django.db.backends.utils import CursorWrapper
+
+    fetched = []
+    for name in ("fetchall", "fetchmany", "fetchone"):
+        real = getattr(CursorWrapper, name, None) or (lambda self, *a, name=name: getattr(self.cursor, name)(*a))
+
+        def counting(self, *args, real=real, name=name):
+            rows = real(self, *args)
+            fetched.append(1 if name == "fetchone" and rows is not None else len(rows or ()))
+            return rows
+        monkeypatch.setattr(CursorWrapper, name, counting, raising=False)
+    return fetched
+
+
+def test_a_followers_backlog_is_counted_in_the_database_and_only_its_newest_read(monkeypatch):
     """A follower who stays away accumulates unread items (the page marks read only what it
-    showed).  Each source (a followee's plurks, the responses in a followee's threads, in one's
-    own) gives its count and the ids of its newest ``limit`` items in one row: what is handed to
-    Python is bounded by the followers' sources, not their backlogs.  Every unread row once came to Python (SQLite) or
-    was ranked (PostgreSQL): 1,000 followers with 10,000 unread each took 12 s per fan-out."""
+    showed).  A batch of users with many unread items is read per source (a followee's plurks,
+    the responses in a followee's threads, in one's own): its count and the ids of its newest
+    ``limit`` items in one row, so what is handed to Python is bounded by the followers' sources,
+    not their backlogs; the plain plan gives up after a few rows per user.  Every unread row once
+    came to Python (SQLite) or was ranked (PostgreSQL): 1,000 followers with 10,000 unread each
+    took 12 s per fan-out."""
     User = get_user_model()
     author, replier = User.objects.create(username="chatty", password="!"), User.objects.create(username="replier", password="!")
     followers = User.objects.bulk_create([User(username=f"away{i}", password="!") for i in range(10)])
@@ -165,15 +186,19 @@ def test_a_followers_backlog_is_counted_in_the_database_and_only_its_newest_read
     Plurk.entries.bulk_create([Plurk(author=replier, parent=p, content="r") for p in plurks[:200]] +
                               [Plurk(author=replier, parent=own, content="r") for _ in range(20)])
     limit = 5
+    fetched = _rows_fetched(monkeypatch)
     got = answers.unread_messages(uids, limit=limit)
+    plain = (answers._PLAIN_ROWS_PER_USER + 1) * len(uids)
+    sources = 3                               # the author's plurks, the author's threads, one's own
+    # the plain plan's rows until it gives up, a row per source, the entries shown
+    assert sum(fetched) <= plain + 1 + len(uids) * sources + len(uids) * limit, sum(fetched)
     newest = sorted(Plurk.entries.exclude(author=followers[0]).exclude(parent=own).values_list("id", flat=True), reverse=True)
     assert got[uids[1]][0] == 500 and [i["id"] for i in got[uids[1]][1]] == newest[:limit]
     assert got[uids[0]][0] == 520
-    sql, params = answers._newest_sql(uids, limit)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    sources = 3                               # the author's plurks, the author's threads, one's own
-    assert len(rows) <= len(uids) * (sources + 1), len(rows)          # a row per source, and per user
+    for sql, params in (answers._items_sql(uids, plain + 1), answers._sources_sql(uids, limit)):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        assert len(rows) <= max(plain + 1, len(uids) * sources), len(rows)
     listed = [len(ids.split(",") if isinstance(ids, str) else ids) for _, _, *lists in rows for ids in lists if ids]
     assert sum(listed) <= len(uids) * sources * limit, sum(listed)
