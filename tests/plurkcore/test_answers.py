@@ -117,19 +117,25 @@ def _work(uids):
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
 
 
+def _author_and_followers(author, prefix, count):
+    """A new user ``author`` and ``count`` new users (``prefix``0, 1, ...) who follow it."""
+    User = get_user_model()
+    author = User.objects.create(username=author, password="!")
+    followers = User.objects.bulk_create([User(username=f"{prefix}{i}", password="!") for i in range(count)])
+    if not followers[0].pk:
+        followers = list(User.objects.filter(username__startswith=prefix).order_by("id"))
+    UserState.objects.bulk_create([UserState(user=u) for u in followers])
+    Follow.objects.bulk_create([Follow(follower=u, followee=author) for u in followers])
+    return author, followers
+
+
 def test_reading_unread_items_does_not_grow_with_the_authors_history():
     """Followers of an author who wrote (and got answers to) thousands of plurks, all read, cost
     what is new: responses were once found through their parent plurks, which walked the author's
     whole history for every follower (1,000 followers of an author with 1,000 answered plurks:
     18x slower on SQLite, 30x on PostgreSQL)."""
-    User = get_user_model()
-    author = User.objects.create(username="prolific", password="!")
-    followers = User.objects.bulk_create([User(username=f"reader{i}", password="!") for i in range(20)])
-    if not followers[0].pk:
-        followers = list(User.objects.filter(username__startswith="reader"))
+    author, followers = _author_and_followers("prolific", "reader", 20)
     uids = [u.pk for u in followers]
-    UserState.objects.bulk_create([UserState(user_id=uid) for uid in uids])
-    Follow.objects.bulk_create([Follow(follower_id=uid, followee=author) for uid in uids])
     Plurk.objects.create(author=author, content="new")
     assert sorted(answers.unread_counts(uids).values()) == [1] * 20
     before = _work(uids)
@@ -170,14 +176,9 @@ def test_a_followers_backlog_is_counted_in_the_database_and_only_its_newest_read
     not their backlogs; the plain plan gives up after a few rows per user.  Every unread row once
     came to Python (SQLite) or was ranked (PostgreSQL): 1,000 followers with 10,000 unread each
     took 12 s per fan-out."""
-    User = get_user_model()
-    author, replier = User.objects.create(username="chatty", password="!"), User.objects.create(username="replier", password="!")
-    followers = User.objects.bulk_create([User(username=f"away{i}", password="!") for i in range(10)])
-    if not followers[0].pk:
-        followers = list(User.objects.filter(username__startswith="away"))
+    author, followers = _author_and_followers("chatty", "away", 10)
     uids = [u.pk for u in followers]
-    UserState.objects.bulk_create([UserState(user_id=uid) for uid in uids])
-    Follow.objects.bulk_create([Follow(follower_id=uid, followee=author) for uid in uids])
+    replier = get_user_model().objects.create(username="replier", password="!")
     plurks = Plurk.entries.bulk_create([Plurk(author=author, content="p") for _ in range(300)])
     if not plurks[0].pk:
         plurks = list(Plurk.objects.filter(author=author))
