@@ -106,15 +106,15 @@ def id_filter(column, ids):
 
 
 # The two kinds of source of a user's unread items, each a range of one index (models.py):
-# (index, the entries of source ``who`` that user ``uid`` with read cursor ``cur`` has not read,
-# as aliased ``e``, their order newest first along the index).  The
+# (column of the source's count, index, the entries of source ``who`` that user ``uid`` with read
+# cursor ``cur`` has not read, as aliased ``e``, their order newest first along the index).  The
 # plurks' order names parent_id (NULL in all of them): PostgreSQL does not take "parent_id IS
 # NULL" as fixing the column for the index's order, and sorted a source's every item to find its
 # newest 50.
 _SOURCE_KINDS = (
-    ("plurkcore_entry_author",
+    ("plurks", "plurkcore_entry_author",
      "{e}.author_id = {who} AND {e}.parent_id IS NULL AND {e}.id > {cur}", "{e}.parent_id DESC, {e}.id DESC"),
-    ("plurkcore_entry_thread",
+    ("responses", "plurkcore_entry_thread",
      "{e}.parent_author_id = {who} AND {e}.id > {cur} AND {e}.author_id <> {uid}", "{e}.id DESC"),
 )
 
@@ -172,7 +172,7 @@ def _items_sql(user_ids, rows):
     above the cursor (on PostgreSQL a LATERAL subquery that cannot be flattened)."""
     users, params = _users_sql(user_ids)
     branches = []
-    for source, condition, who, (index, unread, _) in _sources():
+    for source, condition, who, (_, index, unread, _) in _sources():
         where = unread.format(e="e", who=who, cur="s.read_upto", uid="s.user_id")
         if connection.vendor == "postgresql":
             branches.append(f"SELECT s.user_id, e.id FROM {source} CROSS JOIN LATERAL "
@@ -185,9 +185,10 @@ def _items_sql(user_ids, rows):
 
 
 def _sources_sql(user_ids, limit):
-    """(sql, params) of the per-source plan: (uid, count, ids of its newest) for every source that
-    holds unread items and for every user's own threads (which say that the user exists); at most
-    ``limit`` ids (an array on PostgreSQL, comma-separated text on SQLite).
+    """(sql, params) of the per-source plan: (uid, count, ids of its newest plurks, of its newest
+    responses) for every source that holds unread items and for every user's own threads (which
+    say that the user exists); at most ``limit`` ids each (an array on PostgreSQL,
+    comma-separated text on SQLite).
 
     Its cost follows the users' sources, not their backlogs: each count is an index-only range
     count above the cursor (plurks by (author, parent, id), responses by (parent_author, id,
@@ -198,22 +199,28 @@ def _sources_sql(user_ids, limit):
     would not change when a new item arrives), at ~65 ns per item on SQLite and 150-700 on
     PostgreSQL.  ``src`` is MATERIALIZED so that its count subqueries run once per source."""
     users, params = _users_sql(user_ids)
-    counted, lists = [], []
-    for number, (source, condition, who, (index, unread, order)) in enumerate(_sources()):
+
+    def count(kind, who):
+        _, index, unread, _ = kind
         where = unread.format(e="x", who=who, cur="s.read_upto", uid="s.user_id")
-        counted.append(f"SELECT {number} AS source, s.user_id AS uid, s.read_upto AS cur, {who} AS who, "
-                       f"(SELECT COUNT(*) FROM {_entries('x', index)} WHERE {where}) AS n "
-                       f"FROM {source} WHERE {condition}")
+        return f"(SELECT COUNT(*) FROM {_entries('x', index)} WHERE {where})"
+
+    lists = []
+    for column, index, unread, order in _SOURCE_KINDS:
         where = unread.format(e="e", who="src.who", cur="src.cur", uid="src.uid")
         newest = f"SELECT e.id FROM {_entries('e', index)} WHERE {where} ORDER BY {order.format(e='e')} LIMIT {int(limit)}"
         listed = f"ARRAY({newest})" if connection.vendor == "postgresql" else f"(SELECT group_concat(id) FROM ({newest}))"
-        lists.append(f"WHEN {number} THEN {listed}")
-    union = "\n            UNION ALL ".join(counted)
+        lists.append(f"CASE WHEN src.{column} > 0 THEN {listed} END")
+    follows, condition = _follows()
+    plurks, responses = _SOURCE_KINDS
     return f"""{users},
         src AS MATERIALIZED (
-            {union})
-        SELECT uid, n, CASE WHEN n > 0 THEN CASE source {" ".join(lists)} END END
-          FROM src WHERE n > 0 OR who = uid""", params
+            SELECT s.user_id AS uid, s.read_upto AS cur, f.followee_id AS who,
+                   {count(plurks, "f.followee_id")} AS plurks, {count(responses, "f.followee_id")} AS responses
+              FROM {follows} WHERE {condition}
+            UNION ALL
+            SELECT user_id, read_upto, user_id, 0, {count(responses, "s.user_id")} FROM s)
+        SELECT uid, plurks + responses, {", ".join(lists)} FROM src WHERE plurks + responses > 0 OR who = uid""", params
 
 
 def active_clause(table):
@@ -313,12 +320,13 @@ def _newest_unread(user_ids, limit):
             sql, params = _sources_sql(user_ids, limit)
             cursor.execute(sql, params)
             while sources := cursor.fetchmany(_ROWS_AT_ONCE):
-                for uid, n, listed in sources:
+                for uid, n, *id_lists in sources:
                     if uid not in counts:
                         counts[uid], newest[uid] = 0, []
                     counts[uid] += n
-                    if listed:
-                        newest[uid].extend(map(int, listed.split(",")) if isinstance(listed, str) else listed)
+                    for listed in id_lists:
+                        if listed:
+                            newest[uid].extend(map(int, listed.split(",")) if isinstance(listed, str) else listed)
     for ids in newest.values():
         ids.sort(reverse=True)
         del ids[limit:]

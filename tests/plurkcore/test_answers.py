@@ -201,5 +201,5 @@ def test_a_followers_backlog_is_counted_in_the_database_and_only_its_newest_read
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         assert len(rows) <= max(plain + 1, len(uids) * sources), len(rows)
-    listed = [len(ids.split(",") if isinstance(ids, str) else ids) for _, _, ids in rows if ids]
+    listed = [len(ids.split(",") if isinstance(ids, str) else ids) for _, _, *lists in rows for ids in lists if ids]
     assert sum(listed) <= len(uids) * sources * limit, sum(listed)
