@@ -9,7 +9,8 @@
 2. New connections per second straight to the server, one worker on CPU 1, the generator
    (build/bench/atr_client --close: connect, one request with `Connection: close`, read the
    answer and the server's FIN, connect again; --concurrency at once) and memcached on CPU 0:
-   fastpath against nginx `return 200`.
+   fastpath against nginx `return 200`, as nginx listens by default and with `deferred` (accept
+   once the request came, as fastpath's TCP listener does; one nginx, two listen sockets).
 3. The same with two workers each (fastpath --workers 2, nginx worker_processes 2), nothing
    pinned: every process shares both CPUs.
 
@@ -45,7 +46,12 @@ AB_CONFIGS = ("nginx+fastpath", "nginx+fastpath unix", "nginx memcached_pass", "
 # divided the other way round, so that it reads as the throughput a CPU-bound server would get
 CONNECT = {"fastpath / return 200": ("fastpath", "nginx return 200", 0.8, "rps"),
            "fastpath / return 200 by CPU per connection": ("fastpath", "nginx return 200", None,
-                                                           "server_cpu_us_per_request")}
+                                                           "server_cpu_us_per_request"),
+           # fastpath's TCP listener defers accept until the request came (TCP_DEFER_ACCEPT); nginx
+           # does only when told (`listen ... deferred`): the same peer with it, beside the goal's
+           "fastpath / return 200 deferred": ("fastpath", "nginx return 200 deferred", None, "rps"),
+           "fastpath / return 200 deferred by CPU per connection": ("fastpath", "nginx return 200 deferred", None,
+                                                                    "server_cpu_us_per_request")}
 RATIOS = {
     "ab": {"nginx+fastpath / memcached_pass": ("nginx+fastpath", "nginx memcached_pass", 1.0, "rps"),
            "nginx+fastpath unix / memcached_pass": ("nginx+fastpath unix", "nginx memcached_pass", 1.0, "rps"),
@@ -182,12 +188,14 @@ def main():
             cpu = SERVER_CPU if workers == 1 else None
             pin([mc.pid], CLIENT_CPU if workers == 1 else None)
             fpw = Fastpath(mc_port, secret_file, log, workers=workers, cpu=cpu)
-            port = free_port()
+            port, deferred_port = free_port(), free_port()
             nginx = _start_nginx(tmp, f"return 200 x{workers}", port, BODIES["nginx return 200"], upstreams, log,
+                                 extra_listen=f"listen 127.0.0.1:{deferred_port} deferred backlog=4096;",
                                  workers=workers)
             procs += [fpw.proc, nginx]
             pin(_tree(nginx.pid), cpu)
-            targets = {"fastpath": (fpw.port, fpw.proc.pid), "nginx return 200": (port, nginx.pid)}
+            targets = {"fastpath": (fpw.port, fpw.proc.pid), "nginx return 200": (port, nginx.pid),
+                       "nginx return 200 deferred": (deferred_port, nginx.pid)}
 
             def connect(name):
                 port, pid = targets[name]

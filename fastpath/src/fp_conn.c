@@ -38,7 +38,8 @@
 
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
 static int _conn_after_response(fp_conn_t *c);
-static void _conn_process(fp_conn_t *c);
+static int _conn_process(fp_conn_t *c);
+static void _conn_readable(fp_conn_t *c);
 static void _conn_hold_over(fp_conn_t *c);
 
 /* ---- states and kinds ---------------------------------------------------------------- */
@@ -181,23 +182,43 @@ static int _conn_watch(fp_conn_t *c, short what)
     return _conn_arm(c, what, c->srv->idle_tv);
 }
 
-/* Nagle off, so that an answer leaves at once.  A unix socket has no Nagle to turn off. */
-static int _set_nodelay(evutil_socket_t fd)
+/* Nagle off, so that an answer leaves at once.  The poll listener's connections inherit it from
+ * the listener (fp_server.c _tune_listener; the first one checks); a unix socket has no Nagle to
+ * turn off. */
+static int _set_nodelay(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
 {
-    int one = 1;
+    int one = 1, on = 0;
+    socklen_t len = sizeof(on);
+
+    if (kind == FP_CONN_POLL && srv->conn_nodelay == FP_NODELAY_CHECK)
+        srv->conn_nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on ? FP_NODELAY_INHERITED
+                                                                                             : FP_NODELAY_SET;
+    if (kind == FP_CONN_POLL && (srv->conn_nodelay == FP_NODELAY_NONE || srv->conn_nodelay == FP_NODELAY_INHERITED))
+        return 0;
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 || errno == EOPNOTSUPP)
         return 0;
     return -1;
 }
 
+/* Nothing armed on the socket: a connection read at once when accepted, or waiting for
+ * memcached since (_conn_after_response arms it when it waits for the client again). */
+static int _conn_unarmed(fp_conn_t *c)
+{
+    return !event_pending(_ev(c), EV_READ | EV_WRITE, NULL);
+}
+
 /* Over a kind's cap (or while draining) a connection is closed at once: nginx falls back to
- * Django instead of queueing, and an operator can still read /metrics at the poll cap. */
+ * Django instead of queueing, and an operator can still read /metrics at the poll cap.  A poll
+ * connection whose listener defers accept until data came is read at once: the gets of every
+ * connection accepted in this pass leave together, and one that is answered and closed before
+ * it ever waits for the client costs no epoll_ctl at all. */
 void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
 {
     const fp_config_t *cfg = srv->cfg;
+    int read_now = kind == FP_CONN_POLL && srv->read_on_accept;
     fp_conn_t *c = NULL;
 
-    if (srv->stopping || srv->n_kind[kind] >= _kinds[kind].cap(cfg) || _set_nodelay(fd) != 0 ||
+    if (srv->stopping || srv->n_kind[kind] >= _kinds[kind].cap(cfg) || _set_nodelay(srv, fd, kind) != 0 ||
         (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
         goto reject;
     c->srv = srv;
@@ -207,7 +228,7 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     llhttp_init(&c->parser, HTTP_REQUEST, &srv->http_settings);
     c->parser.data = c;
     if (event_assign(_ev(c), srv->base, fd, EV_READ | EV_PERSIST, _conn_event_cb, c) < 0 ||
-        event_add(_ev(c), srv->idle_tv) < 0) {
+        (!read_now && event_add(_ev(c), srv->idle_tv) < 0)) {
         fp_slab_free(&srv->conn_slab, c);
         goto reject;
     }
@@ -219,6 +240,8 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     srv->n_kind[kind]++;
     srv->st->connections++;
     srv->st->conn_accepted++;
+    if (read_now)
+        _conn_readable(c);           /* arms the event when it must wait for the client */
     return;
 reject:
     close(fd);
@@ -508,8 +531,9 @@ static void _conn_lingering_readable(fp_conn_t *c)
 static int _conn_after_response(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
-    /* WRITING watched for writes, a paused reader for nothing, HELD with the hold's timeout */
-    int rewatch = c->state == CONN_WRITING || c->state == CONN_HELD || c->read_paused;
+    /* WRITING watched for writes, HELD with the hold's timeout; a paused reader, or one read
+     * when accepted and not armed since, watches nothing */
+    int rewatch = c->state == CONN_WRITING || c->state == CONN_HELD || _conn_unarmed(c);
 
     if (!c->keep_alive || srv->stopping) {
         if (_conn_may_send_more(c))
@@ -1017,7 +1041,9 @@ static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
     (void)_conn_respond_error(c, code, message, rq->error_status ? rq->error_cache : NULL);
 }
 
-static void _conn_process(fp_conn_t *c)
+/* Parse and answer what the buffer holds.  -1: the connection was closed or is closing (the
+ * caller must not touch it). */
+static int _conn_process(fp_conn_t *c)
 {
     while (c->state == CONN_READING && c->in != NULL && c->in->pos < c->in->len) {
         fp_buf_t *b = c->in;
@@ -1030,10 +1056,10 @@ static void _conn_process(fp_conn_t *c)
             b->pos = (size_t)(llhttp_get_error_pos(&c->parser) - b->data);
             llhttp_resume(&c->parser);
             if (_dispatch(c) < 0)
-                return;
+                return -1;
         } else {
             _parse_error(c, err);
-            return;
+            return -1;
         }
     }
     fp_buf_t *b = c->in;
@@ -1041,6 +1067,7 @@ static void _conn_process(fp_conn_t *c)
         _buf_put(c->srv, b);         /* nothing left that we need: idle connections hold no buffer */
         c->in = NULL;
     }
+    return 0;
 }
 
 static void _conn_readable(fp_conn_t *c)
@@ -1083,10 +1110,13 @@ static void _conn_readable(fp_conn_t *c)
     }
     if (n > 0)
         b->len += (size_t)n;
-    if (c->state == CONN_READING)
-        _conn_process(c);
-    else if (c->state == CONN_HELD && _conn_hold_arm(c) < 0)
+    if (c->state == CONN_READING) {
+        /* read when accepted and still short of a request: now it waits for the client */
+        if (_conn_process(c) == 0 && c->state == CONN_READING && _conn_unarmed(c) && _conn_watch(c, EV_READ) < 0)
+            _conn_close(c);
+    } else if (c->state == CONN_HELD && _conn_hold_arm(c) < 0) {
         _conn_close(c);
+    }
 }
 
 static void _conn_writable(fp_conn_t *c)

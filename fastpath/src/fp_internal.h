@@ -90,6 +90,14 @@ typedef enum {
     FP_CONN_KIND_N
 } fp_conn_kind_t;
 
+/* How the poll listener's connections get Nagle turned off (fp_server.c _tune_listener). */
+typedef enum {
+    FP_NODELAY_NONE,                 /**< a unix socket: no Nagle to turn off */
+    FP_NODELAY_CHECK,                /**< set on the listener: the first connection checks it came along */
+    FP_NODELAY_INHERITED,            /**< ... and it did: nothing to do per connection */
+    FP_NODELAY_SET                   /**< one setsockopt per connection */
+} fp_nodelay_t;
+
 /* One client connection.  Requests on it are answered one at a time, in order (pipelined ones
  * wait in the read buffer), so responses never need reordering. */
 typedef struct fp_conn {
@@ -149,6 +157,9 @@ typedef struct fp_server {
     /* set by fp_server.c: called when the last connection closes while stopping */
     void (*drained)(void *arg);
     void *drained_arg;
+    uint8_t conn_nodelay;            /* fp_nodelay_t: Nagle on the poll listener's connections */
+    uint8_t read_on_accept;          /* the listener defers accept until the first bytes came:
+                                        a new connection is read at once, not armed first */
     struct event *pause_accept;      /* re-enables accepting after EMFILE */
     int accept_retries;              /* failed attempts to re-enable accepting, in a row */
     int stopping;

@@ -5,6 +5,8 @@
  * Everything runs on one event base per worker process, without the GIL.
  */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -130,6 +132,28 @@ static int _init_fail(char *err, size_t err_len, const char *what)
     return -1;
 }
 
+/* A TCP listener: Nagle off on the listening socket, which accepted sockets inherit on Linux
+ * (one setsockopt per worker instead of one per connection), and accept() only once a
+ * connection's first bytes have come (TCP_DEFER_ACCEPT, nginx's `listen ... deferred`), so that
+ * fp_conn.c reads a new connection at once instead of arming it and waiting for epoll to say
+ * what is already known.  A connection that sends nothing is accepted when the deferral runs
+ * out, and the idle timeout applies from then.  A unix socket has neither (no Nagle; a
+ * connection is read when epoll reports it).  Any failure keeps the per-connection way. */
+static void _tune_listener(fp_server_t *srv, int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    int one = 1, defer_s = 1;
+
+    srv->conn_nodelay = FP_NODELAY_NONE;
+    srv->read_on_accept = 0;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+        return;
+    srv->conn_nodelay = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 ? FP_NODELAY_CHECK
+                                                                                          : FP_NODELAY_SET;
+    srv->read_on_accept = setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof(defer_s)) == 0;
+}
+
 static struct evconnlistener *_listen(fp_server_t *srv, int fd, evconnlistener_cb cb)
 {
     /* the socket is Python's (bound, listening): no LEV_OPT_CLOSE_ON_FREE.  Created disabled
@@ -221,6 +245,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
                              cfg->notify_udp_port + cfg->worker_index, err, err_len) < 0)
         return -1;
     if (cfg->listen_fd >= 0) {
+        _tune_listener(srv, cfg->listen_fd);
         srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);
         if (srv->listener == NULL)
             return _init_fail(err, err_len, "cannot accept on the listening socket");

@@ -152,3 +152,4 @@ def test_connbench_smoke(tmp_path):
         assert all(r["median"] > 0 for r in doc[key]["ratios"].values())
     assert doc["connect 2 workers"]["workers"] == 2
     assert doc["connect 1 worker"]["configs"]["fastpath"]["connections_per_s"] > 0
+    assert set(doc["connect 1 worker"]["configs"]) == {"fastpath", "nginx return 200", "nginx return 200 deferred"}

@@ -207,6 +207,7 @@ def test_connection_cap_closes_extra_connections_at_once(fastpath_factory, memca
     try:
         rejected = _metric(fp, "fastpath_connections_rejected_total")   # /metrics works at the cap
         extra = _connect(fp)
+        extra.sendall(_req(uid=2))   # accepted once its request came (TCP_DEFER_ACCEPT)
         started = time.monotonic()
         assert _closed_by_peer(extra)
         assert time.monotonic() - started < 2
@@ -216,6 +217,30 @@ def test_connection_cap_closes_extra_connections_at_once(fastpath_factory, memca
         held.append(_connect_and_poll(fp, uid=2))      # a freed slot is usable again
     finally:
         for sock in held:
+            sock.close()
+
+
+def test_a_connection_that_sends_nothing_takes_no_slot(fastpath_factory, memcached, cache):
+    """The TCP listener defers accept until a request's first bytes come (nginx's `deferred`):
+    connections that stay silent are not accepted and hold no --max-connections slot, and one
+    that sends is read at once."""
+    fp = fastpath_factory([memcached], extra=("--max-connections", "2"))
+    deadline = time.monotonic() + 5  # the start-up probe's slot is free once fastpath saw it go
+    while _metric(fp, "fastpath_connections") > 1:           # /metrics' own connection
+        assert time.monotonic() < deadline, "the start-up probe's connection stayed open"
+        time.sleep(0.05)
+    silent = [_connect(fp) for _ in range(3)]
+    try:
+        time.sleep(0.2)              # time enough to accept them, were they accepted at once
+        accepted = _metric(fp, "fastpath_connections_accepted_total")
+        with _connect(fp) as sock:
+            sock.sendall(_req())
+            status, _, body = _read_response(sock)
+        assert (status, body) == (200, b'{"mine":1}')
+        # this request's connection and the second /metrics request's own
+        assert _metric(fp, "fastpath_connections_accepted_total") == accepted + 2
+    finally:
+        for sock in silent:
             sock.close()
 
 

@@ -79,6 +79,35 @@ def test_closing_the_pool_answers_waiting_gets_unavailable_once(client):
     assert client.answers == [(a, "unavailable", b"")]
 
 
+def test_a_new_connections_client_leaving_while_its_first_get_waits(fake_memcached, fastpath_factory):
+    """A TCP connection is read as soon as it is accepted (the listener defers accept until the
+    request came) and is not watched while its first get waits: a client that leaves then is
+    found when the answer comes, which is dropped with its connection; nothing stays in flight
+    and the others get their own."""
+    fake = fake_memcached
+    for uid in range(1, 4):
+        fake.set(b"p1:getMessages:%d:0" % uid, b'{"u":%d}' % uid)
+    fp = fastpath_factory([fake], extra=("--timeout-ms", "10000"))
+    fake.answering.clear()
+    asked = len(fake.asked)
+    conns = []
+    for uid in (1, 2):
+        conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=10)
+        conn.request("GET", "/Poll/getMessages", headers={"Authorization": f"Bearer {token(uid)}"})
+        conns.append(conn)
+    _wait(lambda: len(fake.asked) >= asked + 2, "the gets to reach memcached")
+    conns[0].close()
+    fake.answering.set()
+    response = conns[1].getresponse()
+    assert (response.status, response.read()) == (200, b'{"u":2}')
+    conns[1].close()
+    _wait(lambda: _metric(fp, "fastpath_connections") <= 1, "fastpath to close both connections")
+    r = requests.get(f"{fp.url}/Poll/getMessages", timeout=10, headers={"Authorization": f"Bearer {token(3)}"})
+    assert (r.status_code, r.content) == (200, b'{"u":3}')
+    assert _metric(fp, "fastpath_inflight_requests") == 0
+    assert _metric(fp, "fastpath_memcached_errors_total") == 0
+
+
 def test_client_leaving_while_its_get_waits_drops_the_answer(fake_memcached, fastpath_factory):
     """Clients close while memcached has not answered their gets yet; the late replies are then
     dropped (under `make test-asan`, without touching freed memory), the others get their own,
@@ -87,15 +116,18 @@ def test_client_leaving_while_its_get_waits_drops_the_answer(fake_memcached, fas
     for uid in range(1, 8):
         fake.set(b"p1:getMessages:%d:0" % uid, b'{"u":%d}' % uid)
     fp = fastpath_factory([fake], extra=("--timeout-ms", "10000"))
-    fake.answering.clear()
-    leaving = []
-    for uid in range(1, 6):
+    conns = []
+    for uid in range(1, 7):          # one answered request each: fastpath watches them from then on
         conn = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=10)
         conn.request("GET", "/Poll/getMessages", headers={"Authorization": f"Bearer {token(uid)}"})
-        leaving.append(conn)
-    staying = http.client.HTTPConnection("127.0.0.1", fp.port, timeout=10)
-    staying.request("GET", "/Poll/getMessages", headers={"Authorization": f"Bearer {token(6)}"})
-    _wait(lambda: len(fake.asked) >= 6, "the gets to reach memcached")
+        assert conn.getresponse().read() == b'{"u":%d}' % uid
+        conns.append(conn)
+    fake.answering.clear()
+    asked = len(fake.asked)
+    for uid, conn in enumerate(conns, 1):
+        conn.request("GET", "/Poll/getMessages", headers={"Authorization": f"Bearer {token(uid)}"})
+    leaving, staying = conns[:5], conns[5]
+    _wait(lambda: len(fake.asked) >= asked + 6, "the gets to reach memcached")
     for conn in leaving:
         conn.close()
     _wait(lambda: _metric(fp, "fastpath_connections") <= 2, "fastpath to close the clients that left")
