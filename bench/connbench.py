@@ -6,9 +6,11 @@
 1. The 2009 seed's `ab -c 50 -n 50000` (no -k: one connection per request) through nginx, one
    shared key as the seed had: nginx -> fastpath over TCP and over a unix socket, nginx's own
    `memcached_pass`, nginx `return 200`.  One worker each, not pinned (as the stack runs).
-2. New connections per second straight to the server, one worker on CPU 1, the generator
-   (build/bench/atr_client --close: connect, one request with `Connection: close`, read the
-   answer and the server's FIN, connect again; --concurrency at once) and memcached on CPU 0:
+2. New connections per second straight to the server, one worker and memcached on CPU 1, the
+   generator (build/bench/atr_client --close: connect, one request with `Connection: close`, read
+   the answer and the server's FIN, connect again; --concurrency at once) alone on CPU 0 (until
+   1ed7eba memcached shared CPU 0 with the generator, which took ~17% of the generator's CPU from
+   fastpath's runs alone and capped them near 0.83x nginx's whenever the generator was the limit):
    fastpath against nginx `return 200`, as nginx listens by default and with `deferred` (accept
    once the request came, as fastpath's TCP listener does; one nginx, two listen sockets).
 3. The same with two workers each (fastpath --workers 2, nginx worker_processes 2), nothing
@@ -186,7 +188,9 @@ def main():
         # 2. and 3. new connections per second, one worker pinned, then two workers unpinned
         for workers, key in ((1, "connect 1 worker"), (2, "connect 2 workers")):
             cpu = SERVER_CPU if workers == 1 else None
-            pin([mc.pid], CLIENT_CPU if workers == 1 else None)
+            # memcached answers fastpath's gets: it is part of the server under test and sits on
+            # the server's CPU, so that the generator has its CPU to itself for every peer
+            pin([mc.pid], cpu)
             fpw = Fastpath(mc_port, secret_file, log, workers=workers, cpu=cpu)
             port, deferred_port = free_port(), free_port()
             nginx = _start_nginx(tmp, f"return 200 x{workers}", port, BODIES["nginx return 200"], upstreams, log,
