@@ -5,7 +5,9 @@
  *
  * The first input byte picks how the rest is cut into reads (0: all at once; otherwise pieces
  * of 1..255 bytes, with the loop run between them), so that every parser callback also meets
- * its data split at any point, as a slow or hostile client would send it.
+ * its data split at any point, as a slow or hostile client would send it.  An odd first byte
+ * also opens the connection as a TCP listener that defers accept does: its first piece is
+ * already there, and it is read at once, unarmed until it must wait for the client.
  *
  * A finding is a sanitizer report, a crash, a hang, or an answer that is not HTTP.
  */
@@ -71,14 +73,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int shut = 0;
 
     size_t piece = size;
+    int read_now = 0;
 
     if (size > 0) {
         piece = data[0] ? data[0] : size;
+        read_now = data[0] & 1;
         data++;
         size--;
     }
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
         abort();
+    if (read_now && size > 0) {
+        ssize_t n = send(sv[1], data, size < piece ? size : piece, MSG_NOSIGNAL);
+        if (n > 0)
+            sent = (size_t)n;
+    }
+    srv.read_on_accept = (uint8_t)read_now;
     fp_conn_open(&srv, sv[0], FP_CONN_POLL);
     for (int round = 0; round < 100000 && srv.n_conns > 0; round++) {
         if (sent < size) {
