@@ -220,9 +220,6 @@ class AnswerCache:
         return self._send(node, [b"mg %s c\r\n" % k.encode("ascii") for k in keys],
                           lambda replies: _uniques(keys, replies))
 
-    def cas_uniques(self, node, keys):
-        return self.request_uniques(node, keys).result() if keys else {}
-
     def request_stores(self, node, ops, expire):
         """Send ``ops`` = [(command, key, value, cas)] with command b"cas" or b"add"; the
         :class:`Pending`'s result is {key: reply} (b"STORED", b"EXISTS", b"NOT_FOUND" or

@@ -30,7 +30,7 @@ def test_pipelined_batches_larger_than_a_chunk(memcached):
     keys = [f"p1:getUnreadCount:{i}:0" for i in range(1, 1201)]
     replies = cache.store_many(node, [(b"add", k, b"v%d" % i, None) for i, k in enumerate(keys)], 60)
     assert set(replies.values()) == {b"STORED"}
-    uniques = cache.cas_uniques(node, keys + ["p1:getUnreadCount:0:0"])
+    uniques = cache.request_uniques(node, keys + ["p1:getUnreadCount:0:0"]).result()
     assert len(uniques) == 1200
     again = cache.store_many(node, [(b"add", keys[0], b"x", None), (b"cas", keys[1], b"new", uniques[keys[1]]),
                                     (b"cas", keys[2], b"new", uniques[keys[2]] + 1000)], 60)
@@ -166,12 +166,12 @@ def test_a_dead_server_is_skipped_for_the_retry_interval_but_never_ejected(memca
     before = {k: cache.node_for(k) for k in keys}
     dead.kill()
     with pytest.raises(CacheUnavailable) as failed:
-        cache.cas_uniques(dead.spec, ["p1:a:1:0"])
+        cache.request_uniques(dead.spec, ["p1:a:1:0"]).result()
     assert failed.value.attempted
     with pytest.raises(CacheUnavailable) as skipped:
-        cache.cas_uniques(dead.spec, ["p1:a:1:0"])
+        cache.request_uniques(dead.spec, ["p1:a:1:0"]).result()
     assert not skipped.value.attempted
     assert {k: cache.node_for(k) for k in keys} == before          # placement never changes
     dead.start()
     time.sleep(0.35)
-    assert cache.cas_uniques(dead.spec, ["p1:a:1:0"]) == {}
+    assert cache.request_uniques(dead.spec, ["p1:a:1:0"]).result() == {}
