@@ -145,10 +145,14 @@ static void _tune_listener(fp_server_t *srv, int fd)
     socklen_t len = sizeof(ss);
     int one = 1, defer_s = 1;
 
-    srv->conn_nodelay = FP_NODELAY_NONE;
+    srv->conn_nodelay = FP_NODELAY_SET;  /* unless known otherwise below */
     srv->read_on_accept = 0;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
         return;
+    if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) {
+        srv->conn_nodelay = FP_NODELAY_NONE;
+        return;
+    }
     srv->conn_nodelay = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 ? FP_NODELAY_CHECK
                                                                                           : FP_NODELAY_SET;
     srv->read_on_accept = setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof(defer_s)) == 0;
