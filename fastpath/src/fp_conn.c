@@ -546,7 +546,6 @@ static int _conn_after_response(fp_conn_t *c)
         _conn_set_state(c, CONN_READING);
     c->deadline_s = fp_now_s() + srv->cfg->idle_timeout_s;
     if (rewatch) {
-        c->read_paused = 0;
         if (_conn_watch(c, EV_READ) < 0) {
             _conn_close(c);
             return -1;
@@ -1090,8 +1089,8 @@ static void _conn_readable(fp_conn_t *c)
             _conn_close(c);          /* a held poll's client pipelines a buffer full: abusive */
             return;
         }
-        if (c->state == CONN_WAITING) {          /* pipelined bytes pile up: read them later */
-            c->read_paused = 1;
+        if (c->state == CONN_WAITING) {          /* pipelined bytes pile up: read them later
+                                                  * (unarmed: _conn_after_response re-arms) */
             if (event_del(_ev(c)) < 0)
                 _conn_close(c);
             return;

@@ -110,7 +110,6 @@ typedef struct fp_conn {
     uint8_t in_head;                 /* between the first byte of a request and its blank line */
     uint8_t is_head;                 /* HEAD request: no body in the answer */
     uint8_t in_message;              /* a request has begun and not yet ended */
-    uint8_t read_paused;             /* read buffer full while waiting: stop reading */
     uint8_t inm;                     /* fp_inm_t of the request */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
