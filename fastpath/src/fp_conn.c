@@ -190,11 +190,13 @@ static int _set_nodelay(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kin
     int one = 1, on = 0;
     socklen_t len = sizeof(on);
 
-    if (kind == FP_CONN_POLL && srv->conn_nodelay == FP_NODELAY_CHECK)
-        srv->conn_nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on ? FP_NODELAY_INHERITED
-                                                                                             : FP_NODELAY_SET;
-    if (kind == FP_CONN_POLL && (srv->conn_nodelay == FP_NODELAY_NONE || srv->conn_nodelay == FP_NODELAY_INHERITED))
-        return 0;
+    if (kind == FP_CONN_POLL) {
+        if (srv->conn_nodelay == FP_NODELAY_CHECK)
+            srv->conn_nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on
+                                    ? FP_NODELAY_INHERITED : FP_NODELAY_SET;
+        if (srv->conn_nodelay != FP_NODELAY_SET)
+            return 0;                /* inherited, or a unix socket */
+    }
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 || errno == EOPNOTSUPP)
         return 0;
     return -1;
