@@ -99,6 +99,64 @@ def test_endless_conflicts_become_stale_keys_for_the_repair_pass(pair, cache1, h
     assert other.get(key) == b'{"count":1}'
 
 
+def _stale_pair(pair):
+    """Every key of the pair recorded stale, as a writer that ran out of attempts records them."""
+    stale = [key_of(resource, user.user["id"]) for user in pair for resource in ("getUnreadCount", "getMessages")]
+    repair.mark_stale(stale)
+    return stale
+
+
+def test_paid_stale_keys_are_forgotten_in_one_statement(pair, cache1):
+    """A statement per row was a write transaction each: on SQLite every other writer queued
+    behind a pass that forgot hundreds of keys."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    stale = _stale_pair(pair)
+    with CaptureQueriesContext(connection) as ctx:
+        report = repair.repair()
+    deletes = [q["sql"] for q in ctx.captured_queries
+               if q["sql"].startswith("DELETE") and StaleKey._meta.db_table in q["sql"]]
+    assert report["rewritten"] == len(stale) and not StaleKey.objects.exists()
+    assert len(deletes) == 1, deletes
+
+
+def test_a_stale_key_marked_again_while_paid_is_kept(pair, cache1, hooks):
+    stale = _stale_pair(pair)
+    hooks("write.after_store", once(lambda: repair.mark_stale(stale[:1])))   # generation 2 meanwhile
+    repair.repair()
+    assert list(StaleKey.objects.values_list("key", flat=True)) == stale[:1]
+
+
+def test_one_quick_pass_at_a_time_in_a_process(pair, cache1, hooks):
+    """While one thread rewrites the stale keys, another thread's publish does not rewrite them
+    too (the threads of a busy worker all did, conflicting with one another on those keys)."""
+    import threading
+
+    _stale_pair(pair)
+    entered, go = threading.Event(), threading.Event()
+    passes = []
+
+    def rewrite(**context):
+        passes.append(threading.current_thread().name)
+        entered.set()
+        assert go.wait(10)
+    hooks("repair.before_rewrite", rewrite)
+    first = threading.Thread(target=repair.repair, kwargs={"quick": True}, name="first")
+    first.start()
+    try:
+        assert entered.wait(10)
+        report = repair.repair(quick=True)
+    finally:
+        go.set()
+        first.join(10)
+    assert report["busy"] and report["rewritten"] == 0
+    assert passes == ["first"] and not StaleKey.objects.exists()
+    # and the next quick pass, with the first one done, runs again
+    _stale_pair(pair)
+    assert repair.repair(quick=True)["rewritten"] == 4 and passes == ["first", "MainThread"]
+
+
 # (c) a change committed while memcached is unreachable -------------------------------------
 def test_change_while_unreachable_then_server_returns_with_old_entries(pair, cache1, settings):
     a, b = pair
