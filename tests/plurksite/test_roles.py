@@ -362,3 +362,18 @@ def test_a_web_host_tells_a_probe_whether_fastpath_answered(tmp_path):
         plain = requests.get(config.base_url + "/Poll/getUnreadCount", timeout=10)
     assert probe.status_code == 200 and probe.headers.get("X-Plurk-Probe") == "fallback"
     assert "X-Plurk-Probe" not in plain.headers
+
+
+def test_a_web_host_tells_a_probe_that_fastpath_answered(tmp_path):
+    from tests.support.stack import stack_config
+
+    class Fastpath(_Recorder):
+        seen = []
+    config = stack_config(tmp_path)
+    assert isinstance(config.fastpath, tuple), config.fastpath      # a TCP stand-in
+    with nginx_in_front_of(config, {config.fastpath: Fastpath}):
+        probe = requests.get(config.base_url + "/Poll/getUnreadCount?plurk_probe=1", timeout=10)
+        plain = requests.get(config.base_url + "/Poll/getUnreadCount", timeout=10)
+    assert probe.status_code == 200 and probe.headers.get("X-Plurk-Probe") == "fastpath"
+    assert plain.status_code == 200 and "X-Plurk-Probe" not in plain.headers
+    assert len(Fastpath.seen) == 2
