@@ -1,6 +1,7 @@
 """Long-polling against nchan, side by side in one run, and `make load` in long-poll mode.
 
     .venv/bin/python bench/longpoll.py [--counts 1000,10000,40000] [--fanout 10000] [--fanout-rounds 3]
+                                       [--delivery-rounds 3]
                                        [--load-users 300] [--load-time 60] [--no-load] [--quick]
 
 1. held: N long-polls (`Prefer: wait`, `If-None-Match` of the current answer) held through the
@@ -13,7 +14,12 @@
    from before a POST to nchan's publisher to the last of F subscribers' answers.  Rounds of
    both, alternated (each of the stack's rounds a new author's first post to new followers; nchan's
    subscribers hold the tags of the message before); the round with the median time stands for
-   each (a single round moved by +-30% on this shared machine).
+   each (a single round moved by +-30% on this shared machine).  The CPU seconds of every
+   process meanwhile come with each round.  Then the push layer alone (--delivery-rounds): the
+   same held followers, a new answer stored under each held key by a child process with the
+   stack's configuration and one notice sent, as plurkcore's writer does after its stores, with
+   nothing read from the database; against nchan again.  The fan-out's excess over it is the
+   writer's share.
 3. the locust simulation (bench/load.py) at equal users in long-poll and short-poll mode:
    delivery latency (p50, p95, p99 of the deliveries the judge checks; locust's own histogram's
    p99 beside it), losses, requests per second.
@@ -397,25 +403,42 @@ def held_nchan(proc, port, count):
     return r
 
 
-def _fanout(clients, held_gauge, count, publish, held_name):
-    """Hold count requests, publish once, time the answers: from before the publish to the
-    first and the last answer."""
+def _fanout(clients, held_gauge, count, publish, held_name, trees):
+    """Hold count requests, ``publish()`` once (it returns a status), time the answers: from
+    before the publish to the first and the last answer; and the CPU seconds each process tree
+    of ``trees`` ({name: pid}) and the client processes used from before the publish until every
+    answer was read (the cores are shared: the last answer cannot come before all of that work
+    is done)."""
     try:
         held = _wait_gauge(held_gauge, count, 60 + count / 200)
         time.sleep(1.0)
+        pids = {k: _tree(p) for k, p in trees.items()}
+        pids["client"] = [p.pid for p, _ in clients.procs]
+        cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
         t0 = time.monotonic()
-        with urllib.request.urlopen(publish, timeout=30) as resp:
-            status = resp.status
+        status = publish()
         t_post = time.monotonic() - t0
         st = clients.wait_answered(count, 30)
+        cpu = {k: round(_cpu_seconds(p) - cpu0[k], 3) for k, p in pids.items()}
     finally:
         clients.close()
     return {held_name: held, "post_status": status, "post_s": round(t_post, 4), "answered": st["answered"],
             "statuses": st["statuses"], "first_answer_s": round(st["first"] - t0, 4) if st["first"] else None,
-            "last_answer_s": round(st["last"] - t0, 4) if st["last"] else None}
+            "last_answer_s": round(st["last"] - t0, 4) if st["last"] else None, "cpu_s": cpu}
 
 
-def fanout_stack(config, author_token, reqs, count):
+def _urlopen_status(request):
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return resp.status
+
+
+def _stack_trees(stack):
+    """{service name: pid} of the stack's processes that take part in a fan-out."""
+    return {svc.name.split(":")[0]: svc.pid for svc in stack.services
+            if svc.name.split(":")[0] in ("fastpath", "nginx", "gunicorn", "memcached")}
+
+
+def fanout_stack(stack, config, author_token, reqs, count):
     """An author with count held followers posts through the API (plurkcore's writer and notices
     run for real)."""
     body = json.dumps({"content": "fan-out to every held follower"}).encode()
@@ -423,10 +446,27 @@ def fanout_stack(config, author_token, reqs, count):
                                   method="POST", headers={"Authorization": f"Bearer {author_token}",
                                                           "Content-Type": "application/json"})
     return _fanout(Clients(config.http[0], config.http[1], reqs[:count]),
-                   lambda: _fastpath_held(config.fastpath_admin), count, post, "followers_held")
+                   lambda: _fastpath_held(config.fastpath_admin), count, lambda: _urlopen_status(post),
+                   "followers_held", _stack_trees(stack))
 
 
-def run_fanouts(config, fans, nchan_port, count, rounds, var):
+def _median_round(runs):
+    """The run whose last answer is the median (a run with no answer counts as slowest)."""
+    return sorted(runs, key=lambda x: float("inf") if x["last_answer_s"] is None else x["last_answer_s"])[
+        len(runs) // 2]
+
+
+def _paired(stack_runs, nchan_runs):
+    result = {"stack": _median_round(stack_runs), "nchan": _median_round(nchan_runs),
+              "rounds": [{"stack_s": s["last_answer_s"], "nchan_s": n["last_answer_s"]}
+                         for s, n in zip(stack_runs, nchan_runs)]}
+    fs, fn = result["stack"]["last_answer_s"], result["nchan"]["last_answer_s"]
+    if fs and fn:
+        result["stack_over_nchan"] = round(fs / fn, 2)
+    return result
+
+
+def run_fanouts(stack, config, fans, nchan_pid, nchan_port, count, rounds, var):
     """``rounds`` fan-outs of the stack and of nchan, alternated: {"stack": median round,
     "nchan": median round, "rounds": every round's pair of last-answer times}.  Each of the
     stack's rounds is the first post of a new author to new followers (``fans``, then accounts
@@ -438,24 +478,100 @@ def run_fanouts(config, fans, nchan_port, count, rounds, var):
         # the followers follow the author alone and read nothing: they all hold the same answer
         tag = _etag(config, fans[1]["token"])
         reqs = [_stack_request(a["token"], tag) for a in fans[1:count + 1]]
-        stack_runs.append(fanout_stack(config, fans[0]["token"], reqs, count))
-        nchan_runs.append(fanout_nchan(nchan_port, count, _nchan_request_after_last(nchan_port) if r else NCHAN_REQUEST))
+        stack_runs.append(fanout_stack(stack, config, fans[0]["token"], reqs, count))
+        nchan_runs.append(fanout_nchan(nchan_pid, nchan_port, count,
+                                       _nchan_request_after_last(nchan_port) if r else NCHAN_REQUEST))
         progress(f"fan-out round {r + 1}: stack {stack_runs[-1]['last_answer_s']} s, "
                  f"nchan {nchan_runs[-1]['last_answer_s']} s")
-
-    def median(runs):
-        return sorted(runs, key=lambda x: float("inf") if x["last_answer_s"] is None else x["last_answer_s"])[
-            len(runs) // 2]
-    return {"stack": median(stack_runs), "nchan": median(nchan_runs),
-            "rounds": [{"stack_s": s["last_answer_s"], "nchan_s": n["last_answer_s"]}
-                       for s, n in zip(stack_runs, nchan_runs)]}
+    return _paired(stack_runs, nchan_runs)
 
 
-def fanout_nchan(port, count, request=NCHAN_REQUEST):
+# --- the push layer alone: new answers stored by the bench, one notice ---------------------------
+
+def _delivery_child(accounts_path):
+    """``--delivery-child``, run with the stack's environment: the getUnreadCount keys of the
+    followers in ``accounts_path`` (every account but the first) are looked up and "ready" is
+    printed; then, per line "go VALUE", VALUE is stored under every key (``set``, pipelined per
+    server) and one notice of them all is sent, as plurkcore's writer sends after its stores,
+    and "done" (or "failed N") is printed."""
+    import django
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from plurkcore import answers, keys, notify
+    from plurkcore.cache import get_cache
+
+    with open(accounts_path) as fh:
+        names = [a["username"] for a in json.load(fh)[1:]]
+    ids = dict(get_user_model().objects.filter(username__in=names).values_list("username", "id"))
+    epochs = answers.epochs(ids.values())
+    prefix = keys.key_prefix("getUnreadCount")
+    key_list = ["%s%d:%d" % (prefix, uid, epoch) for uid, epoch in epochs.items()]
+    cache, notifier = get_cache(), notify.get_backend()
+    print("ready", len(key_list), flush=True)
+    for line in sys.stdin:
+        value = line.split(None, 1)[1].strip().encode()
+        pending = [cache.request_stores(node, [(b"set", key, value, None) for key in node_keys], HOLD_S)
+                   for node, node_keys in cache.group(key_list).items()]
+        failed = sum(reply != b"STORED" for p in pending for reply in p.result().values())
+        before = dict(notify.stats)
+        notifier.send(key_list)
+        # datagrams sent, and those dropped (a full queue: their keys wait for a gap or the re-read)
+        sent = {k: notify.stats[k] - before[k] for k in ("datagrams", "full", "missing", "refused", "errors")}
+        print(json.dumps({"stored": len(key_list) - failed, "failed": failed, "notices": sent}), flush=True)
+    return 0
+
+
+def run_deliveries(stack, config, fans, nchan_pid, nchan_port, count, rounds, var):
+    """The push layer alone, against nchan: ``rounds`` times the followers of ``fans`` hold the
+    ETag of their current answer, then a child process with the stack's configuration (Django
+    loaded before the clock starts) stores a new answer under every held key and sends one
+    notice, with nothing read from the database or computed: what nginx and fastpath take to
+    answer F held polls once memcached holds their new answers, beside nchan's publish to as many
+    subscribers (rounds alternated).  The difference to :func:`run_fanouts` is the writer's share."""
+    accounts = os.path.join(var, "delivery.json")
+    with open(accounts, "w") as fh:
+        json.dump(fans[:count + 1], fh)
+    env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--delivery-child", accounts], cwd=ROOT,
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stack_runs, nchan_runs, notices = [], [], []
+    try:
+        ready = child.stdout.readline()
+        if not ready.startswith("ready"):
+            raise SystemExit(f"error: the delivery child did not start (it said {ready!r}); see its stderr above")
+
+        def publish(value):
+            child.stdin.write(f"go {value}\n")
+            child.stdin.flush()
+            said = json.loads(child.stdout.readline())
+            notices.append(said["notices"])
+            return "stored" if not said["failed"] else f"{said['failed']} not stored"
+
+        for r in range(rounds):
+            tag = _etag(config, fans[1]["token"])
+            reqs = [_stack_request(a["token"], tag) for a in fans[1:count + 1]]
+            value = json.dumps({"count": 1_000_000 + r})      # a new answer each round
+            stack_runs.append(_fanout(Clients(config.http[0], config.http[1], reqs),
+                                      lambda: _fastpath_held(config.fastpath_admin), count,
+                                      lambda: publish(value), "followers_held", _stack_trees(stack)))
+            nchan_runs.append(fanout_nchan(nchan_pid, nchan_port, count, _nchan_request_after_last(nchan_port)))
+            stack_runs[-1]["notices"] = notices[-1]
+            progress(f"delivery round {r + 1}: stack {stack_runs[-1]['last_answer_s']} s "
+                     f"({stack_runs[-1]['post_status']}, notices {notices[-1]}), nchan {nchan_runs[-1]['last_answer_s']} s")
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return _paired(stack_runs, nchan_runs)
+
+
+def fanout_nchan(pid, port, count, request=NCHAN_REQUEST):
     """One publish to a channel with count long-poll subscribers."""
     pub = urllib.request.Request(f"http://127.0.0.1:{port}/pub", data=b'{"count":1}', method="POST")
     return _fanout(Clients("127.0.0.1", port, [request] * count), lambda: _nchan_subscribers(port),
-                   count, pub, "subscribers_held")
+                   count, lambda: _urlopen_status(pub), "subscribers_held", {"nchan nginx": pid})
 
 
 def _nchan_request_after_last(port):
@@ -573,6 +689,8 @@ def main(argv=None):
     ap.add_argument("--counts", default="1000,10000,40000", help="held long-polls per point")
     ap.add_argument("--fanout", type=int, default=10_000, help="held followers of the posting author (0: skip)")
     ap.add_argument("--fanout-rounds", type=int, default=3, help="fan-outs of each; the median round is reported")
+    ap.add_argument("--delivery-rounds", type=int, default=3,
+                    help="rounds of the push layer alone: answers stored by the bench, one notice (0: skip)")
     ap.add_argument("--load-users", type=int, default=300)
     ap.add_argument("--load-time", type=int, default=60)
     ap.add_argument("--load-processes", type=int, default=LOAD_PROCESSES, help="locust processes (distributed mode)")
@@ -585,13 +703,17 @@ def main(argv=None):
     ap.add_argument("--no-reuseport", action="store_true",
                     help="the stack's nginx exactly as its template renders it (one shared listen socket)")
     ap.add_argument("--load-child", choices=["long", "short"], help=argparse.SUPPRESS)
+    ap.add_argument("--delivery-child", metavar="ACCOUNTS", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.delivery_child:
+        return _delivery_child(args.delivery_child)
     if args.load_child:
         return _load_child(args.load_child, args.load_users, args.load_time, _load_name(args.load_child, args.load_users),
                            args.load_processes)
     if args.quick:
         args.counts, args.fanout, args.no_load = "100", 100, True
         args.fanout_rounds = min(args.fanout_rounds, 2)      # the second holds the first one's ETag
+        args.delivery_rounds = min(args.delivery_rounds, 1)
     counts = [int(c) for c in args.counts.split(",") if c]
     if args.load_only:
         result = {"load": run_load(args.load_users, args.load_time, args.load_processes)}
@@ -647,11 +769,12 @@ def main(argv=None):
             result["held"][str(count)] = {"stack": s, "nchan": n}
         if args.fanout:
             progress(f"fan-out to {args.fanout}, {args.fanout_rounds} round(s) of the stack and nchan ...")
-            result["fanout"] = run_fanouts(config, fans, nchan_port, args.fanout, args.fanout_rounds, var)
-            fs, fn = result["fanout"]["stack"], result["fanout"]["nchan"]
-            progress(f"fan-out median: stack {fs}; nchan {fn}")
-            if fs["last_answer_s"] and fn["last_answer_s"]:
-                result["fanout"]["stack_over_nchan"] = round(fs["last_answer_s"] / fn["last_answer_s"], 2)
+            result["fanout"] = run_fanouts(stack, config, fans, nchan.pid, nchan_port, args.fanout, args.fanout_rounds, var)
+            progress(f"fan-out median: stack {result['fanout']['stack']}; nchan {result['fanout']['nchan']}")
+            if args.delivery_rounds:
+                progress(f"delivery alone to {args.fanout}, {args.delivery_rounds} round(s) of the stack and nchan ...")
+                result["fanout"]["delivery"] = run_deliveries(stack, config, fans, nchan.pid, nchan_port, args.fanout,
+                                                              args.delivery_rounds, var)
     finally:
         _stop(nchan)
         if stack is not None:

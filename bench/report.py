@@ -258,6 +258,12 @@ LONGPOLL_EXTRA = {"longpoll-100k": "stretch: `--counts 100000 --fanout 0 --no-lo
                   "longpoll-load-100": "`--load-only --load-users 100`"}
 
 
+def _cpu_cells(cpu):
+    """"nginx 0.34 + gunicorn 0.26 + ... = 0.85" of a fan-out's {process: CPU seconds}."""
+    parts = sorted(cpu.items(), key=lambda kv: -kv[1])
+    return " + ".join(f"{k} {v:.2f}" for k, v in parts) + f" = {sum(cpu.values()):.2f}"
+
+
 def longpoll_rows(doc):
     """Long-polling against nchan (bench/longpoll.py): held polls, fan-out, locust in both modes."""
     if not doc:
@@ -298,6 +304,20 @@ def longpoll_rows(doc):
                    + (f" (median of {len(fan['rounds'])} rounds, alternated: stack "
                       + ", ".join(t(r["stack_s"]) for r in fan["rounds"]) + "; nchan "
                       + ", ".join(t(r["nchan_s"]) for r in fan["rounds"]) + ")" if fan.get("rounds") else ""))
+        if s.get("cpu_s") and n.get("cpu_s"):
+            out.append("  CPU seconds spent meanwhile (median round): stack " + _cpu_cells(s["cpu_s"])
+                       + "; nchan " + _cpu_cells(n["cpu_s"]))
+        d = fan.get("delivery")
+        if d:
+            ds, dn = d["stack"], d["nchan"]
+            out.append(f"- the push layer alone (the bench stores each held follower's new answer in memcached and "
+                       f"sends one notice; no database, no writer): last follower answered after "
+                       f"**{t(ds['last_answer_s'])}**, nchan **{t(dn['last_answer_s'])}**"
+                       + (f"; ratio **{d['stack_over_nchan']:.2f}**" if d.get("stack_over_nchan") else "")
+                       + f" (median of {len(d['rounds'])} rounds: stack "
+                       + ", ".join(t(r["stack_s"]) for r in d["rounds"]) + "; nchan "
+                       + ", ".join(t(r["nchan_s"]) for r in d["rounds"]) + "); CPU seconds: stack "
+                       + _cpu_cells(ds["cpu_s"]) + "; nchan " + _cpu_cells(dn["cpu_s"]))
     for load in [doc.get("load")] + [d["load"] for d in extra.values() if d.get("load")]:
         if not load:
             continue

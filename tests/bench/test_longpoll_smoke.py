@@ -46,6 +46,22 @@ def test_a_post_through_the_api_answers_every_held_follower_with_its_new_answer(
     assert 0 < fan["stack"]["last_answer_s"] < 30 and 0 < fan["nchan"]["last_answer_s"] < 30
 
 
+def test_the_fan_out_says_what_each_process_spent(result):
+    fan = result["fanout"]
+    assert set(fan["stack"]["cpu_s"]) == {"fastpath", "nginx", "gunicorn", "memcached", "client"}
+    assert set(fan["nchan"]["cpu_s"]) == {"nchan nginx", "client"}
+
+
+def test_the_push_layer_alone_answers_every_held_follower(result):
+    """Answers stored by the bench and one notice: every held poll answered with a 200 (a lost
+    notice would leave them held until the re-read; a wrong key would never wake them)."""
+    delivery = result["fanout"]["delivery"]
+    assert delivery["stack"]["post_status"] == "stored"
+    assert delivery["stack"]["notices"]["datagrams"] >= 1
+    assert delivery["stack"]["statuses"] == {"200": 100} and delivery["nchan"]["statuses"] == {"200": 100}
+    assert 0 < delivery["stack"]["last_answer_s"] < 30 and len(delivery["rounds"]) == 1
+
+
 def test_the_goals_are_judged_from_the_numbers(result):
     assert "fan-out <= 0.5 s" in result["goals"]
     assert "fastpath RSS per held poll <= 1 KB at 100" in result["goals"]
