@@ -25,9 +25,20 @@ from . import conf
 logger = logging.getLogger("plurkcore.notify")
 
 MAGIC = b"PN1"
-MAX_DATAGRAM = 4096
+#: A datagram's largest size, as fastpath reads it, and what a unix notice is cut to: a fan-out's
+#: chunk of 2,000 keys is one datagram per worker, well within the 10 a socket queues
+#: (net.unix.max_dgram_qlen).  At 4096 bytes it was 11, and a 10,000-key notice 62 per worker:
+#: behind a worker busy answering for longer than FULL_WAIT, the tail was dropped and its polls
+#: waited for fastpath's re-read (3.9 s in one bench round of five).
+MAX_DATAGRAM = 65536
+#: What a UDP notice is cut to: a datagram that crosses a network as a few IP fragments, not 45
+#: (losing any one fragment loses the datagram).
+MAX_UDP_DATAGRAM = 4096
 #: "PN1 " + 16 hex + " " + at most 20 digits + "\n" is 42 bytes; the rest is for keys.
 HEADER_ROOM = 64
+#: The sending socket's buffer: a unix datagram counts against it until the worker reads it, so
+#: the default (208 KiB) would hold a 10,000-key notice to one worker and no more.
+SEND_BUFFER = 4 << 20
 SOCKET_SUFFIX = ".sock"
 #: seconds between two log lines about the same kind of failure.
 LOG_INTERVAL = 10.0
@@ -86,6 +97,8 @@ class _Sender:
         self.seqs = {}
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
+        # best effort: the kernel caps it at net.core.wmem_max; a full buffer waits like a full queue
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self.udp = {}
 
     def next_seq(self, dest):
@@ -183,6 +196,9 @@ class _DatagramNotifier(Notifier):
     logging.  A transport says where (``destinations()``) and how (``_channel(sender, dest)``:
     an object with ``name``, ``send(datagram)`` raising OSError, and ``close()``)."""
 
+    #: the largest datagram this transport sends
+    max_datagram = MAX_DATAGRAM
+
     def destinations(self):
         raise NotImplementedError
 
@@ -190,7 +206,7 @@ class _DatagramNotifier(Notifier):
         raise NotImplementedError
 
     def send(self, keys):
-        bodies = batches(sorted(keys))
+        bodies = batches(sorted(keys), self.max_datagram - HEADER_ROOM)
         if not bodies:
             return
         dests = self.destinations()
@@ -299,6 +315,8 @@ class UdpNotifier(_DatagramNotifier):
     host it is.  Never waits: a send the kernel cannot take at once (EAGAIN, ENOBUFS) counts as
     "full"; a port where nothing listens is found by the ICMP error of an earlier send and
     counts as "refused"."""
+
+    max_datagram = MAX_UDP_DATAGRAM
 
     def __init__(self, destinations=None):
         entries = conf.get_config()["NOTIFY_UDP"] if destinations is None else destinations

@@ -3,7 +3,7 @@
  *     "PN1 " sender " " seq "\n" *( key "\n" )
  *
  * sender = 16 lowercase hex digits, seq = 1*20 DIGIT without leading zero (>= 1), key = 1..80
- * bytes of %x21-7E; at most 4096 bytes.  Anything else is counted and dropped whole.
+ * bytes of %x21-7E; at most FP_NOTIFY_MAX bytes.  Anything else is counted and dropped whole.
  *
  * The sockets are made by each worker, not before fork: a worker the supervisor restarts binds
  * its own path (a stale file of the worker that died is unlinked first) and its own UDP port
@@ -125,7 +125,7 @@ void fp_notify_datagram(fp_notify_t *n, const char *data, size_t len)
 static void _on_readable(evutil_socket_t fd, short what, void *arg)
 {
     fp_notify_source_t *src = arg;
-    char buf[FP_NOTIFY_MAX + 1];
+    static char buf[FP_NOTIFY_MAX + 1];    /* one worker, one thread: 64 KiB off the stack */
     for (int i = 0; i < READS_PER_EVENT; i++) {
         ssize_t len = recv(fd, buf, sizeof(buf), MSG_TRUNC);
         if (len < 0) {

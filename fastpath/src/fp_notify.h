@@ -15,7 +15,8 @@
 #include "fp_stats.h"
 #include "fp_wait.h"
 
-#define FP_NOTIFY_MAX 4096           /* a datagram's largest size */
+#define FP_NOTIFY_MAX 65536          /* a datagram's largest size (plurkcore sends unix ones up to
+                                      * this, UDP ones up to 4096) */
 #define FP_NOTIFY_SENDERS 64         /* senders whose sequence is tracked (least recent replaced) */
 
 typedef struct {

@@ -222,8 +222,8 @@ class Notifier:
     socket path of ``directory``, or with ``udp`` a list of (host, port) that each is one
     worker's port)."""
 
-    def __init__(self, directory=None, udp=None):
-        self.directory, self.udp = directory, udp
+    def __init__(self, directory=None, udp=None, limit=4096):
+        self.directory, self.udp, self.limit = directory, udp, limit
         self.sender = os.urandom(8).hex()
         self.seq = {}
         self.sock = socket.socket(socket.AF_INET if udp else socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -241,7 +241,7 @@ class Notifier:
                 skip = 0
                 self.seq[path] = seq
                 data, n = f"PN1 {self.sender} {seq}\n".encode(), 0
-                while n < len(keys) and len(data) + len(keys[n]) + 1 <= 4096:
+                while n < len(keys) and len(data) + len(keys[n]) + 1 <= self.limit:
                     data += keys[n].encode() + b"\n"
                     n += 1
                 self.sock.sendto(data, path)
@@ -278,6 +278,22 @@ def test_notice_wakes_a_held_poll_at_once(fastpath_factory, memcached, cache, no
     assert (status, body) == (200, b'{"count":2}') and headers["preference-applied"] == "wait=50"
     assert metric(fp, "fastpath_notices_total") == 1 and metric(fp, "fastpath_notice_keys_total") == 2
     assert metric(fp, "fastpath_notice_gaps_total") == 0
+
+
+def test_a_notice_of_64_kib_wakes_the_poll_its_last_key_names(fastpath_factory, memcached, cache, notify_dir):
+    """plurkcore cuts a unix notice at 65,536 bytes (a fan-out chunk's 2,000 keys in one
+    datagram instead of 11 a socket's queue of 10 could not hold)."""
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    poll = held_poll(fp, cache, 23, b'{"count":1}')
+    cache.set(key(23), b'{"count":2}')
+    others = [key(uid) for uid in range(100000, 102600)]
+    filler = len(f"PN1 {'0' * 16} 1\n") + sum(len(k) + 1 for k in others)
+    assert 60000 < filler + len(key(23)) + 1 <= 65536
+    Notifier(notify_dir, limit=65536).send(others + [key(23)])
+    status, _, body = poll.answer(timeout=SLACK)
+    assert (status, body) == (200, b'{"count":2}')
+    assert metric(fp, "fastpath_notices_total") == 1 and metric(fp, "fastpath_notice_keys_total") == 2601
+    assert metric(fp, "fastpath_notices_malformed_total") == 0
 
 
 def test_store_just_before_registration_is_answered_at_once(fastpath_factory, memcached, cache, notify_dir):
@@ -334,7 +350,7 @@ def test_notice_gap_rereads_every_held_key(fastpath_factory, memcached, cache, n
     b"", b"PN1", b"PN2 0123456789abcdef 1\nk\n", b"PN1 0123456789ABCDEF 1\nk\n",
     b"PN1 0123456789abcdef 0\nk\n", b"PN1 0123456789abcdef 01\nk\n", b"PN1 0123456789abcdef 1\nk",
     b"PN1 0123456789abcdef 1\n\n", b"PN1 0123456789abcdef 1\nk y\n", b"PN1 0123456789abcde 1\nk\n",
-    b"PN1 0123456789abcdef 1\n" + b"k" * 81 + b"\n", b"PN1 0123456789abcdef 1\n" + b"k\n" * 2100,
+    b"PN1 0123456789abcdef 1\n" + b"k" * 81 + b"\n", b"PN1 0123456789abcdef 1\n" + b"k\n" * 32760,
     b"PN1 0123456789abcdef 99999999999999999999999\nk\n",
 ])
 def test_malformed_notices_are_counted_and_dropped(fastpath_factory, memcached, cache, notify_dir, data):

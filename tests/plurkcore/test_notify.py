@@ -21,6 +21,8 @@ RESOURCES = ("getUnreadCount", "getMessages")
 class Worker:
     """A stand-in for one fastpath worker's notice socket."""
 
+    limit = notify.MAX_DATAGRAM           # what the notifier of this transport may send
+
     def __init__(self, path):
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -32,10 +34,10 @@ class Worker:
         out = []
         while True:
             try:
-                data = self.sock.recv(65536)
+                data = self.sock.recv(notify.MAX_DATAGRAM + 1)
             except BlockingIOError:
                 return out
-            assert len(data) <= notify.MAX_DATAGRAM and data.isascii() and data.endswith(b"\n")
+            assert len(data) <= self.limit and data.isascii() and data.endswith(b"\n")
             head, *keys = data.decode().split("\n")[:-1]
             magic, sender, seq = head.split(" ")
             assert magic == "PN1" and len(sender) == 16 and int(sender, 16) >= 0 and seq == str(int(seq))
@@ -71,7 +73,7 @@ def test_batches_fit_a_datagram_and_seqs_are_consecutive_per_destination(workers
     """Far more datagrams than a socket queues (net.unix.max_dgram_qlen): the sender waits for
     room while the reader drains, so nothing is lost."""
     a, b = workers(2, dirs=2)
-    many = [f"p1:getMessages:{uid}:{uid % 7}" for uid in range(1, 5001)]
+    many = [f"p1:getMessages:{uid}:{uid % 7}" for uid in range(1, 50001)]
     received = {a: [], b: []}
     done = threading.Event()
 
@@ -93,9 +95,36 @@ def test_batches_fit_a_datagram_and_seqs_are_consecutive_per_destination(workers
             thread.join()
     for worker in (a, b):
         got = received[worker] + worker.datagrams()
-        assert len(got) > 25 and {sender for sender, _, _ in got} == {notify.sender_id()}
+        assert len(got) > 12 and {sender for sender, _, _ in got} == {notify.sender_id()}
         assert [seq for _, seq, _ in got] == list(range(1, len(got) + 1))
         assert keys_of(got) == sorted(many) + ["p1:getUnreadCount:1:0"]
+
+
+def test_a_large_notice_waits_for_no_worker(workers, monkeypatch):
+    """5,000 keys (a fan-out's notice to 2,500 followers) to four workers that have not read yet:
+    a few datagrams each, within what a socket queues, so none is waited on and none is dropped.
+    Cut at 4096 bytes they were 27 each: the sender waited FULL_WAIT for each worker in turn and
+    dropped the rest, and their polls waited for fastpath's re-read."""
+    four = workers(4)
+    many = [f"p1:getMessages:{uid}:0" for uid in range(1, 5001)]
+    waits = []
+    connected = notify._connected
+    monkeypatch.setattr(notify, "_connected", lambda *args: waits.append(args) or connected(*args))
+    before = dict(notify.stats)
+    notify.UnixDatagramNotifier().send(many)
+    assert notify.stats["full"] == before["full"] and waits == []
+    for worker in four:
+        got = worker.datagrams()
+        assert keys_of(got) == sorted(many) and 1 < len(got) <= 3
+
+
+def test_udp_notices_stay_small(udp_workers):
+    """UDP crosses networks: a notice is cut to MAX_UDP_DATAGRAM, a few IP fragments at most."""
+    [worker] = udp_workers(1)
+    many = [f"p1:getMessages:{uid}:0" for uid in range(1, 1001)]
+    notify.get_backend().send(many)
+    got = worker.datagrams(expect=len(notify.batches(many, notify.MAX_UDP_DATAGRAM - notify.HEADER_ROOM)))
+    assert keys_of(got) == sorted(many) and len(got) > 4
 
 
 def test_keys_that_fit_make_one_datagram(workers):
@@ -243,6 +272,8 @@ def test_the_backend_is_chosen_by_dotted_path(signup, cache1, settings):
 class UdpWorker(Worker):
     """A stand-in for one fastpath worker's UDP notice port (--notify-udp)."""
 
+    limit = notify.MAX_UDP_DATAGRAM
+
     def __init__(self):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
@@ -281,9 +312,10 @@ def test_udp_datagrams_batched_with_a_seq_per_destination(udp_workers):
     assert isinstance(notifier, notify.UdpNotifier)
     notifier.send(many)
     notifier.send(["p1:getUnreadCount:1:0"])
+    bodies = notify.batches(many, notify.MAX_UDP_DATAGRAM - notify.HEADER_ROOM)
     for worker in (a, b):
-        got = worker.datagrams(expect=len(notify.batches(many)) + 1)
-        assert len(got) == len(notify.batches(many)) + 1 > 2
+        got = worker.datagrams(expect=len(bodies) + 1)
+        assert len(got) == len(bodies) + 1 > 2
         assert {sender for sender, _, _ in got} == {notify.sender_id()}
         assert [seq for _, seq, _ in got] == list(range(1, len(got) + 1))
         assert keys_of(got) == sorted(many) + ["p1:getUnreadCount:1:0"]
