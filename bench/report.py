@@ -306,7 +306,7 @@ def longpoll_rows(doc):
                       + ", ".join(t(r["nchan_s"]) for r in fan["rounds"]) + ")" if fan.get("rounds") else ""))
         if s.get("cpu_s") and n.get("cpu_s"):
             out.append("  CPU seconds spent meanwhile (median round): stack " + _cpu_cells(s["cpu_s"])
-                       + "; nchan " + _cpu_cells(n["cpu_s"]))
+                       + "; against " + _cpu_cells(n["cpu_s"]))
         d = fan.get("delivery")
         if d:
             ds, dn = d["stack"], d["nchan"]
@@ -317,7 +317,7 @@ def longpoll_rows(doc):
                        + f" (median of {len(d['rounds'])} rounds: stack "
                        + ", ".join(t(r["stack_s"]) for r in d["rounds"]) + "; nchan "
                        + ", ".join(t(r["nchan_s"]) for r in d["rounds"]) + "); CPU seconds: stack "
-                       + _cpu_cells(ds["cpu_s"]) + "; nchan " + _cpu_cells(dn["cpu_s"]))
+                       + _cpu_cells(ds["cpu_s"]) + "; against " + _cpu_cells(dn["cpu_s"]))
     for load in [doc.get("load")] + [d["load"] for d in extra.values() if d.get("load")]:
         if not load:
             continue
