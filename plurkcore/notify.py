@@ -292,6 +292,8 @@ class _Deadline(socket.socket):
 
 def _connected(path, deadline):
     sock = _Deadline(socket.AF_UNIX, socket.SOCK_DGRAM)
+    # as the shared socket: it polls writable only while a quarter of its buffer is in flight
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
     sock.deadline = deadline
     try:
         sock.connect(path)

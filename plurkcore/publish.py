@@ -61,7 +61,12 @@ def is_large(batch):
 def publish(batch, alive=None):
     """Write the answers for a batch of (kind, users, followers_of, dead_keys)."""
     stats["publishes"] += 1
-    repair.repair(quick=True)
+    try:
+        repair.repair(quick=True)
+    except Exception:
+        # old debts stay recorded for the next pass or the repair service; this change's answers
+        # are written regardless (as when another thread's pass is running)
+        logger.exception("the quick repair pass failed; writing this change's answers anyway")
     authors = set()
     for _, _, followers_of, _ in batch:
         authors |= followers_of

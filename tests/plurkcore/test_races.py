@@ -157,6 +157,62 @@ def test_one_quick_pass_at_a_time_in_a_process(pair, cache1, hooks):
     assert repair.repair(quick=True)["rewritten"] == 4 and passes == ["first", "MainThread"]
 
 
+def test_a_thread_turned_away_gets_its_pass_from_the_one_running(pair, cache1, hooks):
+    """A debt recorded after the running pass read the tables, by a thread that is then turned
+    away, is paid by the running thread's second pass, not left to the next publish."""
+    import threading
+
+    stale = _stale_pair(pair)
+    StaleKey.objects.filter(key__in=stale[2:]).delete()     # the first pass sees two keys
+    entered, go = threading.Event(), threading.Event()
+    seen = []
+
+    def rewrite(keys, **context):
+        seen.append(sorted(keys))
+        if len(seen) == 1:
+            entered.set()
+            assert go.wait(10)
+    hooks("repair.before_rewrite", rewrite)
+    first = threading.Thread(target=repair.repair, kwargs={"quick": True})
+    first.start()
+    try:
+        assert entered.wait(10)
+        repair.mark_stale(stale[2:])                         # recorded after it read them
+        assert repair.repair(quick=True)["busy"]
+    finally:
+        go.set()
+        first.join(10)
+    assert seen == [sorted(stale[:2]), sorted(stale[2:])] and not StaleKey.objects.exists()
+
+
+def test_a_failing_quick_pass_does_not_stop_the_write(pair, cache1, monkeypatch):
+    a, b = pair
+
+    def broken(quick=False):
+        raise RuntimeError("the debts tables are unreadable")
+    monkeypatch.setattr(repair, "repair", broken)
+    assert a.call("POST", "/api/plurks", {"content": "x"}).status_code == 201
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+
+
+def test_paid_stale_keys_that_cannot_be_forgotten_stay_for_the_next_pass(pair, cache1, monkeypatch):
+    from django.db import OperationalError
+    from django.db.models import QuerySet
+
+    stale = _stale_pair(pair)
+    real = QuerySet.delete
+
+    def deadlocked(self):
+        if self.model is StaleKey:
+            raise OperationalError("deadlock detected")
+        return real(self)
+    monkeypatch.setattr(QuerySet, "delete", deadlocked)
+    report = repair.repair()
+    assert report["rewritten"] == len(stale) and StaleKey.objects.count() == len(stale)
+    monkeypatch.setattr(QuerySet, "delete", real)
+    assert repair.repair()["rewritten"] == len(stale) and not StaleKey.objects.exists()
+
+
 # (c) a change committed while memcached is unreachable -------------------------------------
 def test_change_while_unreachable_then_server_returns_with_old_entries(pair, cache1, settings):
     a, b = pair
