@@ -48,7 +48,9 @@
     X(notice_udp_datagrams, "fastpath_notice_udp_datagrams_total",                                \
       "Notice datagrams received over UDP (--notify-udp), well-formed or not.")                   \
     X(wait_rereads, "fastpath_wait_rereads_total",                                                \
-      "Held keys read again (noticed, after a gap, or every --reread-interval).")
+      "Held keys read again (noticed, after a gap, or every --reread-interval).")                 \
+    X(wait_reread_ticks, "fastpath_wait_reread_ticks_total",                                      \
+      "Re-read queue ticks that started reads (each one batch of gets).")
 
 /* X(field, metric, help): gauges (each worker's slot goes up and down), summed over workers. */
 #define FP_GAUGES(X)                                                                              \

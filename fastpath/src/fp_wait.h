@@ -5,8 +5,8 @@
  * registration is either seen by that get or followed by a notice that reads again: no lost
  * wake-up).  There is at most one get per key however many wait on it; a key that is noticed
  * while its get is in flight is marked dirty and read once more afterwards.  Every key is also
- * read again every reread interval (a FIFO by due time, a few keys per timer tick), so a lost
- * notice costs at most that long.  It knows nothing of HTTP: a waiter is woken through its
+ * read again every reread interval (a FIFO by due time, served in ticks of a fiftieth of it), so
+ * a lost notice costs at most that long.  It knows nothing of HTTP: a waiter is woken through its
  * callback and context, as fp_mc.c answers a get.
  */
 #ifndef FP_WAIT_H
@@ -55,6 +55,9 @@ typedef struct fp_wait_table {
     fp_stats_t *st;
     struct event *tick;              /* the head of the re-read queue is due */
     int64_t interval_us;
+    int64_t tick_us;                 /* the re-read queue is served this often at most */
+    int64_t tick_at_us;              /* when the armed tick fires */
+    int tick_reads;                  /* ... starting at most this many reads a tick */
     fp_wait_key_t **buckets;
     uint32_t mask;                   /* buckets - 1 (a power of two) */
     fp_wait_key_t *qhead, *qtail;

@@ -346,6 +346,28 @@ def test_notice_gap_rereads_every_held_key(fastpath_factory, memcached, cache, n
     assert metric(fp, "fastpath_held_polls") == 2
 
 
+def test_a_gap_rereads_hundreds_of_held_keys_in_one_tick(fastpath_factory, memcached, cache, notify_dir):
+    """Ticks of a fiftieth of --reread-interval (100 ms at 5 s), each one batch of gets for every
+    key due, up to 640: at 10 ms and 64 a tick, 200 keys took four wakes and four batches."""
+    fp = fastpath_factory([memcached], extra=("--reread-interval", "5", "--timeout-ms", "2000",
+                                              "--notify-dir", str(notify_dir)))
+    notifier = Notifier(notify_dir)
+    _set_many(memcached, [(key(uid), b"a") for uid in range(1000, 1200)])
+    polls = [Poll(fp, uid, etag(b"a"), wait=50) for uid in range(1000, 1200)]
+    try:
+        held(fp, 200)
+        notifier.send([key(1)])                    # known sender: seq 1
+        wait_metric(fp, "fastpath_notices_total", 1)
+        rereads, ticks = metric(fp, "fastpath_wait_rereads_total"), metric(fp, "fastpath_wait_reread_ticks_total")
+        notifier.send([key(1)], skip=1)            # seq 3: a gap, every held key read again
+        wait_metric(fp, "fastpath_wait_rereads_total", rereads + 200)
+        assert metric(fp, "fastpath_wait_reread_ticks_total") - ticks == 1
+        assert not any(poll.ready() for poll in polls)
+    finally:
+        for poll in polls:
+            poll.close()
+
+
 @pytest.mark.parametrize("data", [
     b"", b"PN1", b"PN2 0123456789abcdef 1\nk\n", b"PN1 0123456789ABCDEF 1\nk\n",
     b"PN1 0123456789abcdef 0\nk\n", b"PN1 0123456789abcdef 01\nk\n", b"PN1 0123456789abcdef 1\nk",
