@@ -493,7 +493,8 @@ def _delivery_child(accounts_path):
     followers in ``accounts_path`` (every account but the first) are looked up and "ready" is
     printed; then, per line "go VALUE", VALUE is stored under every key (``set``, pipelined per
     server) and one notice of them all is sent, as plurkcore's writer sends after its stores,
-    and "done" (or "failed N") is printed."""
+    and a JSON line is printed: keys stored, keys not stored, and the notice's datagrams sent
+    and dropped by cause (``notify.stats``)."""
     import django
     django.setup()
     from django.contrib.auth import get_user_model

@@ -3,7 +3,8 @@ a chosen order on every run, with no sleeps (tests/plurkcore/test_races.py).
 
 Points: ``write.after_gets``, ``write.after_read``, ``write.after_store`` (context: ``keys``,
 ``attempt``), ``fill.after_read`` (``resource``, ``uid``, ``epoch``), ``repair.before_flush``
-(``node``), ``repair.before_rewrite`` (``keys``: the stale keys a pass is about to rewrite).  Nothing is set outside tests: :func:`fire` is then one dict lookup.
+(``node``), ``repair.before_rewrite`` (``keys``: the stale keys a pass is about to rewrite).
+Nothing is set outside tests: :func:`fire` is then one dict lookup.
 """
 _hooks = {}
 

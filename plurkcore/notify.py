@@ -95,10 +95,8 @@ class _Sender:
         self.pid = os.getpid()
         self.id = os.urandom(8).hex().encode()
         self.seqs = {}
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock = _unix_datagram_socket()
         self.sock.setblocking(False)
-        # best effort: the kernel caps it at net.core.wmem_max; a full buffer waits like a full queue
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self.udp = {}
 
     def next_seq(self, dest):
@@ -290,10 +288,17 @@ class _Deadline(socket.socket):
         return super().send(data)
 
 
-def _connected(path, deadline):
-    sock = _Deadline(socket.AF_UNIX, socket.SOCK_DGRAM)
-    # as the shared socket: it polls writable only while a quarter of its buffer is in flight
+def _unix_datagram_socket(cls=socket.socket):
+    """A unix datagram socket with its send buffer raised to SEND_BUFFER (best effort: the
+    kernel caps it at net.core.wmem_max).  A datagram counts against the buffer until the worker
+    reads it, and a connected socket polls writable only while a quarter of it is in flight."""
+    sock = cls(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    return sock
+
+
+def _connected(path, deadline):
+    sock = _unix_datagram_socket(_Deadline)
     sock.deadline = deadline
     try:
         sock.connect(path)
