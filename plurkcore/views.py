@@ -41,7 +41,7 @@ def poll(request, resource):
     """GET or POST /Poll/<resource> (the body of a POST is ignored)."""
     try:
         if request.method not in ("GET", "POST", "HEAD"):
-            return error_response(405, f"method {request.method} not allowed", {"Allow": "GET, POST"})
+            return error_response(405, f"method {request.method} not allowed", {"Allow": "GET, HEAD, POST"})
         poll_resource = answers.get_resource(resource)
         if poll_resource is None:
             return error_response(404, f"unknown poll resource {resource!r}"[:200])

@@ -350,7 +350,7 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
         PUT_LIT(h, "\r\n");
     }
     if (code == 405)
-        PUT_LIT(h, "Allow: GET, POST\r\n");
+        PUT_LIT(h, "Allow: GET, HEAD, POST\r\n");
     if (!c->keep_alive || c->srv->stopping)
         PUT_LIT(h, "Connection: close\r\n");
     else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
@@ -727,6 +727,10 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
     const char *q;
     size_t path_len;
 
+    if (method == HTTP_HEAD) {       /* a read like GET (contract.md 7), answered by Django */
+        _decide(c, 404, "HEAD is Django's to answer", "MISS");
+        return;
+    }
     if (method != HTTP_GET && method != HTTP_POST) {
         _decide(c, 405, "method not allowed", NULL);
         return;
@@ -939,7 +943,7 @@ static int _on_headers_complete(llhttp_t *p)
     uint8_t method = llhttp_get_method(p);
     c->is_head = method == HTTP_HEAD;
     if (c->is_head)
-        c->keep_alive = 0;           /* we answer HEAD with 405; no body framing doubts */
+        c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts */
     _kinds[c->kind].route(c, method, c->in->data + rq->url_off, rq->url_len);
     c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
     return 0;

@@ -36,6 +36,13 @@ class Recorder(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = _answer
 
+    def do_HEAD(self):
+        Recorder.seen.append({"method": self.command, "path": self.path})
+        self.send_response(200)
+        self.send_header("X-Cache", "MISS")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def log_message(self, *args):
         pass
 
@@ -102,6 +109,11 @@ def test_fallback_on_fastpath_miss_keeps_body(nginx_with_recorder, memcached, tm
         assert resp.json()["body"] == body
         assert resp.json()["method"] == "POST"
         assert resp.headers["X-Cache"] == "MISS"
+        # HEAD is a read Django answers (fastpath says 404 MISS to it), not a 405
+        head = requests.head(config.base_url + "/Poll/getUnreadCount", timeout=5,
+                             headers={"Authorization": f"Bearer {token}"})
+        assert head.status_code == 200 and head.headers["X-Cache"] == "MISS"
+        assert Recorder.seen[-1] == {"method": "HEAD", "path": "/Poll/getUnreadCount"}
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=10)
