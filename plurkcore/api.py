@@ -18,6 +18,7 @@ from .models import MAX_CONTENT_LENGTH, Follow, Plurk, UserState
 
 USERNAME_MAX = 150
 PASSWORD_MIN = 8
+PASSWORD_MAX = 4096      # login refuses longer ones before hashing, so signup must too
 PROFILE_PLURKS = 20
 
 
@@ -51,8 +52,14 @@ def _content(data):
     return content
 
 
+def _username(value):
+    """A username as Django stores it (NFKC, what create_user and the login form apply), so that
+    checks, lookups and the stored name agree: 'ﬁsh' signs up, logs in and is found as 'fish'."""
+    return get_user_model().normalize_username(value)
+
+
 def _credentials(data):
-    username = field(data, "username")
+    username = _username(field(data, "username"))
     password = field(data, "password")
     return username, password
 
@@ -71,7 +78,7 @@ def _logged_in(request, user, status):
     return response
 
 
-@api_view(["POST"], auth=False)
+@api_view(["POST"], auth=False, logs_in=True)
 def signup(request):
     data = read_json(request)
     username, password = _credentials(data)
@@ -81,8 +88,8 @@ def signup(request):
         UnicodeUsernameValidator()(username)
     except ValidationError:
         raise ApiError(400, "'username' may contain only letters, digits and @/./+/-/_") from None
-    if len(password) < PASSWORD_MIN:
-        raise ApiError(400, f"'password' must be at least {PASSWORD_MIN} characters")
+    if not PASSWORD_MIN <= len(password) <= PASSWORD_MAX:
+        raise ApiError(400, f"'password' must be {PASSWORD_MIN} to {PASSWORD_MAX} characters")
     User = get_user_model()
     try:
         validate_password(password, User(username=username))
@@ -98,11 +105,11 @@ def signup(request):
     return _logged_in(request, user, 201)
 
 
-@api_view(["POST"], auth=False)
+@api_view(["POST"], auth=False, logs_in=True)
 def login(request):
     data = read_json(request)
     username, password = _credentials(data)
-    if len(username) > USERNAME_MAX or len(password) > 4096:
+    if len(username) > USERNAME_MAX or len(password) > PASSWORD_MAX:
         raise ApiError(401, "bad credentials")
     user = authenticate(request, username=username, password=password)
     if user is None:
@@ -135,10 +142,14 @@ def me(request):
                           "followers": followers})
 
 
-def _get_user(username):
+def _get_user(username, active=True):
+    """The user of that name (as typed: normalized here); 404 when there is none, or when
+    ``active`` and the account is deactivated."""
+    username = _username(username)
     if len(username) > USERNAME_MAX or not is_storable_text(username):
         raise ApiError(404, "no such user")
-    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    users = get_user_model().objects.filter(username=username)
+    user = (users.filter(is_active=True) if active else users).first()
     if user is None:
         raise ApiError(404, "no such user")
     return user
@@ -174,7 +185,8 @@ def follow(request):
 
 @api_view(["DELETE"])
 def unfollow(request, username):
-    target = _get_user(username)
+    # a deactivated account's follows still feed its followers' timelines: they must be removable
+    target = _get_user(username, active=False)
     with transaction.atomic():
         for row in Follow.objects.filter(follower=request.plurk_user, followee=target):
             row.delete()

@@ -133,18 +133,36 @@ def field(data, name, kind=str):
     return value
 
 
-def api_view(methods, auth=True):
+def _from_a_browser(request):
+    """A browser says where a request comes from (Origin on every cross-origin and every fetch
+    POST, Sec-Fetch-Site on all of them); API clients send neither."""
+    return "HTTP_ORIGIN" in request.META or "HTTP_SEC_FETCH_SITE" in request.META
+
+
+def api_view(methods, auth=True, logs_in=False):
     """Wrap a JSON view: method check, authentication, CSRF for cookie-authenticated writes, and
-    every failure (including unexpected ones) turned into a JSON error response."""
-    methods = [m.upper() for m in methods]
+    every failure (including unexpected ones) turned into a JSON error response.
+
+    methods: the methods served (HEAD goes with GET, as HTTP requires), or None for any.
+    logs_in: the view sets the login cookie (signup, login).  A browser's request to it passes
+    Django's CSRF check like a cookie write, so that another site cannot log a visitor into an
+    account of its choosing (login CSRF); API clients, which send no Origin, need no token."""
+    if methods is not None:
+        methods = [m.upper() for m in methods]
+        if "GET" in methods and "HEAD" not in methods:
+            methods.insert(methods.index("GET") + 1, "HEAD")
 
     def decorator(view):
         @functools.wraps(view)
         def wrapper(request, *args, **kwargs):
             try:
-                if request.method not in methods:
+                if methods is not None and request.method not in methods:
                     raise ApiError(405, f"method {request.method} not allowed",
                                    {"Allow": ", ".join(methods)})
+                if logs_in and _from_a_browser(request):
+                    reason = _csrf_failure(request)
+                    if reason:
+                        raise ApiError(403, f"CSRF check failed: {reason}")
                 if auth:
                     token, source = token_from_request(request)
                     try:

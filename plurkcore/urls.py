@@ -6,8 +6,9 @@ from .http import api_view, ApiError
 app_name = "plurkcore"
 
 
-@api_view(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"], auth=False)
+@api_view(None, auth=False)
 def not_found(request, rest=""):
+    # any method: an endpoint that does not exist has no methods to list in a 405
     raise ApiError(404, "no such API endpoint")
 
 

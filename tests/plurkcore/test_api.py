@@ -62,6 +62,32 @@ def test_login(api, signup):
         assert bad.status_code == 401 and "error" in bad.json()
 
 
+def test_usernames_are_checked_and_found_as_django_stores_them(api, signup):
+    # create_user stores NFKC; the checks and every lookup must see the same name
+    resp = api.call("POST", "/api/signup", {"username": "\ufb01sh", "password": "secret-pass-1"})
+    assert resp.status_code == 201 and resp.json()["user"]["username"] == "fish"
+    for typed in ("\ufb01sh", "fish"):
+        assert api.call("POST", "/api/login", {"username": typed, "password": "secret-pass-1"}).status_code == 200
+    viewer = signup("viewer")
+    assert viewer.call("GET", "/api/users/\ufb01sh").json()["username"] == "fish"
+    assert viewer.call("POST", "/api/follow", {"username": "\ufb01sh"}).json() == {"following": "fish"}
+    assert viewer.call("DELETE", "/api/follow/\ufb01sh").status_code == 204
+    # NFKC grows these past the column (180 characters) or into spaces: 400, not a 500 or a
+    # stored name nobody can log in with
+    for name in ("\ufb03" * 60, "\ufdfa" * 9):
+        resp = api.call("POST", "/api/signup", {"username": name, "password": "secret-pass-1"})
+        assert resp.status_code == 400 and "username" in resp.json()["error"], name
+    assert get_user_model().objects.count() == 2
+
+
+def test_signup_refuses_a_password_login_would_refuse(api):
+    longest = "p" * 4096
+    too_long = api.call("POST", "/api/signup", {"username": "long", "password": longest + "p"})
+    assert too_long.status_code == 400 and "password" in too_long.json()["error"]
+    assert api.call("POST", "/api/signup", {"username": "long", "password": longest}).status_code == 201
+    assert api.call("POST", "/api/login", {"username": "long", "password": longest}).status_code == 200
+
+
 def test_logout_revokes_every_token(api, signup):
     bob = signup("bob")
     second = api.call("POST", "/api/login", {"username": "bob", "password": "secret-pass-1"}).json()["token"]
@@ -220,6 +246,48 @@ def test_cookie_writes_need_csrf_bearer_writes_do_not(client_factory, signup):
     assert bearer.call("POST", "/api/plurks", {"content": "bearer"}, token=token).status_code == 201
     assert browser.call("POST", "/api/logout").status_code == 403
     assert browser.call("POST", "/api/logout", HTTP_X_CSRFTOKEN=csrf).status_code == 204
+
+
+@pytest.mark.parametrize("path", ["/api/login", "/api/signup"])
+def test_another_site_cannot_log_a_browser_in(client_factory, signup, path):
+    signup("victim")
+    browser = client_factory(enforce_csrf_checks=True)
+    # what an HTML form with enctype=text/plain on another site sends
+    forged = browser.generic("POST", path, b'{"username":"victim","password":"secret-pass-1","x":"="}',
+                             content_type="text/plain", HTTP_ORIGIN="https://evil.example")
+    assert forged.status_code == 403 and "CSRF" in forged.json()["error"]
+    assert "plurk_token" not in forged.cookies
+    fetched = browser.call("POST", path, {"username": "victim", "password": "secret-pass-1"},
+                           HTTP_SEC_FETCH_SITE="cross-site")
+    assert fetched.status_code == 403
+    # the site's own page: same origin, the csrftoken cookie its pages set, echoed in X-CSRFToken
+    browser.cookies["csrftoken"] = csrf = "a" * 32
+    own = browser.call("POST", path, {"username": "victim" if path == "/api/login" else "newcomer",
+                                      "password": "secret-pass-1"},
+                       HTTP_ORIGIN="http://testserver", HTTP_X_CSRFTOKEN=csrf)
+    assert own.status_code in (200, 201), own.content
+
+
+def test_a_deactivated_account_can_be_unfollowed(signup):
+    a, b = signup("a"), signup("b")
+    assert a.call("POST", "/api/follow", {"username": "b"}).status_code == 201
+    get_user_model().objects.filter(username="b").update(is_active=False)
+    assert a.call("GET", "/api/users/b").status_code == 404
+    assert a.call("DELETE", "/api/follow/b").status_code == 204
+    assert a.call("GET", "/api/me").json()["following"] == []
+    assert a.call("DELETE", "/api/follow/nobody").status_code == 404
+
+
+def test_methods_head_with_get_and_allow_lists(signup):
+    me = signup("m")
+    head = me.call("HEAD", "/api/me")
+    assert head.status_code == 200 and head.content == b""
+    put = me.call("PUT", "/api/me")
+    assert put.status_code == 405 and put["Allow"] == "GET, HEAD"
+    assert me.call("PUT", "/Poll/getUnreadCount")["Allow"] == "GET, HEAD, POST"
+    for method in ("TRACE", "FOO", "PUT"):
+        missing = me.generic(method, "/api/nope")
+        assert missing.status_code == 404 and "Allow" not in missing, method
 
 
 MALFORMED = [
