@@ -32,6 +32,11 @@ _VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 # ---- fastpath's side ------------------------------------------------------------------------
 
+def _decimal(text):
+    # isdigit() alone takes '²', which int() refuses
+    return text.isascii() and text.isdigit()
+
+
 def listen_fds(unset_environment=True):
     """The descriptors passed to this process (3, 4, ...), as sd_listen_fds(3) finds them: none
     unless LISTEN_PID is this process's pid (variables inherited from an activated ancestor
@@ -43,9 +48,9 @@ def listen_fds(unset_environment=True):
             os.environ.pop(name, None)
     if count is None or pid is None:
         return []
-    if not pid.isdigit() or int(pid) != os.getpid():
+    if not _decimal(pid) or int(pid) != os.getpid():
         return []
-    if not count.isdigit():
+    if not _decimal(count):
         raise ConfigurationError(f"LISTEN_FDS={count!r}: expected the number of sockets passed")
     fds = list(range(LISTEN_FDS_START, LISTEN_FDS_START + int(count)))
     for fd in fds:
@@ -121,6 +126,11 @@ def inherited_listener(fds, listen, listen_addr):
 
 # ---- creating sockets (fastpath itself, or a supervisor) ------------------------------------
 
+def _reason(exc):
+    """An OSError's reason: the socket module raises some without an errno (strerror None)."""
+    return exc.strerror or str(exc)
+
+
 def tcp_listen_socket(addr, what="--listen", reuse_port=False):
     """A listening TCP socket on (host, port), backlog BACKLOG; one line if the port is taken."""
     host, port = addr
@@ -136,7 +146,7 @@ def tcp_listen_socket(addr, what="--listen", reuse_port=False):
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise FastpathError(f"{what} {host}:{port} is already in use") from None
-        raise FastpathError(f"cannot listen on {what} {host}:{port}: {exc.strerror}") from None
+        raise FastpathError(f"cannot listen on {what} {host}:{port}: {_reason(exc)}") from None
     sock.setblocking(False)
     return sock
 
@@ -151,7 +161,7 @@ def unix_listen_socket(path):
     except (FileNotFoundError, ConnectionRefusedError):
         pass
     except OSError as exc:
-        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+        raise FastpathError(f"cannot listen on unix:{path}: {_reason(exc)}") from None
     finally:
         probe.close()
     if os.path.lexists(path):
@@ -167,7 +177,7 @@ def unix_listen_socket(path):
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
-        raise FastpathError(f"cannot listen on unix:{path}: {exc.strerror}") from None
+        raise FastpathError(f"cannot listen on unix:{path}: {_reason(exc)}") from None
     sock.setblocking(False)
     return sock
 
@@ -200,7 +210,7 @@ def activated_command(sock, argv):
 
 
 def _trampoline(args):
-    if len(args) < 3 or not args[0].isdigit() or args[1] != "--":
+    if len(args) < 3 or not _decimal(args[0]) or args[1] != "--":
         sys.exit("usage: python -m fastpath.activation FD -- ARGV...")
     fd = int(args[0])
     if fd != LISTEN_FDS_START:

@@ -23,6 +23,7 @@ DEFAULT_RESOURCES = ("getMessages", "getUnreadCount")
 BACKENDS = ("epoll", "poll", "select")
 _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
+_SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 
 
 def comma_separated(text):
@@ -160,7 +161,8 @@ def parse_address(text, what="address"):
         host, sep, port = text[1:].partition("]:")
     else:
         host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # isdigit() alone takes '²' (int() refuses it) and other scripts' digits
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigurationError(f"bad {what} {text!r}: expected host:port")
     return host, int(port)
 
@@ -181,10 +183,53 @@ def parse_listen(text):
     """``host:port``, or ``unix:/path`` for a unix-domain socket (nginx on the same host)."""
     if text.startswith("unix:"):
         path = text[5:]
-        if not path or len(os.fsencode(path)) > 107:
-            raise ConfigurationError(f"bad --listen {text!r}: unix:<path of at most 107 bytes>")
-        return ("unix", os.path.abspath(path))
+        usage = f"bad --listen {text!r}: unix:<path of at most {_SUN_PATH_MAX} bytes>"
+        if not path:
+            raise ConfigurationError(usage)
+        # measured as it is bound: a relative path becomes absolute, and longer
+        path = os.path.abspath(path)
+        if len(os.fsencode(path)) > _SUN_PATH_MAX:
+            raise ConfigurationError(f"{usage} (its absolute path has {len(os.fsencode(path))})")
+        return ("unix", path)
     return parse_address(text, "--listen")
+
+
+def check_notify_dir(path, workers):
+    """Worker i binds ``<dir>/<i>.sock`` (fp_notify.c), as given: the longest must fit in
+    sun_path, or every worker fails in C and the supervisor restarts them for nothing."""
+    name = f"{workers - 1}.sock"
+    size = len(os.fsencode(f"{path}/{name}"))
+    if size > _SUN_PATH_MAX:
+        raise ConfigurationError(f"--notify-dir {path}: worker {workers - 1}'s socket <dir>/{name} is "
+                                 f"{size} bytes, over the {_SUN_PATH_MAX} of a unix socket path; "
+                                 f"give a shorter directory")
+
+
+def _bound_addresses(host, port):
+    """The addresses a socket that binds (host, port) takes, as activation.tcp_listen_socket
+    binds it (a name resolved in the family its spelling gives); empty if it does not resolve
+    (binding says why)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return set()
+    addrs = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
+    return {getattr(a, "ipv4_mapped", None) or a for a in addrs}
+
+
+def check_admin_apart(listen_addr, admin_addr, listen, admin):
+    """--admin on --listen's port and address: both bind with SO_REUSEPORT, so the kernel would
+    share the connections out between the poll and the admin listeners (polls answered 404)."""
+    if listen_addr[0] == "unix" or listen_addr[1] != admin_addr[1]:
+        return
+    polls, stats = _bound_addresses(*listen_addr), _bound_addresses(*admin_addr)
+    # a wildcard takes the port on every address of its family, and :: on IPv4's too (dual
+    # stack); the kernel prefers the exact address, so polls sent to it would reach admin
+    wildcard = any(p.is_unspecified and (p.version == 6 or s.version == 4) for p in polls for s in stats)
+    if polls & stats or wildcard:
+        raise ConfigurationError(f"--admin {admin} is the address of --listen {listen}; "
+                                 f"give --admin another port")
 
 
 def read_secret(path):
@@ -270,8 +315,10 @@ class Options:
             opt.check(getattr(self, opt.attr))
         self.listen_addr = parse_listen(self.listen)
         self.admin_addr = parse_address(self.admin, "--admin") if self.admin else None
-        if self.admin_addr and not is_loopback(self.admin_addr[0]):
-            raise ConfigurationError("--admin must be a loopback address (stats are not public)")
+        if self.admin_addr:
+            if not is_loopback(self.admin_addr[0]):
+                raise ConfigurationError("--admin must be a loopback address (stats are not public)")
+            check_admin_apart(self.listen_addr, self.admin_addr, self.listen, self.admin)
         for res in self.resources:
             if not _RESOURCE_RE.match(res):
                 raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
@@ -292,6 +339,8 @@ class Options:
             raise ConfigurationError("secret must be 32..1024 bytes")
         if self.workers == 0:
             self.workers = os.cpu_count() or 1
+        if self.notify_dir:
+            check_notify_dir(self.notify_dir, self.workers)
         self.notify_udp_addr = parse_notify_udp(self.notify_udp, self.workers) if self.notify_udp else None
         return self
 

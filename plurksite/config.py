@@ -34,7 +34,7 @@ VARIABLES = {
                            "`sqlite:///relative`, `sqlite:////absolute` or `postgres://user:pw@host:port/db`"),
     "PLURK_SECRET_FILE": ("var/secret.key", "HMAC secret shared by Django and fastpath; generated (0600) if absent"),
     "PLURK_VAR_DIR": ("var", "run-time directory: logs, rendered nginx config, pid files, fastpath's socket"),
-    "PLURK_DEBUG": ("0", "`1` turns on Django's `DEBUG`"),
+    "PLURK_DEBUG": ("0", "`1` turns on Django's `DEBUG` (`true`/`yes`/`on` too; `0`, `false`, `no`, `off` or empty: off)"),
     "PLURK_GUNICORN_WORKERS": ("2", "gunicorn worker processes"),
     "PLURK_FASTPATH_WORKERS": ("0", "fastpath worker processes (`0`: one per CPU)"),
     "PLURK_MEMCACHED_TIMEOUT_MS": ("50", "how long fastpath and Django wait for memcached"),
@@ -75,6 +75,35 @@ def variables_table():
 
 def _resolve(path, base=ROOT):
     return path if os.path.isabs(path) else os.path.join(base, path)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _boolean(name, value):
+    word = value.strip().lower()
+    if word not in _TRUE + _FALSE:
+        raise ConfigError(f"{name}={value!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
+    return word in _TRUE
+
+
+def _check_database_url(url):
+    """sqlite:///relative/path, sqlite:////absolute/path or postgres://user:pw@host:port/name."""
+    parts = urlsplit(url)
+    example = "use sqlite:///var/plurk.sqlite3 (relative to the checkout), sqlite:////abs/path or postgres://..."
+    if parts.scheme == "sqlite":
+        if not url.startswith("sqlite:///") or not url[len("sqlite:///"):].strip("/"):
+            raise ConfigError(f"PLURK_DATABASE_URL={url!r}: {example}")
+    elif parts.scheme in ("postgres", "postgresql"):
+        try:
+            parts.port
+        except ValueError:
+            raise ConfigError(f"PLURK_DATABASE_URL={url!r}: the port must be a number from 1 to 65535") from None
+        if not parts.path.strip("/"):         # no host is libpq's local socket; no name is an error
+            raise ConfigError(f"PLURK_DATABASE_URL={url!r}: name the database, postgres://user:password@host:port/name")
+    else:
+        raise ConfigError(f"PLURK_DATABASE_URL={url!r}: {example}")
+    return url
 
 
 def parse_hostport(name, value):
@@ -143,6 +172,11 @@ def parse_notify(name, value, var_dir):
     return None, tuple(entries)
 
 
+def _digits(text):
+    # str.isdigit() is true of '²' too, which int() refuses
+    return text.isascii() and text.isdigit()
+
+
 def _parse_udp_entry(name, part):
     import ipaddress
 
@@ -153,7 +187,7 @@ def _parse_udp_entry(name, part):
         host, sep, ports = rest.rpartition(":")
     first, dash, last = ports.partition("-")
     example = "for example udp:10.77.0.21:9100-9101"
-    if not sep or not host or not first.isdigit() or (dash and not last.isdigit()):
+    if not sep or not host or not _digits(first) or (dash and not _digits(last)):
         raise ConfigError(f"{name}: bad entry {part!r}: expected udp:HOST:PORT or udp:HOST:FIRST-LAST, {example}")
     try:
         ipaddress.ip_address(host)
@@ -315,10 +349,9 @@ class StackConfig:
         memcached = tuple(parse_hostport("PLURK_MEMCACHED", s) for s in servers)
         if len(set(memcached)) != len(memcached):
             raise ConfigError("PLURK_MEMCACHED lists a server twice")
-        database_url = get("PLURK_DATABASE_URL")
-        scheme = urlsplit(database_url).scheme
-        if scheme not in ("sqlite", "postgres", "postgresql"):
-            raise ConfigError(f"PLURK_DATABASE_URL={database_url!r}: use sqlite:///path or postgres://...")
+        database_url = _check_database_url(get("PLURK_DATABASE_URL"))
+        if not get("PLURK_SECRET_FILE").strip():
+            raise ConfigError("PLURK_SECRET_FILE is empty: give the secret file's path, for example var/secret.key")
         var_dir = _resolve(get("PLURK_VAR_DIR"))
         fastpath = env.get("PLURK_FASTPATH") or default_fastpath_socket(var_dir)
         config = cls(
@@ -330,7 +363,7 @@ class StackConfig:
             database_url=database_url,
             secret_file=_resolve(get("PLURK_SECRET_FILE")),
             var_dir=var_dir,
-            debug=get("PLURK_DEBUG") in ("1", "true", "yes", "on"),
+            debug=_boolean("PLURK_DEBUG", get("PLURK_DEBUG")),
             gunicorn_workers=integer("PLURK_GUNICORN_WORKERS", 1, 64),
             fastpath_workers=integer("PLURK_FASTPATH_WORKERS", 0, 64),
             memcached_timeout_ms=integer("PLURK_MEMCACHED_TIMEOUT_MS", 1, 10000),

@@ -148,6 +148,17 @@ def unreachable_socket(path, with_socket=True):
             f"chmod {_who_bit(where)}+{mode[1]} {where}")
 
 
+def worker_processes(text):
+    """argparse type for nginx's worker_processes: ``auto`` or 1..1024.  nginx -t accepts 0, and
+    an nginx with no worker accepts connections and never answers them."""
+    import argparse
+
+    value = text.strip().lower()
+    if value == "auto" or (value.isascii() and value.isdigit() and 1 <= int(value) <= 1024):
+        return value
+    raise argparse.ArgumentTypeError(f"expected auto or a number of workers from 1 to 1024, got {text!r}")
+
+
 def context(config, worker_processes="auto"):
     values = {
         "user_directive": _user_directive(),

@@ -243,9 +243,14 @@ def test_listen_fds_follows_sd_listen_fds(monkeypatch):
     monkeypatch.setenv("LISTEN_FDS", "0")
     assert activation.listen_fds() == []
     monkeypatch.setenv("LISTEN_PID", str(os.getpid()))
-    monkeypatch.setenv("LISTEN_FDS", "one")
-    with pytest.raises(ConfigurationError, match="LISTEN_FDS='one'"):
-        activation.listen_fds()
+    for count in ("one", "\u00b2"):             # isdigit() is true of '²'; int() is not
+        monkeypatch.setenv("LISTEN_PID", str(os.getpid()))
+        monkeypatch.setenv("LISTEN_FDS", count)
+        with pytest.raises(ConfigurationError, match=f"LISTEN_FDS='{count}'"):
+            activation.listen_fds()
+    monkeypatch.setenv("LISTEN_PID", "\u00b2")
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    assert activation.listen_fds() == []
 
 
 # ---- the handover ---------------------------------------------------------------------------

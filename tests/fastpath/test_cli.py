@@ -15,6 +15,7 @@ from pymemcache.client.hash import HashClient
 
 import fastpath
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from fastpath import activation
 from fastpath.options import OPTIONS
 from plurksite.services import free_port, wait_for_port
 from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, python_script, token
@@ -63,6 +64,13 @@ def test_help_lists_every_flag(tmp_path):
     (["--timeout-ms", "0"], "--timeout-ms must be in 1..60000, got 0"),
     (["--listen", "nowhere"], "bad --listen 'nowhere': expected host:port"),
     (["--admin", "10.1.2.3:8002"], "--admin must be a loopback address"),
+    (["--listen", "127.0.0.1:²"], "bad --listen '127.0.0.1:²': expected host:port"),
+    (["--admin", "127.0.0.1:²"], "bad --admin '127.0.0.1:²': expected host:port"),
+    (["--memcached", "127.0.0.1:²"], "bad --memcached server '127.0.0.1:²': expected host:port"),
+    (["--listen", "localhost:18001", "--admin", "127.0.0.1:18001"],
+     "--admin 127.0.0.1:18001 is the address of --listen localhost:18001; give --admin another port"),
+    # 107 bytes relative, more once made absolute (as it is bound)
+    (["--listen", "unix:" + "s" * 107], "unix:<path of at most 107 bytes>"),
 ])
 def test_bad_flags_exit_2_with_usage(tmp_path, secret_file, args, complaint):
     done = _run(tmp_path, "--secret-file", str(secret_file), *args)
@@ -111,6 +119,28 @@ def test_port_in_use_exits_1(tmp_path, secret_file, flag):
                                     "--admin", f"127.0.0.1:{ports['--admin']}"), 1)
     assert line == f"fastpath: error: {flag} 127.0.0.1:{port} is already in use"
     assert time.monotonic() - started < 10
+
+
+def test_notify_dir_too_long_for_a_socket_exits_2_and_makes_nothing(tmp_path, secret_file):
+    """Refused before the directory is made, not by each worker in a restart loop."""
+    notify_dir = tmp_path / ("n" * 100)
+    started = time.monotonic()
+    done = _run(tmp_path, "--secret-file", str(secret_file), "--listen", f"127.0.0.1:{free_port()}",
+                "--notify-dir", str(notify_dir))
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines()[-1].startswith(f"python -m fastpath: error: --notify-dir {notify_dir}: "
+                                                   f"worker 0's socket <dir>/0.sock is ")
+    assert not notify_dir.exists()
+    assert time.monotonic() - started < 10
+
+
+def test_unix_socket_error_without_strerror_names_the_reason(tmp_path):
+    """An OSError of the socket module may carry no errno (a path too long for sun_path):
+    its message, never 'None'."""
+    path = str(tmp_path / ("s" * 200))
+    with pytest.raises(fastpath.FastpathError) as info:
+        activation.unix_listen_socket(path)
+    assert str(info.value) == f"cannot listen on unix:{path}: AF_UNIX path too long"
 
 
 def test_serve_rejects_bad_options_before_starting_anything(tmp_path):

@@ -2,6 +2,7 @@
 must agree with it: C's FP_CONFIG_SCALARS (field names and defaults), --help, the runner's
 command line (plurksite.services.fastpath_command), and the round trip
 command line -> Options -> fp_config_t."""
+import re
 import socket
 
 import pytest
@@ -191,3 +192,76 @@ def test_a_head_as_large_as_nginx_forwards_is_answered(fastpath_factory, memcach
                "X-Forwarded-For": "1" * 8000, "X-Other": "o" * 8000}
     resp = requests.get(f"{fp.url}/Poll/getMessages", headers=headers, timeout=5)
     assert (resp.status_code, resp.content) == (200, b'{"big":1}')
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"listen": "127.0.0.1:²"}, {"listen": "[::1]:²"}, {"admin": "127.0.0.1:٨٠٠٢"},
+    {"memcached": "127.0.0.1:١١٢١١"}, {"notify_udp": "10.77.0.21:９１００"},
+], ids=lambda kw: next(iter(kw)))
+def test_a_port_of_non_ascii_digits_is_refused(kwargs):
+    """str.isdigit() takes '²' (int() refuses it: a traceback) and other scripts' digits: a
+    port is ASCII digits, or a usage error."""
+    with pytest.raises(fastpath.ConfigurationError, match="expected host:port"):
+        Options(secret=SECRET, **kwargs).validate()
+
+
+@pytest.mark.parametrize("listen, admin", [
+    ("127.0.0.1:18001", "127.0.0.1:18001"),
+    ("localhost:18001", "127.0.0.1:18001"),
+    ("127.0.0.1:18001", "localhost:18001"),
+    ("[::1]:18001", "[::1]:18001"),
+    ("0.0.0.0:18001", "127.0.0.1:18001"),       # the wildcard takes the port on every address
+    ("[::]:18001", "localhost:18001"),          # ... and :: on IPv4's too (dual stack)
+])
+def test_admin_on_the_listen_address_is_refused(listen, admin):
+    """Both bind with SO_REUSEPORT, so the kernel would hand polls to the admin socket (404)."""
+    with pytest.raises(fastpath.ConfigurationError,
+                       match=rf"--admin {re.escape(admin)} is the address of --listen {re.escape(listen)}; "
+                             rf"give --admin another port"):
+        Options(listen=listen, admin=admin, secret=SECRET).validate()
+
+
+@pytest.mark.parametrize("listen, admin", [
+    ("127.0.0.1:18001", "127.0.0.1:18002"),
+    ("127.0.0.1:18001", "127.0.0.2:18001"),
+    ("0.0.0.0:18001", "[::1]:18001"),
+    ("unix:/run/fastpath.sock", "127.0.0.1:18001"),
+])
+def test_admin_on_another_address_or_port_is_accepted(listen, admin):
+    Options(listen=listen, admin=admin, secret=SECRET).validate()
+
+
+@pytest.mark.parametrize("notify_dir, workers, fits", [
+    ("/" + "n" * 99, 10, True),              # /nnn.../9.sock: 107 bytes, sun_path's most
+    ("/" + "n" * 99, 11, False),             # /nnn.../10.sock: 108
+    ("/" + "n" * 100, 1, False),
+    ("/" + "é" * 50, 1, False),              # 108 bytes in 58 characters
+    ("n" * 100, 1, True),                    # bound relative, as given (fp_notify.c)
+], ids=["107-bytes", "108-for-worker-10", "108-bytes", "108-bytes-58-characters", "relative"])
+def test_notify_dir_must_leave_room_for_every_workers_socket(notify_dir, workers, fits):
+    """Worker i binds <dir>/<i>.sock: a path longer than sun_path fails in every worker (a
+    restart loop), so it is refused before anything starts."""
+    opts = Options(notify_dir=notify_dir, workers=workers, secret=SECRET)
+    if fits:
+        opts.validate()
+        return
+    with pytest.raises(fastpath.ConfigurationError, match=f"--notify-dir {notify_dir}: worker "
+                                                          f"{workers - 1}'s socket <dir>/{workers - 1}.sock "
+                                                          f"is 108 bytes, over the 107"):
+        opts.validate()
+
+
+def test_relative_unix_listen_is_measured_as_it_is_bound(tmp_path, monkeypatch):
+    """unix:a.sock is bound at its absolute path: that one must fit in sun_path."""
+    monkeypatch.chdir(tmp_path)
+    opts = Options(listen="unix:a.sock", secret=SECRET).validate()
+    assert opts.listen_addr == ("unix", str(tmp_path / "a.sock"))
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.chdir(deep)
+    with pytest.raises(fastpath.ConfigurationError,
+                       match=rf"bad --listen 'unix:a.sock': unix:<path of at most 107 bytes> "
+                             rf"\(its absolute path has {len(str(deep / 'a.sock'))}\)"):
+        Options(listen="unix:a.sock", secret=SECRET).validate()
+    with pytest.raises(fastpath.ConfigurationError, match="unix:<path of at most 107 bytes>"):
+        Options(listen="unix:", secret=SECRET).validate()

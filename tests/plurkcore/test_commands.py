@@ -67,6 +67,35 @@ def test_repaircache_loop_stops_on_sigterm(tmp_path):
     assert proc.returncode == 0
 
 
+def test_repaircache_exits_2_while_a_server_is_unreachable(signup):
+    signup("a")                                   # the default cache here is a closed port
+    code, out = run("repaircache")
+    assert code == 2 and "still unreachable" in out
+
+
+def _manage(tmp_path, *args, migrate=True):
+    env = dict(os.environ, PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
+               PLURK_MEMCACHED="127.0.0.1:1", PLURK_SECRET_FILE=str(tmp_path / "secret.key"))
+    manage = os.path.join(os.path.dirname(__file__), "..", "..", "manage.py")
+    if migrate:
+        subprocess.run([sys.executable, manage, "migrate", "-v", "0"], env=env, check=True, timeout=120)
+    return subprocess.run([sys.executable, manage, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("command", ["checkcache", "repaircache", "warmcache", "seeddemo"])
+def test_an_unmigrated_database_is_one_line_not_a_traceback(tmp_path, command):
+    proc = _manage(tmp_path, command, migrate=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("CommandError: the database cannot be used (no such table") and "migrate" in line
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1", "soon"])
+def test_repaircache_refuses_an_interval_that_is_not_a_positive_number(tmp_path, interval):
+    proc = _manage(tmp_path, "repaircache", "--loop", "--interval", interval, migrate=False)
+    assert proc.returncode == 2 and "expected a number of seconds above 0" in proc.stderr
+
+
 def test_seeddemo_is_idempotent(cache1):
     for _ in range(2):
         code, out = run("seeddemo")

@@ -1,5 +1,7 @@
 """The one configuration source: defaults, parsing, and the errors an operator sees."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -56,10 +58,45 @@ def test_bad_hostport_names_the_variable(value):
     ({"PLURK_DJANGO": "0.0.0.0:8000"}, "PLURK_DJANGO=.*loopback"),
     ({"PLURK_FASTPATH": "192.0.2.1:8001"}, "PLURK_FASTPATH=.*loopback"),
     ({"PLURK_MAX_BODY_KB": "0"}, "PLURK_MAX_BODY_KB"),
+    # misread or a traceback before
+    ({"PLURK_DATABASE_URL": "sqlite:foo.db"}, "PLURK_DATABASE_URL=.*sqlite:///"),
+    ({"PLURK_DATABASE_URL": "sqlite://"}, "PLURK_DATABASE_URL"),
+    ({"PLURK_DATABASE_URL": "postgres://u:p@localhost:99999/db"}, "port must be a number"),
+    ({"PLURK_DATABASE_URL": "postgres://u:p@localhost:abc/db"}, "port must be a number"),
+    ({"PLURK_DATABASE_URL": "postgres://u:p@localhost:5432/"}, "name the database"),
+    ({"PLURK_SECRET_FILE": " "}, "PLURK_SECRET_FILE is empty"),
+    ({"PLURK_DEBUG": "2"}, "PLURK_DEBUG='2': expected 1 or 0"),
+    ({"PLURK_HTTP": "127.0.0.1:\u00b2"}, "PLURK_HTTP"),
+    ({"PLURK_MEMCACHED": "127.0.0.1:\u0661\u0661"}, "PLURK_MEMCACHED"),
+    ({"PLURK_FASTPATH_NOTIFY": "udp:127.0.0.1:9100-9\u00b2"}, "PLURK_FASTPATH_NOTIFY: bad entry"),
 ])
 def test_invalid_values_are_refused_with_a_reason(env, words):
     with pytest.raises(ConfigError, match=words):
         StackConfig.from_env(env)
+
+
+@pytest.mark.parametrize("value, debug", [("1", True), ("True", True), (" on ", True), ("0", False),
+                                          ("False", False), ("", False)])
+def test_debug_reads_the_usual_spellings(value, debug):
+    assert StackConfig.from_env({"PLURK_DEBUG": value}).debug is debug
+
+
+def test_postgres_without_a_host_is_the_local_socket():
+    assert StackConfig.from_env({"PLURK_DATABASE_URL": "postgres:///plurk"}).database_url == "postgres:///plurk"
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"PLURK_SECRET_FILE": "/dev/null"}, "error: PLURK_SECRET_FILE: /dev/null: the secret must be"),
+    ({"PLURK_SECRET_FILE": "/proc/nope/secret.key"}, "error: PLURK_SECRET_FILE=/proc/nope/secret.key: "),
+    ({"PLURK_DATABASE_URL": "sqlite:////proc/nope/x.db"}, "error: PLURK_DATABASE_URL=sqlite:////proc/nope/x.db: "
+                                                          "cannot create the directory /proc/nope"),
+])
+def test_manage_py_says_what_it_cannot_read_or_create_in_one_line(tmp_path, env, words):
+    env = {**os.environ, "PLURK_VAR_DIR": str(tmp_path), "PLURK_SECRET_FILE": str(tmp_path / "secret.key"),
+           "PLURK_DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3", **env}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "check"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and proc.stderr.startswith(words), proc.stderr
 
 
 def test_parse_ipv6():

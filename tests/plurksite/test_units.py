@@ -209,6 +209,24 @@ def test_rendernginx_writes_the_runners_config_and_checks_it(tmp_path):
     assert memcached.returncode != 0 and "runs no nginx" in memcached.stderr
 
 
+@pytest.mark.parametrize("args, words", [
+    (("rendernginx", "--workers", "0"), "expected auto or a number of workers from 1 to 1024"),
+    (("runstack", "--nginx-workers", "-1"), "expected auto or a number of workers from 1 to 1024"),
+    (("renderunits", "--env-file", "plurk.env"), "CommandError: --env-file plurk.env: give an absolute path"),
+    (("renderunits", "--out", "/proc/nope/units"), "CommandError: cannot write into --out /proc/nope/units: "),
+    (("loadusers", "3", "--prefix", "lu", "--out", "/proc/nope/users.json"),
+     "CommandError: cannot write --out /proc/nope/users.json: "),
+])
+def test_commands_refuse_bad_arguments_in_one_line(tmp_path, args, words):
+    config = _config(tmp_path, "all", PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    if args[0] == "loadusers":
+        manage(config, "migrate", "-v", "0")
+    proc = manage(config, *args, check=False)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr and words in proc.stderr, proc.stderr
+    if args[0] == "loadusers":           # refused before a single account was created
+        assert manage(config, "loadusers", "3", "--prefix", "lu", "--out", str(tmp_path / "u.json")).returncode == 0
+
+
 # -- the include, in the runner's config and in an operator's nginx ------------------------------
 def _top_level(text):
     """The directives of an nginx file outside any block (comments dropped)."""

@@ -1,11 +1,10 @@
-from django.core.management.base import BaseCommand
-
 from plurkcore import answers, conf, keys, publish, repair
 from plurkcore.cache import CacheUnavailable, get_cache
+from plurkcore.management.base import StoreCommand
 from plurkcore.models import UserState
 
 
-class Command(BaseCommand):
+class Command(StoreCommand):
     help = ("Compare every active user's cached poll answers with the database and print the "
             "differences (a missing entry is not one: it is a miss).  Exit status 1 when a "
             "difference existed, 2 when a server did not answer (its entries went unchecked).  "

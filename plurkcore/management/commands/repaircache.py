@@ -1,22 +1,23 @@
 import signal
 import time
 
-from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
 from plurkcore import conf, repair
+from plurkcore.management.base import StoreCommand, positive_seconds
 
 
-class Command(BaseCommand):
+class Command(StoreCommand):
     help = ("Pay the cache's debts: flush every suspect memcached server that answers again, "
             "rewrite stale keys, and write the answers of changes whose writer died (the outbox).  "
+            "Exit status 2 when a server did not answer (its debts wait).  "
             "--loop keeps doing it (the stack runner's repaircache service).")
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true", help="repeat until SIGTERM/SIGINT")
         parser.add_argument("--warm", action="store_true",
                             help="first write the answers of recently active users (manage.py warmcache)")
-        parser.add_argument("--interval", type=float, default=None,
+        parser.add_argument("--interval", type=positive_seconds, default=None,
                             help="seconds between passes (default PLURKCORE['REPAIR_INTERVAL'])")
 
     def handle(self, *args, loop=False, interval=None, warm=False, **options):
@@ -35,7 +36,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"warmed the answers of {count} recently active user(s)"
                                   + (f", {len(failed)} not written" if failed else ""))
         if not loop:
-            self._report(repair.repair())
+            report = repair.repair()
+            self._report(report)
+            if report["unreachable"]:
+                raise SystemExit(2)      # as checkcache: what such a server owes is still owed
             return
         stop = []
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from plurkcore.management.base import StoreCommand
 from plurkcore.models import Follow, Plurk, UserState
 
 USERS = ["alice", "bob", "carol", "dave"]
@@ -14,7 +14,7 @@ PLURKS = [
 ]
 
 
-class Command(BaseCommand):
+class Command(StoreCommand):
     help = ("Create the demo users alice, bob, carol and dave (password plurkdemo1), who follow each "
             "other, with a few plurks and responses.  Idempotent.")
 

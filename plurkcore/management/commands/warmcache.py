@@ -8,10 +8,11 @@ import time
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from plurkcore import answers, conf, publish
+from plurkcore.management.base import StoreCommand
 
 
 def active_user_ids(everyone=False):
@@ -32,7 +33,7 @@ def warm(everyone=False):
     return len(uids), failed
 
 
-class Command(BaseCommand):
+class Command(StoreCommand):
     help = ("Write the poll answers of every user who logged in within TOKEN_TTL (--all: every "
             "active user) into memcached, so their first polls are hits.  Exit status 1 when some "
             "answers could not be written.")

@@ -37,6 +37,16 @@ class Command(BaseCommand):
             raise CommandError("count must be 1..200000")
         if not prefix.replace("_", "").isalnum() or len(prefix) > 100:
             raise CommandError("--prefix must be letters, digits or _ (at most 100)")
+        try:
+            # opened before anything is created: a bad path must not leave accounts behind
+            fh = open(out, "w")
+        except OSError as exc:
+            raise CommandError(f"cannot write --out {out}: {exc.strerror}") from None
+        with fh:
+            self._load(fh, count, prefix, celebrities, prefollow, zipf, warm)
+        self.stdout.write(f"{count} accounts written to {out}")
+
+    def _load(self, fh, count, prefix, celebrities, prefollow, zipf, warm):
         User = get_user_model()
         names = [f"{prefix}{i}" for i in range(count)]
         if User.objects.filter(username__in=names[:1000]).exists():
@@ -72,6 +82,4 @@ class Command(BaseCommand):
             failed = publish.write_answers({r.name: set(ids.values()) for r in answers.resources()})
             if failed:
                 raise CommandError(f"{len(failed)} answers could not be written to memcached")
-        with open(out, "w") as fh:
-            json.dump(accounts, fh)
-        self.stdout.write(f"{count} accounts written to {out}")
+        json.dump(accounts, fh)

@@ -17,7 +17,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--include", action="store_true",
                             help="print the http-level part, for /etc/nginx/conf.d/plurk.conf")
-        parser.add_argument("--workers", default="auto", help="worker_processes (default auto)")
+        parser.add_argument("--workers", default="auto", type=nginxconf.worker_processes,
+                            help="worker_processes: auto or 1..1024 (default auto)")
 
     def handle(self, *args, include=False, workers="auto", **options):
         config = settings.STACK

@@ -32,6 +32,9 @@ class Command(BaseCommand):
         from plurkcore import answers
 
         config = settings.STACK
+        if not os.path.isabs(env_file):
+            # systemd takes only an absolute EnvironmentFile=; the services would start without PLURK_*
+            raise CommandError(f"--env-file {env_file}: give an absolute path, for example {units.ENV_FILE}")
         try:
             if role:
                 config = StackConfig.from_env(dict(config.to_env(), PLURK_ROLES=",".join(role)))
@@ -46,6 +49,20 @@ class Command(BaseCommand):
         except (ConfigError, ServiceError) as exc:
             raise CommandError(str(exc)) from None
         out = out or os.path.join(config.var_dir, "systemd")
+        try:
+            self._write(out, files)
+        except OSError as exc:
+            raise CommandError(f"cannot write into --out {out}: {exc.strerror} ({exc.filename})") from None
+        unit_names = [n for n, _ in files if n.endswith((".service", ".socket", ".target"))]
+        self.stdout.write(f"wrote {len(files)} file(s) to {out}/ for PLURK_ROLES={','.join(config.roles)}: "
+                          f"{' '.join(n for n, _ in files)}\n"
+                          f"install them (docs/deploy.md):\n"
+                          f"  install -m 0640 -g {group or user} {out}/plurk.env {env_file}\n"
+                          f"  cp {' '.join(os.path.join(out, n) for n in unit_names)} /etc/systemd/system/\n"
+                          f"  systemctl daemon-reload && systemctl enable --now {units.TARGET}\n")
+
+    @staticmethod
+    def _write(out, files):
         os.makedirs(out, exist_ok=True)
         for name, text in files:
             path = os.path.join(out, name)
@@ -55,10 +72,3 @@ class Command(BaseCommand):
             if name == "plurk.env":
                 os.chmod(tmp, 0o640)          # holds the database URL (and its password)
             os.replace(tmp, path)
-        unit_names = [n for n, _ in files if n.endswith((".service", ".socket", ".target"))]
-        self.stdout.write(f"wrote {len(files)} file(s) to {out}/ for PLURK_ROLES={','.join(config.roles)}: "
-                          f"{' '.join(n for n, _ in files)}\n"
-                          f"install them (docs/deploy.md):\n"
-                          f"  install -m 0640 -g {group or user} {out}/plurk.env {env_file}\n"
-                          f"  cp {' '.join(os.path.join(out, n) for n in unit_names)} /etc/systemd/system/\n"
-                          f"  systemctl daemon-reload && systemctl enable --now {units.TARGET}\n")

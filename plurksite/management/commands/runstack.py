@@ -7,6 +7,7 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from plurksite import nginxconf
 from plurksite.config import format_hostport
 from plurksite.services import ServiceError
 from plurksite.stack import Stack
@@ -19,8 +20,8 @@ class Command(BaseCommand):
             "repair, balancer), restart any that dies, and stop them all on Ctrl-C or SIGTERM.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--nginx-workers", default="auto",
-                            help="nginx worker_processes (default: auto)")
+        parser.add_argument("--nginx-workers", default="auto", type=nginxconf.worker_processes,
+                            help="nginx worker_processes: auto or 1..1024 (default: auto)")
 
     def _setup_logging(self, config):
         os.makedirs(config.log_dir(), exist_ok=True)
