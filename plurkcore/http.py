@@ -40,9 +40,17 @@ def error_response(status, message, headers=None):
     return json_response({"error": message}, status=status, headers=headers)
 
 
-def no_content():
-    response = HttpResponse(status=204)
+def bodiless(status):
+    """A 204 or 304: no body, no Content-Type and no Content-Length.  Streaming only so that
+    CommonMiddleware adds no ``Content-Length: 0``, which RFC 9110 (8.6) forbids on a 204 and on
+    a 304 of a non-empty answer."""
+    response = StreamingHttpResponse((), status=status)
     del response["Content-Type"]
+    return response
+
+
+def no_content():
+    response = bodiless(204)
     response["Cache-Control"] = "no-store"
     return response
 
@@ -64,10 +72,8 @@ def none_match(request, etag):
 
 
 def not_modified(etag):
-    """304 with no body, Content-Type or Content-Length.  Streaming only so that CommonMiddleware
-    adds no ``Content-Length: 0``, which RFC 9110 (8.6) forbids on a 304 of a non-empty answer."""
-    response = StreamingHttpResponse((), status=304)
-    del response["Content-Type"]
+    """304 with no body, Content-Type or Content-Length."""
+    response = bodiless(304)
     response["ETag"] = etag
     response["Cache-Control"] = "no-store"
     return response

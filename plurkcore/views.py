@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import _testhooks, answers, keys, publish
 from .auth import AuthError, authenticate_token, token_from_request
-from .http import answer_etag, error_response, none_match, not_modified
+from .http import answer_etag, bodiless, error_response, none_match, not_modified
 
 logger = logging.getLogger("plurkcore.poll")
 
@@ -28,8 +28,7 @@ def poll_response(body, cache_status, request=None):
     if body:
         response = HttpResponse(body, content_type="application/json")
     else:
-        response = HttpResponse(status=204)
-        del response["Content-Type"]
+        response = bodiless(204)
     response["ETag"] = etag
     response["X-Cache"] = cache_status
     response["Cache-Control"] = "no-store"

@@ -349,8 +349,6 @@ static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, c
         _put_str(h, cache, 8);
         PUT_LIT(h, "\r\n");
     }
-    if (code == 405)
-        PUT_LIT(h, "Allow: GET, HEAD, POST\r\n");
     if (!c->keep_alive || c->srv->stopping)
         PUT_LIT(h, "Connection: close\r\n");
     else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
@@ -420,12 +418,13 @@ static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *
     char head_buf[HEAD_CAP];
     _text_t h = {head_buf, 0, sizeof(head_buf)};
 
-    if (code == 204 || code == 304 || c->is_head)
+    if (code == 204 || code == 304)
         body_len = 0;
     if (_kinds[c->kind].counted)
         c->srv->st->status[fp_status_slot(code)]++;
     _build_head(c, &h, code, ctype, cache, etag, body_len);
-    return _conn_send(c, &h, body, body_len);
+    /* HEAD: the head a GET would get, Content-Length included, and no content (RFC 9110 9.3.2) */
+    return _conn_send(c, &h, body, c->is_head ? 0 : body_len);
 }
 
 static int _conn_respond_error(fp_conn_t *c, int code, const char *message, const char *cache)
@@ -727,12 +726,10 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
     const char *q;
     size_t path_len;
 
-    if (method == HTTP_HEAD) {       /* a read like GET (contract.md 7), answered by Django */
-        _decide(c, 404, "HEAD is Django's to answer", "MISS");
-        return;
-    }
     if (method != HTTP_GET && method != HTTP_POST) {
-        _decide(c, 405, "method not allowed", NULL);
+        /* HEAD (a read, contract.md 7) and the methods Django refuses, with its own 405 and
+         * Allow, or its 404 for a path that names no resource: Django's to answer */
+        _decide(c, 404, "method is Django's to answer", "MISS");
         return;
     }
     q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
@@ -841,6 +838,7 @@ static int _on_url(llhttp_t *p, const char *at, size_t len)
     if (rq->url_len == 0)
         rq->url_off = _off(c, at);
     rq->url_len += len;
+    c->is_head = llhttp_get_method(p) == HTTP_HEAD;   /* known from here: errors too go bodiless */
     return 0;
 }
 
@@ -941,7 +939,6 @@ static int _on_headers_complete(llhttp_t *p)
         return _http_fail(c, 413, "body too large", NULL);
     c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
     uint8_t method = llhttp_get_method(p);
-    c->is_head = method == HTTP_HEAD;
     if (c->is_head)
         c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts */
     _kinds[c->kind].route(c, method, c->in->data + rq->url_off, rq->url_len);
@@ -1042,7 +1039,6 @@ static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
         message = "bad request";
     }
     c->keep_alive = 0;
-    c->is_head = 0;
     (void)_conn_respond_error(c, code, message, rq->error_status ? rq->error_cache : NULL);
 }
 

@@ -61,17 +61,36 @@ fp_inm_t fp_inm_parse(const char *v, size_t len, char tag[FP_ETAG_LEN])
     return FP_INM_TAG;
 }
 
+/* The index of the first c in v[i, len) outside a quoted-string (RFC 9110 5.6.4, with its
+ * backslash escapes), or len: `foo="a, wait=2"` holds no wait preference. */
+static size_t _unquoted(const char *v, size_t i, size_t len, char c)
+{
+    int quoted = 0;
+    for (; i < len; i++) {
+        if (quoted) {
+            if (v[i] == '\\' && i + 1 < len)
+                i++;
+            else if (v[i] == '"')
+                quoted = 0;
+        } else if (v[i] == '"') {
+            quoted = 1;
+        } else if (v[i] == c) {
+            return i;
+        }
+    }
+    return len;
+}
+
 /* preference = token [ BWS "=" BWS word ] *( OWS ";" [ OWS parameter ] ), comma-separated */
 int32_t fp_prefer_wait(const char *v, size_t len)
 {
     size_t i = 0;
     while (i < len) {
-        size_t end = i;
-        while (end < len && v[end] != ',')
-            end++;
+        size_t end = _unquoted(v, i, len, ',');
         const char *p = v + i;
         size_t n = end - i;
-        const char *semi = memchr(p, ';', n);
+        size_t semi_at = _unquoted(v, i, end, ';');
+        const char *semi = semi_at < end ? v + semi_at : NULL;
         if (semi != NULL)
             n = (size_t)(semi - p);          /* parameters of a preference are ignored */
         const char *eq = memchr(p, '=', n);

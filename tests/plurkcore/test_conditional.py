@@ -29,6 +29,19 @@ def reader(signup):
     return {'{"count":1}': one.token, "": none.token}
 
 
+def ask_raw(raw):
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        return django_response(raw)
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
 def ask(token, headers, method="GET"):
     """(status, headers, body) through gunicorn's parser and Django's whole WSGI handler."""
     from django.core.signals import request_finished, request_started
@@ -58,7 +71,7 @@ def test_conditional_vectors(reader, case):
     assert headers["ETag"] == answer_etag(body)
     assert headers["Cache-Control"] == "no-store" and headers["X-Cache"] == "MISS"
     assert "Preference-Applied" not in headers
-    if status == 304:
+    if status in (204, 304):        # RFC 9110 8.6: no Content-Length on either (fastpath sends none)
         assert content == b""
         assert "Content-Type" not in headers and "Content-Length" not in headers
     else:
@@ -84,8 +97,18 @@ def test_post_and_head_match_like_get(reader, method):
     tag = answer_etag(b'{"count":1}')
     status, headers, content = ask(reader['{"count":1}'], [("If-None-Match", tag)], method)
     assert (status, headers["ETag"], content) == (304, tag, b"")
-    status, headers, _ = ask(reader['{"count":1}'], [("If-None-Match", answer_etag(b""))], method)
+    status, headers, content = ask(reader['{"count":1}'], [("If-None-Match", answer_etag(b""))], method)
     assert (status, headers["ETag"]) == (200, tag)
+    # gunicorn sends what Django returns, even to HEAD: the GET's length, and no content
+    assert content == (b"" if method == "HEAD" else b'{"count":1}') and headers["Content-Length"] == "11"
+
+
+def test_head_of_an_api_answer_or_an_error_has_no_content(reader):
+    token = reader['{"count":1}']
+    for path, status in (("/api/me", 200), ("/Poll/getUnreadCount", 200), ("/Poll/nope", 404)):
+        raw = request_bytes([("Authorization", f"Bearer {token}")], path=path).replace(b"GET ", b"HEAD ", 1)
+        got, headers, content = ask_raw(raw)
+        assert (got, content) == (status, b"") and int(headers["Content-Length"]) > 0, path
 
 
 def test_etag_follows_the_answer(signup):

@@ -197,6 +197,9 @@ def conditional(body, other):
         v("unparseable wait is no wait", [(P, "wait=soon"), (INM, tag)], 304, 304),
         v("negative wait is no wait", [(P, "wait=-1"), (INM, tag)], 304, 304),
         v("other preferences only", [(P, "return=minimal"), (INM, tag)], 304, 304),
+        # RFC 7240: a comma or semicolon inside a quoted value separates nothing
+        v("wait=2 inside a quoted value is no wait", [(P, 'foo="a, wait=2 ,b"'), (INM, tag)], 304, 304),
+        v("a quoted parameter before wait", [(P, 'wait=2; foo="x, y"'), (INM, tag)], 304, "hold", 2),
         v("wait with a list: Django decides", [(P, "wait=10"), (INM, f"{tag2}, {tag}")], 304, "miss"),
     ]
 
