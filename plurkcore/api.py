@@ -88,6 +88,9 @@ def signup(request):
         UnicodeUsernameValidator()(username)
     except ValidationError:
         raise ApiError(400, "'username' may contain only letters, digits and @/./+/-/_") from None
+    if set(username) == {"."}:
+        # a profile URL /u/. or /u/.. is resolved away by every browser before it is sent
+        raise ApiError(400, "'username' cannot be only dots")
     if not PASSWORD_MIN <= len(password) <= PASSWORD_MAX:
         raise ApiError(400, f"'password' must be {PASSWORD_MIN} to {PASSWORD_MAX} characters")
     User = get_user_model()

@@ -402,3 +402,29 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
 
     arrives(f"after fastpath is back {time.time():.0f}")
     assert reader.execute_script("return window.__maxInFlight") == 1        # one poll in flight at a time
+
+    # A write while a poll is held (following someone who has posted nothing: the count stays, so
+    # nothing else wakes the page): the held poll is woken and asks again at once without its ETag.
+    # It used to run its course and end in a 304 that the page took for an error ("Offline").
+    import requests
+    from selenium.webdriver.common.by import By
+
+    quiet = f"quiet{int(time.time() * 1000) % 10**9}"
+    assert requests.post(f"{base}/api/signup", json={"username": quiet, "password": PASSWORD},
+                         timeout=10).status_code == 201
+    reader.get(f"{base}/u/{quiet}")
+    _wait(lambda: _by_id(reader, "follow").is_displayed(), what="the profile's follow button")
+    _wait(lambda: _polls_done(reader) >= 1, what="the profile page's first poll")
+    reader.execute_script(RECORD_LONG_POLLS_JS)
+    reader.execute_script("pollNow()")      # the poll held before the recorder came is asked again
+    held = "return window.__inFlight === 1 && window.__counts[window.__counts.length - 1][1] !== null"
+    _wait(lambda: reader.execute_script(held), timeout=15, what="a poll held with the page's ETag")
+    time.sleep(0.5)
+    assert reader.execute_script(held)
+    before = len(reader.execute_script("return window.__counts"))
+    reader.find_element(By.ID, "follow").click()
+    _wait(lambda: len(reader.execute_script("return window.__counts")) > before, timeout=3,
+          what="a poll right after the reader's write (the held one woken)")
+    assert reader.execute_script("return window.__counts")[before][1] is None       # without the ETag
+    time.sleep(1)
+    assert not _by_id(reader, "offline").is_displayed()

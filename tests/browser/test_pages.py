@@ -16,6 +16,9 @@ def test_page_renders(client, url, marker):
     for landmark in (b'role="banner"', b'<main id="main">', b'role="status"', b'name="viewport"'):
         assert landmark in body
     assert "csrftoken" in resp.cookies
+    # nothing inline on the pages, so the strict policy costs nothing (the browser tests run under it)
+    policy = resp["Content-Security-Policy"]
+    assert policy.startswith("default-src 'self';") and "frame-ancestors 'none'" in policy
 
 
 def test_user_page_escapes_the_name(client):

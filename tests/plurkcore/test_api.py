@@ -43,6 +43,9 @@ def test_token_ttl_comes_from_settings(api, settings):
     ("ok_name", "short", 400),
     ("ok.name@+-", "12345678", 201),
     ("\u00e9l\u00e8ve", "secret-pass-1", 201),
+    (".", "secret-pass-1", 400),
+    ("..", "secret-pass-1", 400),
+    ("a.", "secret-pass-1", 201),
 ])
 def test_signup_validation(api, username, password, status):
     get_user_model().objects.create_user("taken", password="secret-pass-1")

@@ -32,8 +32,12 @@ async function api(method, path, body) {
   }
   const resp = await fetch(path, opts);
   // a write of ours (markRead, follow) may bring the count back to the number our ETag holds, with
-  // other items: the next poll must not be held as "nothing new"
-  if (method !== "GET") live.etag = null;
+  // other items: the next poll must not be held as "nothing new", and a poll held now asked with
+  // that ETag, so it is woken to ask again without it
+  if (method !== "GET") {
+    live.etag = null;
+    if (live.held) live.held.abort();
+  }
   let data = null;
   if (resp.status !== 204) {
     try { data = await resp.json(); } catch (e) { data = null; }
@@ -159,7 +163,8 @@ async function pollCount() {
     return (await poll("getUnreadCount")).count;
   }
   const headers = { Prefer: `wait=${WAIT_S}` };
-  if (live.etag) headers["If-None-Match"] = live.etag;
+  const sent = live.etag;                           // a write may clear live.etag while we wait
+  if (sent) headers["If-None-Match"] = sent;
   const began = Date.now();
   live.held = new AbortController();
   let resp;
@@ -173,7 +178,7 @@ async function pollCount() {
   let count = live.count;
   if (resp.status === 200) count = (await resp.json()).count;
   else if (resp.status === 204) count = 0;
-  else if (resp.status !== 304 || !live.etag) throw new Error(`HTTP ${resp.status}`);
+  else if (resp.status !== 304 || !sent) throw new Error(`HTTP ${resp.status}`);
   live.etag = resp.headers.get("ETag");
   live.count = count;
   const held = resp.headers.has("Preference-Applied");
