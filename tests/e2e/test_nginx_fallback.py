@@ -155,6 +155,18 @@ def test_nginx_own_limits_answer_json(nginx_with_recorder):
         _json_error(requests.post(base + path, data=b"x" * (limit + 1), timeout=5), 413)
         _json_error(requests.get(base + path + "?q=" + "a" * 9000, timeout=5), 414)
         _json_error(requests.get(base + path, headers={"X-Big": "b" * 9000}, timeout=5), 400)
+    # nginx's other refusals, and its internal error locations asked for from outside
+    _json_error(requests.request("TRACE", base + "/api/me", timeout=5), 405)
+    _json_error(requests.post(base + "/api/plurks", data=b"x", headers={"Transfer-Encoding": "gzip"},
+                              timeout=5), 501)
+    _json_error(requests.get(base + "/_plurk_error/502", timeout=5), 404)
+    import socket
+    with socket.create_connection(("127.0.0.1", nginx_with_recorder.http[1]), timeout=5) as sock:
+        sock.sendall(b"GET /api/me HTTP/2.0\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 505 ") and b"application/json" in answer and answer.endswith(b"}")
     # within the limit the body reaches Django whole
     resp = requests.post(base + "/api/plurks", data=b"y" * limit, timeout=5)
     assert resp.status_code == 200 and len(resp.json()["body"]) == limit

@@ -121,7 +121,7 @@ def test_the_balancer_template_renders_and_nginx_accepts_it(tmp_path):
     assert "{{" not in text
     for line in ("server 127.0.0.21:8080 max_fails=1 fail_timeout=5s;", "server 127.0.0.22:8080 max_fails=1",
                  "keepalive 9500;", "proxy_read_timeout 50s;",        # max wait + 20: after the web host's 45
-                 "proxy_next_upstream error timeout http_502 http_503;",
+                 "proxy_next_upstream error timeout http_502;",      # not 503: "database busy"
                  "X-Forwarded-For $proxy_add_x_forwarded_for;", "worker_connections 19000;",
                  "worker_rlimit_nofile 20000;", f"listen 127.0.0.10:{config.http[1]} ",
                  "POST plurk_web_new_connection;"):     # never on a kept connection a dead host closed
@@ -198,6 +198,37 @@ def test_the_balancer_resends_a_get_but_never_a_post_that_reached_a_web_host(tmp
         get = requests.get(config.base_url + "/Poll/getMessages", timeout=10)
     assert get.status_code == 502
     assert sorted(r["at"] for r in Dropper.seen) == sorted(h for h, _ in hosts)    # tried on both
+
+
+def test_a_busy_database_does_not_take_the_web_hosts_out(tmp_path):
+    """Django's 503 ("database busy") is the same on every web host: the balancer passes it on,
+    and does not count it against the host, whose polls fastpath still answers."""
+    class Busy(_Recorder):
+        seen = []
+
+        def _answer(self):
+            if self.path.startswith("/api/"):
+                type(self).seen.append({"at": self.server.server_address[0], "path": self.path})
+                out = b'{"error":"database busy, retry shortly"}'
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+            super()._answer()
+
+        do_GET = do_POST = _answer
+    hosts = _web_addresses(2)
+    config = _balancer_config(tmp_path, [f"{h}:{p}" for h, p in hosts])
+    with nginx_in_front_of(config, {hosts[0]: Busy, hosts[1]: Busy}):
+        for _ in range(3):
+            busy = requests.get(config.base_url + "/api/timeline", timeout=10)
+            assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+        polls = [requests.get(config.base_url + "/Poll/getUnreadCount", timeout=10) for _ in range(4)]
+    assert [p.status_code for p in polls] == [200] * 4
+    assert sum(r["path"] == "/api/timeline" for r in Busy.seen) == 3     # each sent once, never on to the other
 
 
 # -- real runners on loopback --------------------------------------------------------------------
