@@ -30,9 +30,12 @@ def reader(signup):
 
 
 def ask_raw(raw):
+    """(status, headers, body) through gunicorn's parser and Django's whole WSGI handler."""
     from django.core.signals import request_finished, request_started
     from django.db import close_old_connections
 
+    # the handler closes old connections at a request's start and end, which on PostgreSQL ends
+    # the test's transaction; Django's test Client disconnects it the same way
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     try:
@@ -43,22 +46,10 @@ def ask_raw(raw):
 
 
 def ask(token, headers, method="GET"):
-    """(status, headers, body) through gunicorn's parser and Django's whole WSGI handler."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
     raw = request_bytes([("Authorization", f"Bearer {token}"), *headers])
     if method != "GET":
         raw = raw.replace(b"GET ", method.encode() + b" ", 1)
-    # the handler closes old connections at a request's start and end, which on PostgreSQL ends
-    # the test's transaction; Django's test Client disconnects it the same way
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        return django_response(raw)
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
+    return ask_raw(raw)
 
 
 @pytest.mark.parametrize("case", CONDITIONAL, ids=lambda c: f"{c['body'] or 'empty'}: {c['why']}")
