@@ -23,7 +23,7 @@ import stat
 import sys
 
 from .errors import ConfigurationError, FastpathError
-from .options import parse_listen
+from .options import is_decimal, parse_listen
 
 LISTEN_FDS_START = 3                  # SD_LISTEN_FDS_START: the first passed descriptor
 BACKLOG = 4096                        # fastpath's own; a bigger burst of nginx connects waits
@@ -31,11 +31,6 @@ _VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 
 # ---- fastpath's side ------------------------------------------------------------------------
-
-def _decimal(text):
-    # isdigit() alone takes '²', which int() refuses
-    return text.isascii() and text.isdigit()
-
 
 def listen_fds(unset_environment=True):
     """The descriptors passed to this process (3, 4, ...), as sd_listen_fds(3) finds them: none
@@ -48,9 +43,9 @@ def listen_fds(unset_environment=True):
             os.environ.pop(name, None)
     if count is None or pid is None:
         return []
-    if not _decimal(pid) or int(pid) != os.getpid():
+    if not is_decimal(pid) or int(pid) != os.getpid():
         return []
-    if not _decimal(count):
+    if not is_decimal(count):
         raise ConfigurationError(f"LISTEN_FDS={count!r}: expected the number of sockets passed")
     fds = list(range(LISTEN_FDS_START, LISTEN_FDS_START + int(count)))
     for fd in fds:
@@ -210,7 +205,7 @@ def activated_command(sock, argv):
 
 
 def _trampoline(args):
-    if len(args) < 3 or not _decimal(args[0]) or args[1] != "--":
+    if len(args) < 3 or not is_decimal(args[0]) or args[1] != "--":
         sys.exit("usage: python -m fastpath.activation FD -- ARGV...")
     fd = int(args[0])
     if fd != LISTEN_FDS_START:

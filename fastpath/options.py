@@ -26,6 +26,12 @@ _SECRET_MIN, _SECRET_MAX = 32, 1024
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 
 
+def is_decimal(text):
+    """ASCII digits only: str.isdigit() alone is true of '²' (which int() refuses) and of other
+    scripts' digits (which int() reads).  Every port, count and descriptor read from text uses it."""
+    return text.isascii() and text.isdigit()
+
+
 def comma_separated(text):
     """``"a, b,,c"`` -> ``("a", "b", "c")`` (the form of --memcached and --resources)."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
@@ -161,8 +167,7 @@ def parse_address(text, what="address"):
         host, sep, port = text[1:].partition("]:")
     else:
         host, sep, port = text.rpartition(":")
-    # isdigit() alone takes '²' (int() refuses it) and other scripts' digits
-    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    if not sep or not host or not is_decimal(port) or not 0 < int(port) < 65536:
         raise ConfigurationError(f"bad {what} {text!r}: expected host:port")
     return host, int(port)
 

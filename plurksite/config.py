@@ -172,13 +172,10 @@ def parse_notify(name, value, var_dir):
     return None, tuple(entries)
 
 
-def _digits(text):
-    # str.isdigit() is true of '²' too, which int() refuses
-    return text.isascii() and text.isdigit()
-
-
 def _parse_udp_entry(name, part):
     import ipaddress
+
+    from fastpath.options import is_decimal
 
     rest = part[4:]
     if rest.startswith("["):
@@ -187,7 +184,7 @@ def _parse_udp_entry(name, part):
         host, sep, ports = rest.rpartition(":")
     first, dash, last = ports.partition("-")
     example = "for example udp:10.77.0.21:9100-9101"
-    if not sep or not host or not _digits(first) or (dash and not _digits(last)):
+    if not sep or not host or not is_decimal(first) or (dash and not is_decimal(last)):
         raise ConfigError(f"{name}: bad entry {part!r}: expected udp:HOST:PORT or udp:HOST:FIRST-LAST, {example}")
     try:
         ipaddress.ip_address(host)

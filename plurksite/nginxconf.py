@@ -153,8 +153,10 @@ def worker_processes(text):
     an nginx with no worker accepts connections and never answers them."""
     import argparse
 
+    from fastpath.options import is_decimal
+
     value = text.strip().lower()
-    if value == "auto" or (value.isascii() and value.isdigit() and 1 <= int(value) <= 1024):
+    if value == "auto" or (is_decimal(value) and 1 <= int(value) <= 1024):
         return value
     raise argparse.ArgumentTypeError(f"expected auto or a number of workers from 1 to 1024, got {text!r}")
 
