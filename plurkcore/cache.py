@@ -66,7 +66,8 @@ def parse_server(spec):
         host, sep, port = spec[1:].partition("]:")
     else:
         host, sep, port = spec.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # ASCII digits, as fastpath reads the same spec: int() also takes other scripts' digits
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"expected host:port, got {spec!r}")
     return host, int(port)
 

@@ -13,7 +13,8 @@ from .helpers import server_client
 def test_parse_server():
     assert parse_server("127.0.0.1:11211") == ("127.0.0.1", 11211)
     assert parse_server("[::1]:11211") == ("::1", 11211)
-    for bad in ("nohost", "h:0", "h:70000", ":1", "h:x", 5):
+    for bad in ("nohost", "h:0", "h:70000", ":1", "h:x", 5,
+                "h:\u0661\u0661\u0662\u0661\u0661"):     # Arabic-Indic 11211: fastpath refuses it too
         with pytest.raises(ValueError):
             parse_server(bad)
 
