@@ -3,15 +3,26 @@ import hashlib
 import os
 from urllib.parse import unquote, urlsplit
 
-from plurkcore.secret import ensure_secret
+from plurkcore.secret import SecretFileError, ensure_secret
 
-from .config import ROOT, load
+from .config import ROOT, ConfigError, load
 
 STACK = load()
+
+
+def _secret(path):
+    """The shared secret (created when absent); what stands in the way is a ConfigError, one line."""
+    try:
+        return ensure_secret(path)
+    except SecretFileError as exc:
+        raise ConfigError(f"PLURK_SECRET_FILE: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"PLURK_SECRET_FILE={path}: {exc.strerror}") from None
+
 BASE_DIR = ROOT
 
 # Django's own signing key is derived from the shared secret, never equal to it.
-SECRET_KEY = hashlib.sha256(b"plurksite-django:" + ensure_secret(STACK.secret_file)).hexdigest()
+SECRET_KEY = hashlib.sha256(b"plurksite-django:" + _secret(STACK.secret_file)).hexdigest()
 DEBUG = STACK.debug
 # behind a balancer, requests carry the balancer's Host (PLURK_PUBLIC_HOSTS), not this host's
 ALLOWED_HOSTS = ["*"] if DEBUG else sorted(
@@ -95,7 +106,11 @@ def _database(url):
 
 DATABASES = {"default": _database(STACK.database_url)}
 if STACK.sqlite_path:
-    os.makedirs(os.path.dirname(STACK.sqlite_path), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(STACK.sqlite_path), exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"PLURK_DATABASE_URL={STACK.database_url}: cannot create the directory "
+                          f"{os.path.dirname(STACK.sqlite_path)}: {exc.strerror}") from None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
