@@ -86,9 +86,11 @@ class _CsrfCheck(CsrfViewMiddleware):
         return reason
 
 
-def _csrf_failure(request):
+def _require_csrf(request):
+    """Django's CSRF checks for this request; ApiError 403 with the reason when they fail."""
     reason = _CsrfCheck(lambda r: None).process_view(request, None, (), {})
-    return reason if isinstance(reason, str) else None
+    if isinstance(reason, str):
+        raise ApiError(403, f"CSRF check failed: {reason}")
 
 
 def read_json(request):
@@ -166,9 +168,7 @@ def api_view(methods, auth=True, logs_in=False):
                     raise ApiError(405, f"method {request.method} not allowed",
                                    {"Allow": ", ".join(methods)})
                 if logs_in and _from_a_browser(request):
-                    reason = _csrf_failure(request)
-                    if reason:
-                        raise ApiError(403, f"CSRF check failed: {reason}")
+                    _require_csrf(request)
                 if auth:
                     token, source = token_from_request(request)
                     try:
@@ -177,9 +177,7 @@ def api_view(methods, auth=True, logs_in=False):
                         raise ApiError(401, str(exc)) from None
                     request.plurk_auth_source = source
                     if source == "cookie" and request.method not in ("GET", "HEAD", "OPTIONS", "TRACE"):
-                        reason = _csrf_failure(request)
-                        if reason:
-                            raise ApiError(403, f"CSRF check failed: {reason}")
+                        _require_csrf(request)
                 return view(request, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc.status, exc.message, exc.headers)

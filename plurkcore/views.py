@@ -15,6 +15,7 @@ from .auth import AuthError, authenticate_token, token_from_request
 from .http import answer_etag, bodiless, error_response, none_match, not_modified
 
 logger = logging.getLogger("plurkcore.poll")
+POLL_METHODS = ("GET", "HEAD", "POST")        # a poll is a read, whatever its method
 
 
 def poll_response(body, cache_status, request=None):
@@ -39,8 +40,8 @@ def poll_response(body, cache_status, request=None):
 def poll(request, resource):
     """GET or POST /Poll/<resource> (the body of a POST is ignored)."""
     try:
-        if request.method not in ("GET", "POST", "HEAD"):
-            return error_response(405, f"method {request.method} not allowed", {"Allow": "GET, HEAD, POST"})
+        if request.method not in POLL_METHODS:
+            return error_response(405, f"method {request.method} not allowed", {"Allow": ", ".join(POLL_METHODS)})
         poll_resource = answers.get_resource(resource)
         if poll_resource is None:
             return error_response(404, f"unknown poll resource {resource!r}"[:200])
