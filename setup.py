@@ -102,7 +102,7 @@ def fastpath_extension():
 
 def read_version():
     ns = {}
-    with open(os.path.join(HERE, "plurkcore", "_version.py")) as fh:
+    with open(os.path.join(HERE, "fastpoll", "_version.py")) as fh:
         exec(fh.read(), ns)
     return ns["__version__"]
 

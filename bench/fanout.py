@@ -106,15 +106,15 @@ ALWAYS_IN_REQUEST = 10**9
 def set_fanout_in_request(limit):
     from django.conf import settings
 
-    from plurkcore import conf
+    from fastpoll import conf
 
-    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=limit)
+    settings.FASTPOLL = dict(settings.FASTPOLL, FANOUT_IN_REQUEST=limit)
     conf.reset()
 
 
 def count_keys(followers):
     """The followers' getUnreadCount keys (epoch 0: the bench never revokes)."""
-    from plurkcore import keys
+    from fastpoll import keys
 
     return [keys.answer_key("getUnreadCount", u.pk, 0) for u in followers]
 

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import ROOT  # noqa: E402
 from bench.throughput import SECRET, USERS, _cpu_seconds, _fill, _spawn, _tree  # noqa: E402
-from plurkcore import tokens  # noqa: E402
+from fastpoll import tokens# noqa: E402
 from plurksite.services import free_port, memcached_command, wait_for_port  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = 1, 0        # the server under test on one CPU, the load on the other

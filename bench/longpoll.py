@@ -498,7 +498,8 @@ def _delivery_child(accounts_path):
     import django
     django.setup()
     from django.contrib.auth import get_user_model
-    from plurkcore import answers, keys, notify
+    from fastpoll import keys
+    from plurkcore import answers, notify
     from plurkcore.cache import get_cache
 
     with open(accounts_path) as fh:

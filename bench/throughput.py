@@ -38,7 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import ROOT, proc_stat, progress, write_result  # noqa: E402
-from plurkcore import tokens  # noqa: E402
+from fastpoll import tokens# noqa: E402
 from plurksite.services import (find_binary, free_port, memcached_command,  # noqa: E402
                                 wait_for_port)
 

@@ -15,7 +15,6 @@ registered exactly as an integrating app registers its own::
 the resource's answers; ``None`` (the default) means every kind.
 """
 import contextlib
-import dataclasses
 import datetime
 import json
 import threading
@@ -23,7 +22,8 @@ import threading
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from . import keys
+from fastpoll import keys
+from fastpoll import resources as _resources
 from .models import Follow, Plurk, UserState
 
 #: What the publisher reports: a plurk, a response, a follow/unfollow, a moved read cursor, a user
@@ -45,19 +45,6 @@ def isoformat(value):
         f"{value.microsecond // 1000:03d}Z"
 
 
-@dataclasses.dataclass(frozen=True)
-class PollResource:
-    name: str
-    compute: object
-    affected_by: frozenset = None
-
-    def is_affected_by(self, kind):
-        return kind == "epoch" or self.affected_by is None or kind in self.affected_by
-
-
-_registry = {}
-
-
 def register(name, affected_by=None):
     """Decorator: register ``compute(user_ids) -> {user_id: bytes}`` as poll resource ``name``."""
     if not keys.is_valid_resource(name):
@@ -69,26 +56,16 @@ def register(name, affected_by=None):
             raise ValueError(f"unknown change kinds {sorted(unknown)}; known: {sorted(CHANGE_KINDS)}")
 
     def decorator(compute):
-        _registry[name] = PollResource(name, compute, affected_by)
+        _resources.add(_resources.Resource(name, compute, affected_by=affected_by))
         return compute
 
     return decorator
 
 
-def unregister(name):
-    _registry.pop(name, None)
-
-
-def get_resource(name):
-    return _registry.get(name)
-
-
-def resources():
-    return list(_registry.values())
-
-
-def resource_names():
-    return list(_registry)
+unregister = _resources.unregister
+get_resource = _resources.get
+resources = _resources.all_resources
+resource_names = _resources.names
 
 
 # -- the built-ins ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.db.models import Count, F, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.middleware.csrf import get_token
 
-from . import conf
+from fastpoll import conf
 from .answers import isoformat, unread_counts
 from .auth import issue_token
 from .changes import changed

@@ -10,7 +10,9 @@ class PlurkCoreConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, conf, notify, receivers, signals  # noqa: F401  (conf: connects setting_changed)
+        from fastpoll import conf  # noqa: F401  (connects setting_changed)
+
+        from . import checks, notify, receivers, signals
 
         checks.register()
         receivers.install()

@@ -2,8 +2,8 @@
 import functools
 import time
 
-from . import conf, tokens
-from .secret import read_secret
+from fastpoll import conf, tokens
+from fastpoll.secret import read_secret
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,6 +1,6 @@
 """The memcached side: pymemcache's HashClient over the *static* server list.
 
-- Keys are the str keys of :func:`plurkcore.keys.answer_key`; values are raw bytes stored with flags
+- Keys are the str keys of :func:`fastpoll.keys.answer_key`; values are raw bytes stored with flags
   0 (:class:`BytesSerde`), exactly what fastpath serves.
 - Placement is pymemcache's rendezvous hash over every configured server, always: unlike a stock
   HashClient this one never ejects a failed server (fastpath does not either, docs/contract.md
@@ -25,7 +25,7 @@ from pymemcache.client.hash import HashClient
 from pymemcache.client.rendezvous import RendezvousHash
 from pymemcache.exceptions import MemcacheError
 
-from . import conf
+from fastpoll import conf
 
 logger = logging.getLogger("plurkcore.cache")
 

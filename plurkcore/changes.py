@@ -31,7 +31,8 @@ import time
 from django.db import connections, transaction
 from django.db.models.functions import Now
 
-from . import background, conf, publish
+from fastpoll import conf
+from . import background, publish
 from .models import PendingChange
 
 logger = logging.getLogger("plurkcore.changes")

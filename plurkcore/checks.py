@@ -1,9 +1,9 @@
-"""System checks for ``settings.PLURKCORE``: one function per concern, one id per problem.
+"""System checks for ``settings.FASTPOLL``: one function per concern, one id per problem.
 
 | id | problem |
 |---|---|
-| E001 | PLURKCORE is not a dict |
-| W001 | PLURKCORE has unknown keys |
+| E001 | FASTPOLL is not a dict |
+| W001 | FASTPOLL has unknown keys |
 | E002 | MEMCACHED_SERVERS is not a non-empty list of host:port strings |
 | E007 | MEMCACHED_SERVERS lists a server twice |
 | E003 | a duration (MEMCACHED_TIMEOUT, MEMCACHED_RETRY_INTERVAL, REPAIR_INTERVAL, OUTBOX_GRACE) is not positive |
@@ -18,14 +18,14 @@
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |
 
-When PLURKCORE is not a dict only E001 is reported: the other checks would judge the defaults.
+When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
 import numbers
 
 from django.conf import settings
 from django.core import checks
 
-from . import conf
+from fastpoll import conf
 
 TAG = "plurkcore"
 
@@ -35,13 +35,13 @@ MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix t
 
 
 def _malformed():
-    user = getattr(settings, "PLURKCORE", None)
+    user = getattr(settings, "FASTPOLL", None)
     return user is not None and not isinstance(user, dict)
 
 
 def _of_config(check):
     """Register-ready ``check(config)``: run on the effective configuration, and not at all when
-    PLURKCORE itself is malformed (E001 says it all; the defaults are not what was meant)."""
+    FASTPOLL itself is malformed (E001 says it all; the defaults are not what was meant)."""
     def run(app_configs=None, **kwargs):
         return [] if _malformed() else check(conf.get_config())
 
@@ -60,12 +60,12 @@ def _is_positive_int(value):
 
 def check_type(app_configs=None, **kwargs):
     if _malformed():
-        return [checks.Error("PLURKCORE must be a dict.", hint="See DEFAULTS in plurkcore/conf.py.",
+        return [checks.Error("FASTPOLL must be a dict.", hint="See DEFAULTS in plurkcore/conf.py.",
                              id="plurkcore.E001")]
-    unknown = sorted(set(getattr(settings, "PLURKCORE", None) or {}) - set(conf.DEFAULTS))
+    unknown = sorted(set(getattr(settings, "FASTPOLL", None) or {}) - set(conf.DEFAULTS))
     if unknown:
-        return [checks.Warning(f"PLURKCORE has unknown keys: {', '.join(unknown)}.",
-                               hint="Check the spelling against plurkcore.conf.DEFAULTS.",
+        return [checks.Warning(f"FASTPOLL has unknown keys: {', '.join(unknown)}.",
+                               hint="Check the spelling against fastpoll.conf.DEFAULTS.",
                                id="plurkcore.W001")]
     return []
 
@@ -75,33 +75,33 @@ def check_memcached_servers(config):
     servers = config["MEMCACHED_SERVERS"]
     if (not isinstance(servers, (list, tuple)) or not servers
             or not all(isinstance(s, str) and _valid_server(s) for s in servers)):
-        return [checks.Error(f"PLURKCORE['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' "
+        return [checks.Error(f"FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' "
                              f"strings, got {servers!r}.", id="plurkcore.E002")]
     if len(set(servers)) != len(servers):
-        return [checks.Error("PLURKCORE['MEMCACHED_SERVERS'] lists a server twice.", id="plurkcore.E007")]
+        return [checks.Error("FASTPOLL['MEMCACHED_SERVERS'] lists a server twice.", id="plurkcore.E007")]
     return []
 
 
 @_of_config
 def check_durations(config):
-    errors = [checks.Error(f"PLURKCORE['{name}'] must be a positive number of seconds, got "
+    errors = [checks.Error(f"FASTPOLL['{name}'] must be a positive number of seconds, got "
                            f"{config[name]!r}.", id="plurkcore.E003")
               for name in DURATIONS if not _is_positive_number(config[name])]
     if _is_positive_number(config["MEMCACHED_TIMEOUT"]) and config["MEMCACHED_TIMEOUT"] > 1:
         errors.append(checks.Warning(
-            "PLURKCORE['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server will "
+            "FASTPOLL['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server will "
             "slow every write down by that much.", id="plurkcore.W002"))
     return errors
 
 
 @_of_config
 def check_counts(config):
-    errors = [checks.Error(f"PLURKCORE['{name}'] must be a positive integer, got {config[name]!r}.",
+    errors = [checks.Error(f"FASTPOLL['{name}'] must be a positive integer, got {config[name]!r}.",
                            id="plurkcore.E004")
               for name in COUNTS if not _is_positive_int(config[name])]
     if _is_positive_int(config["CACHE_TTL"]) and config["CACHE_TTL"] > MAX_CACHE_TTL:
         errors.append(checks.Error(
-            "PLURKCORE['CACHE_TTL'] must be at most 30 days (memcached reads larger values as a "
+            "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values as a "
             "Unix timestamp).", id="plurkcore.E008"))
     return errors
 
@@ -110,9 +110,9 @@ def check_counts(config):
 def check_secret_file(config):
     path = config["SECRET_FILE"]
     if not path or not isinstance(path, str):
-        return [checks.Error("PLURKCORE['SECRET_FILE'] is not set.",
+        return [checks.Error("FASTPOLL['SECRET_FILE'] is not set.",
                              hint="Point it at the secret shared with fastpath.", id="plurkcore.E005")]
-    from .secret import SecretFileError, read_secret
+    from fastpoll.secret import SecretFileError, read_secret
 
     try:
         read_secret(path)
@@ -125,7 +125,7 @@ def check_secret_file(config):
 def check_cookie_name(config):
     if config["COOKIE_NAME"] == "plurk_token":
         return []
-    return [checks.Warning("PLURKCORE['COOKIE_NAME'] differs from the contract's plurk_token: "
+    return [checks.Warning("FASTPOLL['COOKIE_NAME'] differs from the contract's plurk_token: "
                            "fastpath will not see the cookie.", id="plurkcore.W003")]
 
 
@@ -134,7 +134,7 @@ def check_notify(config):
     errors = []
     dirs = config["NOTIFY_DIRS"]
     if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) and d for d in dirs):
-        errors.append(checks.Error(f"PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got {dirs!r}.",
+        errors.append(checks.Error(f"FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got {dirs!r}.",
                                    hint="fastpath's --notify-dir; [] sends no notices.", id="plurkcore.E009"))
     udp = config["NOTIFY_UDP"]
     from .notify import parse_udp_destination
@@ -145,7 +145,7 @@ def check_notify(config):
         for entry in udp:
             parse_udp_destination(entry)
     except ValueError:
-        errors.append(checks.Error(f"PLURKCORE['NOTIFY_UDP'] must be a list of host:port strings, got {udp!r}.",
+        errors.append(checks.Error(f"FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got {udp!r}.",
                                    hint="One entry per fastpath worker port (--notify-udp); [] sends none.",
                                    id="plurkcore.E011"))
     backend = config["NOTIFY_BACKEND"]
@@ -158,7 +158,7 @@ def check_notify(config):
     except ImportError:
         ok = False
     if not ok:
-        errors.append(checks.Error(f"PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+        errors.append(checks.Error(f"FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
                                    f"{backend!r}.", hint="The default is plurkcore.notify.UnixDatagramNotifier.",
                                    id="plurkcore.E010"))
     return errors

@@ -12,7 +12,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.http import parse_etags
 from django.views.decorators.csrf import csrf_exempt
 
-from . import conf
+from fastpoll import conf
 from .auth import AuthError, authenticate_token, token_from_request
 
 logger = logging.getLogger("plurkcore.api")

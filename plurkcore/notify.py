@@ -5,7 +5,7 @@ sent once, never retried, and a failure is counted and logged, never raised (doc
 "Notices to fastpath"; the wire format is docs/contract.md, section 7).
 
 The backend is any object with ``send(keys)``, chosen by dotted path in
-``PLURKCORE["NOTIFY_BACKEND"]``; :func:`get_backend` builds it once per configuration.  Two are
+``FASTPOLL["NOTIFY_BACKEND"]``; :func:`get_backend` builds it once per configuration.  Two are
 here: :class:`UnixDatagramNotifier` (the fastpath workers of this host, ``NOTIFY_DIRS``) and
 :class:`UdpNotifier` (every worker of every web host, ``NOTIFY_UDP``); the same datagrams.
 :func:`keys_stored` is the receiver of :data:`plurkcore.signals.answers_stored` (connected in
@@ -20,7 +20,7 @@ import time
 
 from django.utils.module_loading import import_string
 
-from . import conf
+from fastpoll import conf
 
 logger = logging.getLogger("plurkcore.notify")
 
@@ -241,7 +241,7 @@ def _send_bodies(sender, dest, bodies, channel):
 
 class UnixDatagramNotifier(_DatagramNotifier):
     """Sends each batch of keys to every fastpath worker socket in ``dirs`` (default
-    ``PLURKCORE["NOTIFY_DIRS"]``).  The directories are listed on every send: a worker that
+    ``FASTPOLL["NOTIFY_DIRS"]``).  The directories are listed on every send: a worker that
     starts or restarts (re-binding its path) is reached by the next notice."""
 
     def __init__(self, dirs=None):
@@ -318,7 +318,7 @@ def parse_udp_destination(text):
 
 class UdpNotifier(_DatagramNotifier):
     """Sends each batch of keys to every ``"host:port"`` of ``destinations`` (default
-    ``PLURKCORE["NOTIFY_UDP"]``), each one fastpath worker's port (--notify-udp), on whatever
+    ``FASTPOLL["NOTIFY_UDP"]``), each one fastpath worker's port (--notify-udp), on whatever
     host it is.  Never waits: a send the kernel cannot take at once (EAGAIN, ENOBUFS) counts as
     "full"; a port where nothing listens is found by the ICMP error of an earlier send and
     counts as "refused"."""
@@ -365,7 +365,7 @@ _backend = None
 
 
 def get_backend():
-    """The configured backend (PLURKCORE["NOTIFY_BACKEND"]), built once per configuration."""
+    """The configured backend (FASTPOLL["NOTIFY_BACKEND"]), built once per configuration."""
     global _backend
     if _backend is None:
         _backend = import_string(conf.get_config()["NOTIFY_BACKEND"])()

@@ -13,7 +13,8 @@ import logging
 
 from django.db import connection
 
-from . import _testhooks, answers, conf, keys, repair, signals
+from fastpoll import conf, keys
+from . import _testhooks, answers, repair, signals
 from .cache import CacheUnavailable, get_cache
 from .models import Follow, UserState
 

@@ -6,7 +6,8 @@ docs/consistency.md ("What is published") lists which change rewrites whose answ
 from django.contrib.auth import get_user_model
 from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
 
-from . import answers, keys
+from fastpoll import keys
+from . import answers
 from .changes import changed
 from .models import Follow, Plurk, Response, UserState
 

@@ -22,7 +22,8 @@ from django.db import DatabaseError, IntegrityError, router, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from . import _testhooks, answers, conf, keys
+from fastpoll import conf, keys
+from . import _testhooks, answers
 from .cache import CacheUnavailable, get_cache
 from .models import PendingChange, StaleKey, SuspectServer, UserState
 

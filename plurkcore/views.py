@@ -10,7 +10,8 @@ from django.db import OperationalError
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import _testhooks, answers, keys, publish
+from fastpoll import keys
+from . import _testhooks, answers, publish
 from .auth import AuthError, authenticate_token, token_from_request
 from .http import answer_etag, bodiless, error_response, none_match, not_modified
 

@@ -434,7 +434,7 @@ class StackConfig:
 
     @property
     def notify_udp_destinations(self):
-        """Every port of every udp: entry as ``host:port`` (PLURKCORE["NOTIFY_UDP"]): Django
+        """Every port of every udp: entry as ``host:port`` (FASTPOLL["NOTIFY_UDP"]): Django
         sends each notice to all of them."""
         return [format_hostport(host, port) for host, first, last in self.fastpath_notify_udp
                 for port in range(first, last + 1)]

@@ -3,7 +3,7 @@ import hashlib
 import os
 from urllib.parse import unquote, urlsplit
 
-from plurkcore.secret import SecretFileError, ensure_secret
+from fastpoll.secret import SecretFileError, ensure_secret
 
 from .config import ROOT, ConfigError, load
 
@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "fastpoll",
     "plurkcore",
     "plurkweb",
     "plurksite",
@@ -126,7 +127,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.path.join(STACK.var_dir, "static")
 
 # plurkcore's one settings dict: everything the app needs from the stack configuration.
-PLURKCORE = {
+FASTPOLL = {
     "MEMCACHED_SERVERS": STACK.memcached_specs,
     "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
     "SECRET_FILE": STACK.secret_file,
@@ -134,14 +135,14 @@ PLURKCORE = {
 }
 # fastpath's notice sockets: plurkcore.notify tells held long-polls which keys it stored.  Only
 # once this plurkcore reads the key (issue 14): an unknown key is a warning (plurkcore.W001).
-from plurkcore.conf import DEFAULTS as _PLURKCORE_DEFAULTS  # noqa: E402  (light: no ORM)
+from fastpoll.conf import DEFAULTS as _FASTPOLL_DEFAULTS  # noqa: E402  (light: no ORM)
 
-if "NOTIFY_DIRS" in _PLURKCORE_DEFAULTS:
-    PLURKCORE["NOTIFY_DIRS"] = [STACK.fastpath_notify] if STACK.fastpath_notify else []
+if "NOTIFY_DIRS" in _FASTPOLL_DEFAULTS:
+    FASTPOLL["NOTIFY_DIRS"] = [STACK.fastpath_notify] if STACK.fastpath_notify else []
 # several hosts: every fastpath worker port of every web host, over UDP
 if STACK.fastpath_notify_udp:
-    PLURKCORE["NOTIFY_BACKEND"] = "plurkcore.notify.UdpNotifier"
-    PLURKCORE["NOTIFY_UDP"] = STACK.notify_udp_destinations
+    FASTPOLL["NOTIFY_BACKEND"] = "plurkcore.notify.UdpNotifier"
+    FASTPOLL["NOTIFY_UDP"] = STACK.notify_udp_destinations
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
 

@@ -350,7 +350,7 @@ class Stack:
 
     def preflight(self):
         """Refuse to start, with one line naming the fix, when anything is obviously wrong."""
-        from plurkcore.secret import ensure_secret
+        from fastpoll.secret import ensure_secret
 
         cfg = self.config
         os.makedirs(cfg.log_dir(), exist_ok=True)

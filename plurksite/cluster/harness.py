@@ -179,7 +179,7 @@ class Cluster:
         return self
 
     def _start(self):
-        from plurkcore.secret import ensure_secret
+        from fastpoll.secret import ensure_secret
 
         netns.sweep()
         self.say(f"network: bridge {netns.BRIDGE} {topology.GATEWAY}/{topology.PREFIXLEN}, "

@@ -86,8 +86,8 @@ def test_fallback_when_fastpath_is_down_keeps_method_and_body(nginx_with_recorde
 
 def test_fallback_on_fastpath_miss_keeps_body(nginx_with_recorder, memcached, tmp_path):
     """Real fastpath, empty memcached: fastpath says 404, nginx resends the POST to 'Django'."""
-    from plurkcore import tokens
-    from plurkcore.secret import ensure_secret
+    from fastpoll import tokens
+    from fastpoll.secret import ensure_secret
     import dataclasses
     import time
 

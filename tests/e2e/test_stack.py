@@ -105,8 +105,8 @@ def test_fastpath_and_django_give_the_same_answers(request, servers):
         assert fast.headers["X-Cache"] == "HIT" and slow.headers["X-Cache"] == "MISS"
         assert (fast.status_code, fast.content) == (slow.status_code, slow.content), resource
     _, uid, epoch, _, sig = token_b.split(".")
-    from plurkcore import tokens
-    from plurkcore.secret import ensure_secret
+    from fastpoll import tokens
+    from fastpoll.secret import ensure_secret
     expired = tokens.sign(ensure_secret(stack.config.secret_file), int(uid), int(epoch), int(time.time()) - 1)
     forged = token_b[:-1] + ("0" if token_b[-1] != "0" else "1")
     for bad in ("", "v1.1.0.1.00", forged, expired, "v1.x", "Bearer", "v1.1.0.99999999999.zz"):

@@ -113,7 +113,7 @@ def fastpath_factory(tmp_path):
 
 
 def token(uid, epoch=0, ttl=3600, key=SECRET):
-    from plurkcore import tokens
+    from fastpoll import tokens
     return tokens.sign(key, uid, epoch, int(time.time()) + ttl)
 
 

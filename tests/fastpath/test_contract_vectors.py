@@ -40,7 +40,7 @@ def test_invalid_tokens(vector):
 
 @pytest.mark.parametrize("vector", VECTORS["keys"], ids=lambda v: v["key"])
 def test_keys(vector):
-    from plurkcore import tokens
+    from fastpoll import tokens
     tok = tokens.sign(SECRET, vector["uid"], vector["epoch"], 2**62)
     assert _server._testhelper_token(SECRET, tok.encode(), NOW, vector["resource"])[3] == vector["key"]
 
@@ -116,7 +116,7 @@ def test_name_comparison_is_pythons(a, b):
 @pytest.mark.parametrize("key_len", [32, 63, 64, 65, 200, 1024])
 def test_hmac_for_every_key_length(key_len):
     """The precomputed-pad HMAC agrees with Python's hmac for keys shorter and longer than a block."""
-    from plurkcore import tokens
+    from fastpoll import tokens
     key = bytes((i * 7 + 3) % 256 for i in range(key_len))
     tok = tokens.sign(key, 12345, 6, NOW + 10)
     assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == (12345, 6, NOW + 10)
@@ -192,7 +192,7 @@ def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcach
     gets the cached answer; no credential or a bad token gets Django's own 401, byte for byte
     (Django run on the same bytes through gunicorn's parser); ambiguous gets 404 MISS."""
     fp = fastpath_factory([memcached])
-    settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
+    settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(fp.secret_file))
     Client(memcached.spec).set("p1:getUnreadCount:42:3", b'{"count":42}', noreply=False)
     t_old, u_old = VECTORS["credentials"]["token"], VECTORS["credentials"]["other_token"]
     t_new, u_new = token(42, epoch=3), token(7)
@@ -215,7 +215,7 @@ def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcach
 def test_empty_cookie_is_authentication_required(fastpath_factory, memcached, settings):
     """Django treats an empty plurk_token as no cookie; fastpath said "malformed token"."""
     fp = fastpath_factory([memcached])
-    settings.PLURKCORE = dict(settings.PLURKCORE, SECRET_FILE=str(fp.secret_file))
+    settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(fp.secret_file))
     raw = request_bytes([("Cookie", "plurk_token=")])
     expected = (401, b'{"error":"authentication required"}')
     assert django_response(raw)[::2] == expected

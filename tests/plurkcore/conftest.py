@@ -48,7 +48,7 @@ def _isolated_plurkcore(settings):
     """Each test starts with a dead-but-fast cache, fresh counters and no hooks."""
     from plurkcore import _testhooks, cache
 
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[f"127.0.0.1:{free_port()}"])
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[f"127.0.0.1:{free_port()}"])
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     _testhooks.clear()
     yield
@@ -57,7 +57,7 @@ def _isolated_plurkcore(settings):
 
 
 def _use(settings, servers):
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[s.spec for s in servers])
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[s.spec for s in servers])
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ import time
 from django.db import connection
 from pymemcache.client.base import Client
 
-from plurkcore import answers, keys
+from fastpoll import keys
+from plurkcore import answers
 from plurkcore.cache import BytesSerde, get_cache, parse_server
 from plurkcore.models import UserState
 

@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from plurkcore import conf, tokens
+from fastpoll import conf, tokens
 from plurkcore.auth import signing_key
 
 from .helpers import sqlite_steps
@@ -28,7 +28,7 @@ def test_signup_shape_and_cookies(api):
 
 
 def test_token_ttl_comes_from_settings(api, settings):
-    settings.PLURKCORE = dict(settings.PLURKCORE, TOKEN_TTL=60)
+    settings.FASTPOLL = dict(settings.FASTPOLL, TOKEN_TTL=60)
     body = api.call("POST", "/api/signup", {"username": "ttl", "password": "secret-pass-1"}).json()
     _, _, expires = tokens.verify(signing_key(), body["token"], 0)
     import time
@@ -387,7 +387,7 @@ def test_unexpected_errors_are_json_500(signup, monkeypatch):
 
 def test_settings_are_cached_and_reset(settings):
     assert conf.get_config()["CACHE_TTL"] == conf.DEFAULTS["CACHE_TTL"]
-    settings.PLURKCORE = dict(settings.PLURKCORE, CACHE_TTL=5)
+    settings.FASTPOLL = dict(settings.FASTPOLL, CACHE_TTL=5)
     assert conf.get_config()["CACHE_TTL"] == 5
 
 

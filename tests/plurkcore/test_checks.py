@@ -1,4 +1,4 @@
-"""System checks for settings.PLURKCORE: each problem has its own id, through the registry."""
+"""System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
 import pytest
 from django.conf import settings
 from django.core import checks
@@ -7,70 +7,70 @@ from django.test import override_settings
 from plurkcore import checks as plurk_checks
 
 GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"]}
-SERVERS_MSG = "PLURKCORE['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
+SERVERS_MSG = "FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
 
 
 def run(plurkcore=None, **overrides):
     """(id, message) of every plurkcore check result, run through Django's check registry."""
     if plurkcore is None:
-        plurkcore = {**settings.PLURKCORE, **GOOD_SERVERS}
-    with override_settings(PLURKCORE=plurkcore, **overrides):
+        plurkcore = {**settings.FASTPOLL, **GOOD_SERVERS}
+    with override_settings(FASTPOLL=plurkcore, **overrides):
         return sorted((e.id, e.msg) for e in checks.run_checks(tags=[plurk_checks.TAG]))
 
 
 @pytest.mark.parametrize("overrides,expected", [
     ({}, []),
-    ({"NOPE": 1, "ALSO": 2}, [("plurkcore.W001", "PLURKCORE has unknown keys: ALSO, NOPE.")]),
+    ({"NOPE": 1, "ALSO": 2}, [("plurkcore.W001", "FASTPOLL has unknown keys: ALSO, NOPE.")]),
     ({"MEMCACHED_SERVERS": []}, [("plurkcore.E002", SERVERS_MSG.format([]))]),
     ({"MEMCACHED_SERVERS": ["nohost"]}, [("plurkcore.E002", SERVERS_MSG.format(["nohost"]))]),
     ({"MEMCACHED_SERVERS": ["a:1", "a:1"]},
-     [("plurkcore.E007", "PLURKCORE['MEMCACHED_SERVERS'] lists a server twice.")]),
+     [("plurkcore.E007", "FASTPOLL['MEMCACHED_SERVERS'] lists a server twice.")]),
     ({"MEMCACHED_TIMEOUT": 0, "REPAIR_INTERVAL": "1"},
-     [("plurkcore.E003", "PLURKCORE['MEMCACHED_TIMEOUT'] must be a positive number of seconds, got 0."),
-      ("plurkcore.E003", "PLURKCORE['REPAIR_INTERVAL'] must be a positive number of seconds, got '1'.")]),
+     [("plurkcore.E003", "FASTPOLL['MEMCACHED_TIMEOUT'] must be a positive number of seconds, got 0."),
+      ("plurkcore.E003", "FASTPOLL['REPAIR_INTERVAL'] must be a positive number of seconds, got '1'.")]),
     ({"MEMCACHED_TIMEOUT": 5},
-     [("plurkcore.W002", "PLURKCORE['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server "
+     [("plurkcore.W002", "FASTPOLL['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server "
                          "will slow every write down by that much.")]),
     ({"TOKEN_TTL": "1d", "BATCH_SIZE": True},
-     [("plurkcore.E004", "PLURKCORE['BATCH_SIZE'] must be a positive integer, got True."),
-      ("plurkcore.E004", "PLURKCORE['TOKEN_TTL'] must be a positive integer, got '1d'.")]),
+     [("plurkcore.E004", "FASTPOLL['BATCH_SIZE'] must be a positive integer, got True."),
+      ("plurkcore.E004", "FASTPOLL['TOKEN_TTL'] must be a positive integer, got '1d'.")]),
     ({"CACHE_TTL": 40 * 24 * 3600},
-     [("plurkcore.E008", "PLURKCORE['CACHE_TTL'] must be at most 30 days (memcached reads larger values "
+     [("plurkcore.E008", "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values "
                          "as a Unix timestamp).")]),
-    ({"SECRET_FILE": None}, [("plurkcore.E005", "PLURKCORE['SECRET_FILE'] is not set.")]),
+    ({"SECRET_FILE": None}, [("plurkcore.E005", "FASTPOLL['SECRET_FILE'] is not set.")]),
     ({"COOKIE_NAME": "tok"},
-     [("plurkcore.W003", "PLURKCORE['COOKIE_NAME'] differs from the contract's plurk_token: fastpath "
+     [("plurkcore.W003", "FASTPOLL['COOKIE_NAME'] differs from the contract's plurk_token: fastpath "
                          "will not see the cookie.")]),
     ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "plurkcore.notify.NullNotifier"}, []),
     ({"NOTIFY_DIRS": "/run/n"},
-     [("plurkcore.E009", "PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
+     [("plurkcore.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
     ({"NOTIFY_DIRS": ["/run/n", ""]},
-     [("plurkcore.E009", "PLURKCORE['NOTIFY_DIRS'] must be a list of directory paths, got ['/run/n', ''].")]),
+     [("plurkcore.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got ['/run/n', ''].")]),
     ({"NOTIFY_UDP": ["10.77.0.21:9100", "[::1]:9101"], "NOTIFY_BACKEND": "plurkcore.notify.UdpNotifier"}, []),
     ({"NOTIFY_UDP": "10.77.0.21:9100"},
-     [("plurkcore.E011", "PLURKCORE['NOTIFY_UDP'] must be a list of host:port strings, got '10.77.0.21:9100'.")]),
+     [("plurkcore.E011", "FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got '10.77.0.21:9100'.")]),
     ({"NOTIFY_UDP": ["10.77.0.21:9100", "10.77.0.22"]},
-     [("plurkcore.E011", "PLURKCORE['NOTIFY_UDP'] must be a list of host:port strings, got "
+     [("plurkcore.E011", "FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got "
                          "['10.77.0.21:9100', '10.77.0.22'].")]),
     ({"NOTIFY_BACKEND": "plurkcore.notify.Nope"},
-     [("plurkcore.E010", "PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+     [("plurkcore.E010", "FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
                          "'plurkcore.notify.Nope'.")]),
     ({"NOTIFY_BACKEND": "plurkcore.notify.stats"},
-     [("plurkcore.E010", "PLURKCORE['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+     [("plurkcore.E010", "FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
                          "'plurkcore.notify.stats'.")]),
 ])
 def test_each_problem_has_its_id_and_message(overrides, expected):
-    assert run({**settings.PLURKCORE, **GOOD_SERVERS, **overrides}) == expected
+    assert run({**settings.FASTPOLL, **GOOD_SERVERS, **overrides}) == expected
 
 
 def test_unreadable_secret_file():
-    [(check_id, message)] = run({**settings.PLURKCORE, **GOOD_SERVERS, "SECRET_FILE": "/nonexistent/secret"})
+    [(check_id, message)] = run({**settings.FASTPOLL, **GOOD_SERVERS, "SECRET_FILE": "/nonexistent/secret"})
     assert check_id == "plurkcore.E006" and "/nonexistent/secret" in message
 
 
 @pytest.mark.parametrize("value", [["x"], [], "MEMCACHED_SERVERS"])
 def test_not_a_dict_is_the_only_problem_reported(value):
-    assert run(value) == [("plurkcore.E001", "PLURKCORE must be a dict.")]
+    assert run(value) == [("plurkcore.E001", "FASTPOLL must be a dict.")]
 
 
 def test_csrf_middleware_missing():
@@ -83,5 +83,5 @@ def test_every_check_is_registered():
     registered = checks.registry.registry.get_checks()
     assert all(check in registered for check in plurk_checks.CHECKS)
     # a plain `manage.py check` (no tags) runs them
-    with override_settings(PLURKCORE={**settings.PLURKCORE, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1}):
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1}):
         assert "plurkcore.E003" in {e.id for e in checks.run_checks()}

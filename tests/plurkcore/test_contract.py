@@ -4,10 +4,11 @@ import os
 
 import pytest
 
-from plurkcore import auth, keys, tokens
+from fastpoll import keys, tokens
+from plurkcore import auth
 from plurkcore.answers import dumps
 from plurkcore.cache import AnswerCache
-from plurkcore.secret import SecretFileError, parse_secret
+from fastpoll.secret import SecretFileError, parse_secret
 from tests.support.wsgi import django_request, django_response, request_bytes
 
 VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))

@@ -1,7 +1,7 @@
 """Cache keys: parse_key is the exact inverse of answer_key."""
 import pytest
 
-from plurkcore import keys
+from fastpoll import keys
 
 
 def test_parse_key_inverts_answer_key():

@@ -56,7 +56,7 @@ def workers(tmp_path, settings):
         paths = [tmp_path / f"n{d}" for d in range(dirs)]
         for path in paths:
             path.mkdir(exist_ok=True)
-        settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_DIRS=[str(p) for p in paths])
+        settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_DIRS=[str(p) for p in paths])
         made.extend(Worker(paths[i % dirs] / f"{i}.sock") for i in range(n))
         return made[-n:]
 
@@ -153,7 +153,7 @@ def test_batches_split_at_line_ends_within_the_limit():
 
 def test_no_directories_no_notices(workers, settings):
     [worker] = workers(1)
-    settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_DIRS=[])
+    settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_DIRS=[])
     before = dict(notify.stats)
     notify.get_backend().send(["p1:x:1:0"])
     assert worker.datagrams() == [] and notify.stats == before
@@ -256,12 +256,12 @@ class Broken(notify.Notifier):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_backend_is_chosen_by_dotted_path(signup, cache1, settings):
-    settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_BACKEND=f"{__name__}.Recorder")
+    settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_BACKEND=f"{__name__}.Recorder")
     Recorder.sent.clear()
     a, b = signup("a"), signup("b")
     assert isinstance(notify.get_backend(), Recorder)
     assert sorted(key_of(r, a.user["id"]) for r in RESOURCES) in Recorder.sent
-    settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_BACKEND=f"{__name__}.Broken")
+    settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_BACKEND=f"{__name__}.Broken")
     before = notify.stats["errors"]
     assert b.call("POST", "/api/follow", {"username": "a"}).status_code < 300
     assert notify.stats["errors"] > before
@@ -296,7 +296,7 @@ def udp_workers(settings):
 
     def make(n):
         made.extend(UdpWorker() for _ in range(n))
-        settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_BACKEND="plurkcore.notify.UdpNotifier",
+        settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_BACKEND="plurkcore.notify.UdpNotifier",
                                   NOTIFY_UDP=[w.dest for w in made[-n:]])
         return made[-n:]
 
@@ -349,7 +349,7 @@ def test_a_closed_udp_port_is_counted_refused_never_raised(udp_workers, caplog, 
 
 
 def test_udp_to_an_unreachable_address_is_counted_never_raised(settings):
-    settings.PLURKCORE = dict(settings.PLURKCORE, NOTIFY_UDP=["no-such-host.invalid:9100"])
+    settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_UDP=["no-such-host.invalid:9100"])
     before = notify.stats["errors"]
     notify.UdpNotifier().send(["p1:x:1:0"])
     assert notify.stats["errors"] == before + 1

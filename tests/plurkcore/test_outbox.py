@@ -32,7 +32,7 @@ def pair(cache1, signup):
 @pytest.fixture
 def no_grace(settings):
     """Rows are abandoned at once (the default, OUTBOX_GRACE 5 s, waits for a slow writer)."""
-    settings.PLURKCORE = dict(settings.PLURKCORE, OUTBOX_GRACE=0.001)
+    settings.FASTPOLL = dict(settings.FASTPOLL, OUTBOX_GRACE=0.001)
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def crowd(pair, signup, settings):
     """a with two followers (b, c), and FANOUT_IN_REQUEST 1: a's posts are large fan-outs."""
     c = signup("c")
     assert c.call("POST", "/api/follow", {"username": "a"}).status_code == 201
-    settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=1)
+    settings.FASTPOLL = dict(settings.FASTPOLL, FANOUT_IN_REQUEST=1)
     return (*pair, c)
 
 
@@ -223,7 +223,7 @@ def test_a_long_write_renews_its_rows_so_the_repair_pass_leaves_them_alone(pair,
     a, b = pair
     for name in ("c", "d", "e"):
         assert signup(name).call("POST", "/api/follow", {"username": "a"}).status_code == 201
-    settings.PLURKCORE = dict(settings.PLURKCORE, OUTBOX_GRACE=0.2, BATCH_SIZE=4)   # chunks of 1, then 3
+    settings.FASTPOLL = dict(settings.FASTPOLL, OUTBOX_GRACE=0.2, BATCH_SIZE=4)   # chunks of 1, then 3
     seen = []
 
     def slow_first_chunk(**context):
@@ -249,7 +249,7 @@ def test_rows_round_trip():
 
 _SETUP = """
 from django.contrib.auth import get_user_model
-from plurkcore import keys
+from fastpoll import keys
 from plurkcore.models import Follow, UserState
 User = get_user_model()
 a, b = User.objects.create_user("a"), User.objects.create_user("b")
@@ -271,8 +271,9 @@ print("still alive")
 
 _REPAIR = """
 from django.conf import settings
-from plurkcore import conf, repair
-settings.PLURKCORE = dict(settings.PLURKCORE, OUTBOX_GRACE=0.001)
+from fastpoll import conf
+from plurkcore import repair
+settings.FASTPOLL = dict(settings.FASTPOLL, OUTBOX_GRACE=0.001)
 conf.reset()
 print(repair.repair()["replayed"])
 """

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from fastpoll import resources as fastpoll_resources
 from plurkcore import answers
 from plurkcore.answers import dumps
 
@@ -166,7 +167,7 @@ def test_a_busy_database_answers_503_with_retry_after(signup, monkeypatch):
     import dataclasses
 
     resource = answers.get_resource("getUnreadCount")
-    monkeypatch.setitem(answers._registry, resource.name, dataclasses.replace(resource, compute=locked))
+    monkeypatch.setitem(fastpoll_resources._registry, resource.name, dataclasses.replace(resource, compute=locked))
     resp = a.call("GET", "/Poll/getUnreadCount")
     assert resp.status_code == 503 and resp["Retry-After"] == "1"
     assert "error" in resp.json()

@@ -393,7 +393,7 @@ def test_chunks_are_pipelined_and_a_chunk_stored_meanwhile_conflicts_and_goes_ro
         if not done:
             done.append(context["keys"])
             a.call("POST", "/api/plurks", {"content": "second"})
-    with override_settings(PLURKCORE={**settings.PLURKCORE, "BATCH_SIZE": 8}):
+    with override_settings(FASTPOLL={**settings.FASTPOLL, "BATCH_SIZE": 8}):
         hooks("write.after_read", second_writer)
         conflicts = publish.stats["conflicts"]
         assert a.call("POST", "/api/plurks", {"content": "first"}).status_code == 201
@@ -414,7 +414,7 @@ def test_a_fan_out_is_large_above_fanout_in_request_followers_and_never_with_a_r
     Follow.objects.bulk_create([Follow(follower=f, followee=author) for f in followers])
     post = ("plurk", frozenset(), frozenset({author.pk}), frozenset())
     for limit, large in ((3, False), (2, True)):
-        settings.PLURKCORE = dict(settings.PLURKCORE, FANOUT_IN_REQUEST=limit)
+        settings.FASTPOLL = dict(settings.FASTPOLL, FANOUT_IN_REQUEST=limit)
         assert publish.is_large([post]) is large, limit
     assert not publish.is_large([("user", frozenset({author.pk}), frozenset(), frozenset())])
     assert not publish.is_large([post, ("epoch", frozenset({author.pk}), frozenset(), frozenset({"p1:k:1:0"}))])

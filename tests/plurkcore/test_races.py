@@ -86,7 +86,7 @@ def test_write_for_a_revoked_epoch_does_not_survive(pair, cache1, hooks):
 
 def test_endless_conflicts_become_stale_keys_for_the_repair_pass(pair, cache1, hooks, settings):
     a, b = pair
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec], CAS_ATTEMPTS=2)
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec], CAS_ATTEMPTS=2)
     other = server_client(cache1.spec)
     key = key_of("getUnreadCount", b.user["id"])
     hooks("write.after_read", lambda **ctx: other.set(key, b"garbage"))   # a conflict every time
@@ -216,7 +216,7 @@ def test_paid_stale_keys_that_cannot_be_forgotten_stay_for_the_next_pass(pair, c
 # (c) a change committed while memcached is unreachable -------------------------------------
 def test_change_while_unreachable_then_server_returns_with_old_entries(pair, cache1, settings):
     a, b = pair
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec],
                               MEMCACHED_RETRY_INTERVAL=0.001)
     assert cached("getUnreadCount", b.user["id"], [cache1]) == b""
     cache1.pause()                                 # partition: it keeps its (soon stale) entries
@@ -236,7 +236,7 @@ def test_change_while_unreachable_then_server_returns_with_old_entries(pair, cac
 
 def test_flush_racing_a_new_failure_keeps_the_server_suspect(pair, cache1, settings, hooks):
     a, b = pair
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec],
                               MEMCACHED_RETRY_INTERVAL=0.001)
     repair.mark_suspect(cache1.spec)
     # a second failure is recorded while the repair pass is flushing: the row must stay
@@ -251,7 +251,7 @@ def test_a_debt_made_anew_while_another_pass_runs_is_not_paid_by_it(pair, cache1
     """Two repair passes at once (every Django process runs one, and a repaircache on each cluster
     host with the repair role): pass B read the row; pass A flushed and deleted it; a new failure
     made the row again, generation 1 like the one B read.  B must not delete the new debt."""
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec],
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec],
                               MEMCACHED_RETRY_INTERVAL=0.001)
     repair.mark_suspect(cache1.spec)
 
@@ -268,7 +268,7 @@ def test_a_debt_made_anew_while_another_pass_runs_is_not_paid_by_it(pair, cache1
 
 # (d) a server that goes away and comes back holding pre-outage entries -----------------------
 def test_server_away_keys_not_moved_then_back_with_old_entries(signup, cache3, settings):
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_RETRY_INTERVAL=0.001)
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_RETRY_INTERVAL=0.001)
     a = signup("a")
     followers = [signup(f"f{i}") for i in range(12)]
     for f in followers:
@@ -316,7 +316,7 @@ def test_repair_leaves_an_unreachable_server_suspect(pair, cache1, settings):
     report = repair.repair()
     assert report["unreachable"] == [cache1.spec] and SuspectServer.objects.exists()
     cache1.start()                                   # back empty: flushing it is harmless
-    settings.PLURKCORE = dict(settings.PLURKCORE, MEMCACHED_SERVERS=[cache1.spec])
+    settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec])
     assert repair.repair()["flushed"] == [cache1.spec]
 
 

@@ -215,7 +215,7 @@ def test_bad_long_poll_settings_name_the_variable(env, words):
 
 
 def _plurkcore_reads_notify_dirs():
-    from plurkcore.conf import DEFAULTS
+    from fastpoll.conf import DEFAULTS
 
     return "NOTIFY_DIRS" in DEFAULTS
 
@@ -226,7 +226,7 @@ def test_django_sends_notices_to_the_configured_directory():
     import subprocess
     import sys
 
-    code = "from plurksite import settings; print(settings.PLURKCORE['NOTIFY_DIRS'])"
+    code = "from plurksite import settings; print(settings.FASTPOLL['NOTIFY_DIRS'])"
     for value, expected in (("/tmp/notify-here", "['/tmp/notify-here']"), ("off", "[]")):
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                              env=dict(os.environ, PLURK_FASTPATH_NOTIFY=value)).stdout
@@ -309,7 +309,7 @@ def test_django_sends_udp_notices_to_every_port_of_every_entry():
     import subprocess
     import sys
 
-    code = ("from plurksite import settings; p = settings.PLURKCORE; "
+    code = ("from plurksite import settings; p = settings.FASTPOLL; "
             "print(p['NOTIFY_BACKEND'], p['NOTIFY_UDP'], p['NOTIFY_DIRS'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env=dict(os.environ, PLURK_FASTPATH_NOTIFY=CLUSTER)).stdout

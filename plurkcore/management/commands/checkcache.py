@@ -1,4 +1,5 @@
-from plurkcore import answers, conf, keys, publish, repair
+from fastpoll import conf, keys
+from plurkcore import answers, publish, repair
 from plurkcore.cache import CacheUnavailable, get_cache
 from plurkcore.management.base import StoreCommand
 from plurkcore.models import UserState

@@ -3,7 +3,8 @@ import time
 
 from django.db import close_old_connections
 
-from plurkcore import conf, repair
+from fastpoll import conf
+from plurkcore import repair
 from plurkcore.management.base import StoreCommand, positive_seconds
 
 
@@ -18,7 +19,7 @@ class Command(StoreCommand):
         parser.add_argument("--warm", action="store_true",
                             help="first write the answers of recently active users (manage.py warmcache)")
         parser.add_argument("--interval", type=positive_seconds, default=None,
-                            help="seconds between passes (default PLURKCORE['REPAIR_INTERVAL'])")
+                            help="seconds between passes (default FASTPOLL['REPAIR_INTERVAL'])")
 
     def handle(self, *args, loop=False, interval=None, warm=False, **options):
         interval = interval if interval is not None else conf.get_config()["REPAIR_INTERVAL"]

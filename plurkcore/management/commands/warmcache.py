@@ -11,7 +11,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from plurkcore import answers, conf, publish
+from fastpoll import conf
+from plurkcore import answers, publish
 from plurkcore.management.base import StoreCommand
 
 

@@ -1,4 +1,4 @@
-"""plurkcore's settings: one ``settings.PLURKCORE`` dict merged over :data:`DEFAULTS`.
+"""fastpoll's settings: one ``settings.FASTPOLL`` dict merged over :data:`DEFAULTS`.
 
 ``get_config()`` is cached and cleared on ``setting_changed`` (so ``override_settings`` works in
 tests); every derived object (the memcached client, the signing key) registers a reset callback
@@ -55,9 +55,9 @@ _reset_callbacks = []
 
 @functools.lru_cache(maxsize=None)
 def get_config():
-    """The effective configuration: a copy of DEFAULTS updated with ``settings.PLURKCORE``."""
+    """The effective configuration: a copy of DEFAULTS updated with ``settings.FASTPOLL``."""
     config = dict(DEFAULTS)
-    user = getattr(settings, "PLURKCORE", None)
+    user = getattr(settings, "FASTPOLL", None)
     if isinstance(user, dict):
         config.update(user)
     return config
@@ -77,5 +77,5 @@ def reset():
 
 @receiver(setting_changed)
 def _setting_changed(*, setting, **kwargs):
-    if setting == "PLURKCORE":
+    if setting == "FASTPOLL":
         reset()
