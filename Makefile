@@ -84,7 +84,7 @@ drill: install
 
 test: install bench-tools
 	$(PYTEST) $(PYTEST_ARGS) tests
-	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/plurkcore
+	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/plurkcore tests/fastpoll
 	$(MAKE) test-asan fuzz
 
 test-asan: install
@@ -124,7 +124,7 @@ test-sqlite: install
 	$(PYTEST) $(PYTEST_ARGS) tests
 
 test-postgres: install
-	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) tests/plurkcore
+	PLURK_TEST_POSTGRES=1 $(PYTEST) $(PYTEST_ARGS) tests/plurkcore tests/fastpoll
 
 load: migrate
 	$(PY) bench/load.py

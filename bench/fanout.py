@@ -42,9 +42,10 @@ def child(args):
     from django.core.management import call_command
     from django.db import connection, transaction
 
-    from plurkcore import publish
-    from plurkcore.cache import get_cache
-    from plurkcore.models import Follow, Plurk, UserState
+    from fastpoll import publish
+    from fastpoll.cache import get_cache
+    from fastpoll.models import UserState
+    from plurkcore.models import Follow, Plurk, ReadCursor
 
     call_command("migrate", verbosity=0)
     # time the writer itself, in the committing thread, whatever the fan-out's size (above
@@ -64,8 +65,9 @@ def child(args):
         if not followers[0].pk:          # backends without RETURNING on bulk_create
             followers = list(User.objects.filter(username__startswith=f"{tag}f"))
         history_upto = make_history(author, followers, h)
-        UserState.objects.bulk_create([UserState(user=u, read_upto=history_upto) for u in followers],
-                                      batch_size=2000)
+        ReadCursor.objects.bulk_create([ReadCursor(user=u, read_upto=history_upto) for u in followers],
+                                       batch_size=2000)
+        UserState.objects.bulk_create([UserState(user=u) for u in followers], batch_size=2000)
         Follow.objects.bulk_create([Follow(follower=u, followee=author) for u in followers], batch_size=2000)
         make_backlog(User.objects.create_user(f"{tag}distant", password=None), followers, b)
         if not b:
@@ -135,9 +137,10 @@ def handed_off(author, followers, rounds):
 
     from django.db import transaction
 
-    from plurkcore import background
-    from plurkcore.cache import get_cache
-    from plurkcore.models import PendingChange, Plurk
+    from fastpoll import background
+    from fastpoll.cache import get_cache
+    from fastpoll.models import PendingChange
+    from plurkcore.models import Plurk
 
     set_fanout_in_request(max(1, len(followers) // 2))
     cache = get_cache()
@@ -206,28 +209,30 @@ def small_writes(users, rounds=3):
     from django.db import transaction
     from django.db.models import F
 
-    from plurkcore import changes
-    from plurkcore.models import PendingChange, UserState
+    import fastpoll
+    from fastpoll import changes, outbox
+    from fastpoll.models import PendingChange
+    from plurkcore.models import ReadCursor
 
     def timed(chunk):
         start = time.perf_counter()
         for user in chunk:
             with transaction.atomic():
-                UserState.objects.filter(user=user).update(read_upto=F("read_upto") + 1)
-                changes.changed("read", users={user.pk})
+                ReadCursor.objects.filter(user=user).update(read_upto=F("read_upto") + 1)
+                fastpoll.touch(None, users=[user.pk])
         return (time.perf_counter() - start) * 1000 / len(chunk)
 
-    real_add, real_forget = changes._Batch.add, changes.forget
+    real_add, real_forget = changes._Batch.add, outbox.forget
     with_ms, without_ms = [], []
     size = max(1, len(users) // rounds)
     for r in range(rounds):
         chunk = users[r * size:(r + 1) * size]
         with_ms.append(timed(chunk))
-        changes._Batch.add, changes.forget = (lambda self, item: self.items.append(item)), (lambda *a: None)
+        changes._Batch.add, outbox.forget = (lambda self, item: self.items.append(item)), (lambda *a: None)
         try:
             without_ms.append(timed(chunk))
         finally:
-            changes._Batch.add, changes.forget = real_add, real_forget
+            changes._Batch.add, outbox.forget = real_add, real_forget
     assert not PendingChange.objects.exists()
     w, wo = statistics.median(with_ms), statistics.median(without_ms)
     return {"transactions": 2 * size * rounds, "rounds": rounds, "ms_per_write": round(w, 3),

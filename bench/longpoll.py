@@ -499,13 +499,14 @@ def _delivery_child(accounts_path):
     django.setup()
     from django.contrib.auth import get_user_model
     from fastpoll import keys
-    from plurkcore import answers, notify
-    from plurkcore.cache import get_cache
+    from fastpoll import notify
+    from plurkcore import answers
+    from fastpoll.cache import get_cache
 
     with open(accounts_path) as fh:
         names = [a["username"] for a in json.load(fh)[1:]]
     ids = dict(get_user_model().objects.filter(username__in=names).values_list("username", "id"))
-    epochs = answers.epochs(ids.values())
+    epochs = __import__('fastpoll.db').db.epochs(ids.values())
     prefix = keys.key_prefix("getUnreadCount")
     key_list = ["%s%d:%d" % (prefix, uid, epoch) for uid, epoch in epochs.items()]
     cache, notifier = get_cache(), notify.get_backend()

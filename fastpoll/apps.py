@@ -2,8 +2,18 @@ from django.apps import AppConfig
 
 
 class FastpollConfig(AppConfig):
-    """Wiring only (docs/integrate.md): signals, checks and the notices to fastpath."""
+    """Wiring only: the system checks, the watched models' signals, the notices to fastpath and
+    the logout receiver.  Resources registered by other apps' ``ready()`` (or imports) are
+    watched as they are registered."""
 
     name = "fastpoll"
     verbose_name = "fastpoll"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import checks, middleware, notify, signals, watch
+
+        checks.register()
+        watch.install()
+        middleware.install()
+        signals.answers_stored.connect(notify.keys_stored, dispatch_uid="fastpoll.notify")

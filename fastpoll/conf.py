@@ -29,12 +29,16 @@ DEFAULTS = {
     # users per answer query / memcached batch.
     "BATCH_SIZE": 1000,
     # most followers whose answers are written in the request that committed the change; a larger
-    # fan-out goes to the process's background writer thread (plurkcore.background).
+    # fan-out goes to the process's background writer thread (fastpoll.background).
     "FANOUT_IN_REQUEST": 20000,
-    # largest request body the API accepts, bytes (larger: 413).
-    "MAX_BODY_SIZE": 64 * 1024,
-    # name of the auth cookie (the contract fixes "plurk_token"; change only with fastpath).
+    # name of the poll token cookie (fastpath --cookie-name, rendered by fastpoll_fastpath).
     "COOKIE_NAME": "plurk_token",
+    # first part of every cache key (fastpath --key-prefix): 1-16 of A-Z a-z 0-9 - _.
+    "KEY_PREFIX": "p1",
+    # path of the polls, before the resource name (fastpath --path-prefix; fastpoll.urls).
+    "PATH_PREFIX": "/Poll/",
+    # lifetime of a capability for a per-object resource (fastpoll.capability), seconds.
+    "CAPABILITY_TTL": 3600,
     # seconds between passes of `manage.py repaircache --loop`.
     "REPAIR_INTERVAL": 0.5,
     # seconds after its commit an outbox row (a change whose answers its process has not finished
@@ -44,10 +48,10 @@ DEFAULTS = {
     # stored or deleted (docs/contract.md, section 7); empty: no notices, fastpath re-reads only.
     "NOTIFY_DIRS": [],
     # fastpath workers' UDP notice ports as "host:port" / "[v6]:port", one entry per worker
-    # (fastpath --notify-udp HOST:FIRST: worker i on FIRST+i), read by plurkcore.notify.UdpNotifier.
+    # (fastpath --notify-udp HOST:FIRST: worker i on FIRST+i), read by fastpoll.notify.UdpNotifier.
     "NOTIFY_UDP": [],
     # dotted path of the notice backend: a class whose instances have send(keys).
-    "NOTIFY_BACKEND": "plurkcore.notify.UnixDatagramNotifier",
+    "NOTIFY_BACKEND": "fastpoll.notify.UnixDatagramNotifier",
 }
 
 _reset_callbacks = []

@@ -6,7 +6,9 @@ value is the 200 body, or ``b""`` for "nothing new" (204); ids that do not exist
 ``watch`` maps a model to a function of one instance that returns the ids whose answers a save
 or delete of that instance changes (:mod:`fastpoll.watch` connects the signals).
 """
+import contextlib
 import dataclasses
+import threading
 
 from . import keys
 
@@ -19,13 +21,16 @@ class Resource:
     compute: object
     per: str = "user"
     watch: tuple = ()              # ((model, ids_of_instance), ...)
-    affected_by: frozenset = None  # change kinds of the old interface (None: every kind)
-
-    def is_affected_by(self, kind):
-        return kind == "epoch" or self.affected_by is None or kind in self.affected_by
 
 
 _registry = {}
+_listeners = []                    # (on_add, on_remove): fastpoll.watch, once the apps are ready
+
+
+def on_change(on_add, on_remove):
+    """Call ``on_add(resource)`` for each resource added and ``on_remove(name)`` for each one
+    removed from now on."""
+    _listeners.append((on_add, on_remove))
 
 
 def add(resource):
@@ -34,11 +39,15 @@ def add(resource):
     if resource.per not in PER:
         raise ValueError(f"per must be 'user' or 'object', got {resource.per!r}")
     _registry[resource.name] = resource
+    for on_add, _ in _listeners:
+        on_add(resource)
     return resource
 
 
 def unregister(name):
     _registry.pop(name, None)
+    for _, on_remove in _listeners:
+        on_remove(name)
 
 
 def get(name):
@@ -51,3 +60,49 @@ def all_resources(per=None):
 
 def names(per=None):
     return [r.name for r in all_resources(per)]
+
+
+def resource(name, *, per="user", watch=None):
+    """Decorator: register ``compute(ids) -> {id: bytes}`` as the poll resource ``name``.
+
+    ``per``: "user" (one answer per user, ``<PATH_PREFIX><name>``) or "object" (one per object,
+    read by every user holding a capability for it, ``<PATH_PREFIX><name>/<object id>``).
+    ``watch``: {model: ids_of_instance}; after a save or delete of an instance commits, the answers
+    of ``ids_of_instance(instance)`` are rewritten (user ids, or object ids for ``per="object"``;
+    an audience's members, ``followers(author_id)``, count as user ids; None: nothing).
+    """
+    if not keys.is_valid_resource(name):
+        raise ValueError(f"invalid poll resource name {name!r}: 1-32 of A-Z a-z 0-9 _")
+    if per not in PER:
+        raise ValueError(f"per must be 'user' or 'object', got {per!r}")
+    watched = tuple((watch or {}).items())
+    for model, function in watched:
+        if not hasattr(model, "_meta") or not callable(function):
+            raise ValueError(f"resource {name!r}: watch maps a model class to a function of an instance, "
+                             f"got {model!r}: {function!r}")
+
+    def decorator(compute):
+        add(Resource(name, compute, per, watched))
+        return compute
+
+    return decorator
+
+
+_round = threading.local()
+
+
+@contextlib.contextmanager
+def computing():
+    """The writer computes the resources of the same ids right after one another inside this
+    block: :func:`memo` is one dict for all of them, so that they can share what they read."""
+    outer = getattr(_round, "memo", None)
+    _round.memo = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _round.memo = outer
+
+
+def memo():
+    """The current write round's dict (see :func:`computing`), or None outside one."""
+    return getattr(_round, "memo", None)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Follow, Plurk, Response, StaleKey, SuspectServer, UserState
+from .models import Follow, Plurk, ReadCursor, Response
 
 
 @admin.register(Plurk)
@@ -42,19 +42,8 @@ class FollowAdmin(admin.ModelAdmin):
     search_fields = ("follower__username", "followee__username")
 
 
-@admin.register(UserState)
-class UserStateAdmin(admin.ModelAdmin):
-    list_display = ("user", "epoch", "read_upto")
+@admin.register(ReadCursor)
+class ReadCursorAdmin(admin.ModelAdmin):
+    list_display = ("user", "read_upto")
     raw_id_fields = ("user",)
     search_fields = ("user__username",)
-
-
-@admin.register(SuspectServer, StaleKey)
-class CacheDebtAdmin(admin.ModelAdmin):
-    """Read-only view of pending cache repairs (manage.py repaircache clears them)."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False

@@ -1,42 +1,23 @@
-"""Poll resources: database -> the exact response body of each user's answer.
+"""Plurk's two poll resources, ``getUnreadCount`` and ``getMessages``: database -> the exact
+response body of each user's answer, registered with fastpoll exactly as any project registers
+its own (docs/integrate.md).
 
-A resource is a function ``compute(user_ids) -> {user_id: bytes}`` registered under a name (the
-``/Poll/<name>`` path and the cache key's resource part).  The value is the 200 body, or ``b""`` for
-"nothing new" (204).  Users that do not exist are left out of the result.  The two built-ins are
-registered exactly as an integrating app registers its own::
-
-    from plurkcore.answers import register
-
-    @register("getMentions", affected_by={"plurk", "response"})
-    def mentions(user_ids):
-        ...
-
-``affected_by`` names the change kinds (:data:`CHANGE_KINDS`) after which the publisher rewrites
-the resource's answers; ``None`` (the default) means every kind.
+A user's unread items are the plurks of the users it follows, and the responses (by others) in
+their threads and in its own, above its read cursor.  So an entry's watchers are the followers of
+its author (a plurk) or of its thread's author, and that author itself (a response); a follow
+changes the follower's answers; a moved read cursor is reported with ``fastpoll.touch`` (it moves
+with ``update()``, which sends no signal).
 """
-import contextlib
 import datetime
-import json
-import threading
 
-from django.contrib.auth import get_user_model
 from django.db import connection
 
-from fastpoll import keys
-from fastpoll import resources as _resources
-from .models import Follow, Plurk, UserState
+import fastpoll
 
-#: What the publisher reports: a plurk, a response, a follow/unfollow, a moved read cursor, a user
-#: created or deleted.  A changed epoch (logout) always rewrites every resource.
-CHANGE_KINDS = frozenset({"plurk", "response", "follow", "read", "user"})
+from .models import Follow, Plurk, ReadCursor, Response
 
 MESSAGES_LIMIT = 50
 _ROWS_AT_ONCE = 5000     # rows fetched per call when reading many (Django's per-row iterator costs ~1 us a row)
-
-
-def dumps(obj):
-    """The one JSON encoding of the contract (docs/contract.md, section 5)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def isoformat(value):
@@ -45,43 +26,7 @@ def isoformat(value):
         f"{value.microsecond // 1000:03d}Z"
 
 
-def register(name, affected_by=None):
-    """Decorator: register ``compute(user_ids) -> {user_id: bytes}`` as poll resource ``name``."""
-    if not keys.is_valid_resource(name):
-        raise ValueError(f"invalid poll resource name {name!r}: 1-32 of A-Z a-z 0-9 _")
-    if affected_by is not None:
-        affected_by = frozenset(affected_by)
-        unknown = affected_by - CHANGE_KINDS
-        if unknown:
-            raise ValueError(f"unknown change kinds {sorted(unknown)}; known: {sorted(CHANGE_KINDS)}")
-
-    def decorator(compute):
-        _resources.add(_resources.Resource(name, compute, affected_by=affected_by))
-        return compute
-
-    return decorator
-
-
-unregister = _resources.unregister
-get_resource = _resources.get
-resources = _resources.all_resources
-resource_names = _resources.names
-
-
 # -- the built-ins ---------------------------------------------------------------------------
-def id_filter(column, ids):
-    """(sql, params) for "``column`` is one of ``ids``" with a single parameter: an array on
-    PostgreSQL, a JSON list on SQLite (thousands of placeholders cost more to bind than the
-    query takes to run).  Other backends get one placeholder per id."""
-    ids = [int(i) for i in ids]
-    if connection.vendor == "postgresql":
-        # an array literal as text: psycopg adapts a list of ints in Python, ~1.3 ms per 1000 ids
-        return f"{column} = ANY(%s::bigint[])", ["{" + ",".join(map(str, ids)) + "}"]
-    if connection.vendor == "sqlite":
-        return f"{column} IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
-    return f"{column} IN ({', '.join(['%s'] * len(ids))})", ids
-
-
 # The two kinds of source of a user's unread items, each a range of one index (models.py):
 # (column of the source's count, index, the entries of source ``who`` that user ``uid`` with read
 # cursor ``cur`` has not read, as aliased ``e``, their order newest first along the index).  The
@@ -114,9 +59,9 @@ _PLAIN_ROWS_PER_USER = 16
 def _users_sql(user_ids):
     """(sql, params) of the CTE ``s`` (user_id, read_upto) of the (active) users that exist,
     MATERIALIZED: each branch of a plan reads it, and SQLite would read the users again for each."""
-    state = UserState._meta.db_table
-    where, params = id_filter("user_id", user_ids)
-    active, active_params = active_clause(state)
+    state = ReadCursor._meta.db_table
+    where, params = fastpoll.id_filter("user_id", user_ids)
+    active, active_params = fastpoll.active_clause(state)
     return f"WITH s AS MATERIALIZED (SELECT user_id, read_upto FROM {state} WHERE {where}{active})", \
         params + active_params
 
@@ -200,44 +145,12 @@ def _sources_sql(user_ids, limit):
         SELECT uid, plurks + responses, {", ".join(lists)} FROM src WHERE plurks + responses > 0 OR who = uid""", params
 
 
-def active_clause(table):
-    """(sql, params) of " AND the user of ``table``.user_id is active" when the user model has a
-    concrete ``is_active`` (Django's auth refuses inactive users: their answers are not cached),
-    else ("", [])."""
-    User = get_user_model()
-    if not any(f.name == "is_active" and f.concrete for f in User._meta.get_fields()):
-        return "", []
-    users = User._meta.db_table
-    column = User._meta.get_field("is_active").column
-    pk = User._meta.pk.column
-    # a correlated scalar subquery: one primary-key lookup per row on both backends.  SQLite
-    # turns "user_id IN (SELECT ...)" into a scan of the whole user table on every call (16 ms
-    # at 35,000 users); PostgreSQL turns EXISTS into a hash join that reads every user (2-3 ms
-    # per 1,000 ids at 10,000 users, three times per fan-out chunk); neither flattens this form.
-    return f" AND (SELECT u.{column} FROM {users} u WHERE u.{pk} = {table}.user_id) = %s", [True]
-
-
-def epochs(user_ids):
-    """{uid: epoch} of the (active) users that exist, in one plain query per 1000 ids (the ORM's ``__in``
-    costs milliseconds per thousand ids, which matters at fan-out sizes)."""
-    user_ids = list(user_ids)
-    result = {}
-    table = UserState._meta.db_table
-    active, active_params = active_clause(table)
-    with connection.cursor() as cursor:
-        for start in range(0, len(user_ids), 5000):
-            where, params = id_filter("user_id", user_ids[start:start + 5000])
-            cursor.execute(f"SELECT user_id, epoch FROM {table} WHERE {where}{active}", params + active_params)
-            result.update(cursor.fetchall())
-    return result
-
-
 def unread_counts(user_ids):
     """{uid: number of unread items} for the users that exist (0 included)."""
     user_ids = list(user_ids)
     if not user_ids:
         return {}
-    memo = getattr(_shared, "memo", None)
+    memo = fastpoll.memo()
     if memo is not None:
         return {uid: count for uid, (count, _) in unread_messages(user_ids).items()}
     return _newest_unread(user_ids, MESSAGES_LIMIT)[0]
@@ -248,7 +161,7 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
     user_ids = list(user_ids)
     if not user_ids:
         return {}
-    memo = getattr(_shared, "memo", None)
+    memo = fastpoll.memo()
     memo_key = (frozenset(user_ids), limit)
     if memo is not None and memo_key in memo:
         return memo[memo_key]
@@ -310,33 +223,44 @@ def _newest_unread(user_ids, limit):
     return counts, newest
 
 
-_shared = threading.local()
+# -- what changes whose answers -----------------------------------------------------------
+#: the followers of an author: ``followers(author_id)`` names them in a change (fastpoll expands
+#: it after the commit, with the follow index)
+followers = fastpoll.audience("followers", Follow, by="followee", member="follower")
 
 
-@contextlib.contextmanager
-def shared_reads():
-    """Within this block the built-ins read the unread items of a set of users once for both
-    resources (the publisher computes every resource of the same users right after another)."""
-    outer = getattr(_shared, "memo", None)
-    _shared.memo = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _shared.memo = outer
+def entry_readers(entry):
+    """Whose answers an entry (plurk or response) is part of."""
+    if entry.parent_id is None:
+        return followers(entry.author_id)
+    parent_author = entry.parent_author_id          # kept by Plurk.save() and the migration
+    if parent_author is None:
+        parent_author = Plurk.entries.filter(pk=entry.parent_id).values_list("author_id", flat=True).first()
+    if parent_author is None:
+        return None
+    return [parent_author, followers(parent_author)]
 
 
-@register("getUnreadCount")
+WATCH = {
+    Plurk: entry_readers,
+    Response: entry_readers,
+    Follow: lambda follow: [follow.follower_id],
+}
+RESOURCES = ("getUnreadCount", "getMessages")
+
+
+@fastpoll.resource("getUnreadCount", watch=WATCH)
 def get_unread_count(user_ids):
     bodies = {0: b""}
     result = {}
     for uid, n in unread_counts(user_ids).items():
         if n not in bodies:
-            bodies[n] = dumps({"count": n})
+            bodies[n] = fastpoll.dumps({"count": n})
         result[uid] = bodies[n]
     return result
 
 
-@register("getMessages")
+@fastpoll.resource("getMessages", watch=WATCH)
 def get_messages(user_ids):
     # Followers of the same people often have the very same unread items: encode each once.
     bodies = {}
@@ -344,6 +268,6 @@ def get_messages(user_ids):
     for uid, (n, items) in unread_messages(user_ids).items():
         signature = (n, tuple(item["id"] for item in items))
         if signature not in bodies:
-            bodies[signature] = dumps({"count": n, "items": items}) if n else b""
+            bodies[signature] = fastpoll.dumps({"count": n, "items": items}) if n else b""
         result[uid] = bodies[signature]
     return result

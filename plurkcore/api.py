@@ -9,12 +9,11 @@ from django.db.models import Count, F, Max, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.middleware.csrf import get_token
 
-from fastpoll import conf
-from .answers import isoformat, unread_counts
-from .auth import issue_token
-from .changes import changed
+import fastpoll
+
+from .answers import RESOURCES, isoformat, unread_counts
 from .http import ApiError, api_view, field, is_storable_text, json_response, no_content, read_json
-from .models import MAX_CONTENT_LENGTH, Follow, Plurk, UserState
+from .models import MAX_CONTENT_LENGTH, Follow, Plurk, ReadCursor
 
 USERNAME_MAX = 150
 PASSWORD_MIN = 8
@@ -67,13 +66,12 @@ def _credentials(data):
 def _logged_in(request, user, status):
     # Django's convention for a login: receivers run (contrib.auth's sets last_login)
     user_logged_in.send(sender=user.__class__, request=request, user=user)
-    state, _ = UserState.objects.get_or_create(user=user)
+    ReadCursor.objects.get_or_create(user=user)
     # write this user's answers now, so that the first poll after a login is a hit
-    changed("user", users={user.pk})
-    token = issue_token(user.pk, state.epoch)
-    response = json_response({"token": token, "user": _user_json(user)}, status=status)
-    response.set_cookie(conf.get_config()["COOKIE_NAME"], token, max_age=conf.get_config()["TOKEN_TTL"],
-                        path="/", secure=request.is_secure(), httponly=True, samesite="Lax")
+    fastpoll.touch(RESOURCES, users=[user])
+    response = json_response({}, status=status)
+    token = fastpoll.issue_token(user, response, request)
+    response.content = fastpoll.dumps({"token": token, "user": _user_json(user)})
     get_token(request)      # CsrfViewMiddleware sets the csrftoken cookie on the way out
     return response
 
@@ -122,16 +120,8 @@ def login(request):
 
 @api_view(["POST"])
 def logout(request):
-    user = request.plurk_user
-    with transaction.atomic():
-        # lock the row: the keys to retire are those of the epoch this update replaces (a
-        # concurrent logout may already have moved it past the one in this request's token);
-        # saving the state publishes them (receivers._state_saved)
-        state, _ = UserState.objects.select_for_update().get_or_create(user=user)
-        state.epoch += 1
-        state.save(update_fields=["epoch"])
     response = no_content()
-    response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", samesite="Lax")
+    fastpoll.revoke(request.plurk_user, response)
     return response
 
 
@@ -267,6 +257,7 @@ def mark_read(request):
     with transaction.atomic():
         highest = Plurk.entries.aggregate(highest=Max("id"))["highest"] or 0
         upto = min(upto, highest)
-        if UserState.objects.filter(user=user, read_upto__lt=upto).update(read_upto=upto):
-            changed("read", users={user.pk})
+        ReadCursor.objects.get_or_create(user=user)
+        if ReadCursor.objects.filter(user=user, read_upto__lt=upto).update(read_upto=upto):
+            fastpoll.touch(RESOURCES, users=[user])
     return json_response({"count": unread_counts([user.pk]).get(user.pk, 0)})

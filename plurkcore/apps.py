@@ -2,18 +2,15 @@ from django.apps import AppConfig
 
 
 class PlurkCoreConfig(AppConfig):
-    """Wiring only: the model-signal receivers that collect changes, the notices to fastpath and
-    the system checks."""
+    """Wiring only: Plurk's poll resources (registered with fastpoll on import), its receivers
+    and its system check."""
 
     name = "plurkcore"
     verbose_name = "Plurk core"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from fastpoll import conf  # noqa: F401  (connects setting_changed)
-
-        from . import checks, notify, receivers, signals
+        from . import answers, checks, receivers  # noqa: F401  (answers: registers the resources)
 
         checks.register()
         receivers.install()
-        signals.answers_stored.connect(notify.keys_stored, dispatch_uid="plurkcore.notify")

@@ -1,19 +1,17 @@
 """JSON plumbing shared by the API and poll views: errors are always ``{"error": "..."}``."""
 import functools
-import hashlib
 import json
 import logging
 
+from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import OperationalError
 from django.http import Http404, HttpResponse, StreamingHttpResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
-from django.utils.http import parse_etags
 from django.views.decorators.csrf import csrf_exempt
 
-from fastpoll import conf
-from .auth import AuthError, authenticate_token, token_from_request
+import fastpoll
 
 logger = logging.getLogger("plurkcore.api")
 
@@ -27,54 +25,17 @@ class ApiError(Exception):
 
 
 def json_response(obj, status=200, headers=None):
-    from .answers import dumps
-
-    response = HttpResponse(dumps(obj), status=status, content_type="application/json")
+    response = HttpResponse(fastpoll.dumps(obj), status=status, content_type="application/json")
     response["Cache-Control"] = "no-store"
     for name, value in (headers or {}).items():
         response[name] = value
     return response
 
 
-def error_response(status, message, headers=None):
-    return json_response({"error": message}, status=status, headers=headers)
-
-
-def bodiless(status):
-    """A 204 or 304: no body, no Content-Type and no Content-Length.  Streaming only so that
-    CommonMiddleware adds no ``Content-Length: 0``, which RFC 9110 (8.6) forbids on a 204 and on
-    a 304 of a non-empty answer."""
-    response = StreamingHttpResponse((), status=status)
-    del response["Content-Type"]
-    return response
-
-
 def no_content():
-    response = bodiless(204)
-    response["Cache-Control"] = "no-store"
-    return response
-
-
-def answer_etag(body):
-    """The poll answer's ETag (docs/contract.md, section 7): the first 32 lowercase hex digits of
-    SHA-256 of the exact body bytes, quoted; fastpath computes the same with OpenSSL."""
-    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
-
-
-def none_match(request, etag):
-    """True if the request's If-None-Match matches ``etag``: Django's own reading
-    (``django.utils.cache.get_conditional_response``: ``parse_etags``, ``*``, weak comparison),
-    applied to POST as well since a poll is a read whatever its method."""
-    tags = parse_etags(request.META.get("HTTP_IF_NONE_MATCH", ""))
-    if tags == ["*"]:
-        return True
-    return etag.removeprefix("W/") in (tag.removeprefix("W/") for tag in tags)
-
-
-def not_modified(etag):
-    """304 with no body, Content-Type or Content-Length."""
-    response = bodiless(304)
-    response["ETag"] = etag
+    """A 204 with no Content-Type and no Content-Length (RFC 9110, 8.6)."""
+    response = StreamingHttpResponse((), status=204)
+    del response["Content-Type"]
     response["Cache-Control"] = "no-store"
     return response
 
@@ -95,7 +56,7 @@ def _require_csrf(request):
 
 def read_json(request):
     """The request body as a JSON object (dict); ApiError 400/413 otherwise."""
-    limit = conf.get_config()["MAX_BODY_SIZE"]
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 2621440
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -170,37 +131,36 @@ def api_view(methods, auth=True, logs_in=False):
                 if logs_in and _from_a_browser(request):
                     _require_csrf(request)
                 if auth:
-                    token, source = token_from_request(request)
                     try:
-                        request.plurk_user, request.plurk_epoch = authenticate_token(token)
-                    except AuthError as exc:
+                        request.plurk_user, source = fastpoll.authenticate(request)
+                    except fastpoll.AuthError as exc:
                         raise ApiError(401, str(exc)) from None
                     request.plurk_auth_source = source
                     if source == "cookie" and request.method not in ("GET", "HEAD", "OPTIONS", "TRACE"):
                         _require_csrf(request)
                 return view(request, *args, **kwargs)
             except ApiError as exc:
-                return error_response(exc.status, exc.message, exc.headers)
+                return fastpoll.error_response(exc.status, exc.message, exc.headers)
             except Http404 as exc:
-                return error_response(404, str(exc) or "not found")
+                return fastpoll.error_response(404, str(exc) or "not found")
             except PermissionDenied:
-                return error_response(403, "permission denied")
+                return fastpoll.error_response(403, "permission denied")
             except RequestDataTooBig:
-                return error_response(413, "request body too large")
+                return fastpoll.error_response(413, "request body too large")
             except (MultiPartParserError, UnreadablePostError, BadRequest) as exc:
                 # e.g. a multipart body without a boundary, read by the CSRF check's request.POST
-                return error_response(400, f"malformed request body: {exc}"[:200])
+                return fastpoll.error_response(400, f"malformed request body: {exc}"[:200])
             except SuspiciousOperation as exc:
                 logger.warning("suspicious request: %s", exc)
-                return error_response(400, "bad request")
+                return fastpoll.error_response(400, "bad request")
             except OperationalError as exc:
                 # the database is overloaded or away (SQLite "database is locked" after its
                 # timeout, a lost PostgreSQL connection): the client should retry, not give up
                 logger.error("database unavailable in %s: %s", view.__name__, exc)
-                return error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
+                return fastpoll.error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
             except Exception:
                 logger.exception("unexpected error in %s", view.__name__)
-                return error_response(500, "internal error")
+                return fastpoll.error_response(500, "internal error")
 
         return csrf_exempt(wrapper)
 

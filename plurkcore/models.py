@@ -141,57 +141,15 @@ class Response(Plurk):
         default_manager_name = "objects"
 
 
-class UserState(models.Model):
-    """Per-user poll state: the token epoch (bumped to revoke every token) and the read cursor."""
+class ReadCursor(models.Model):
+    """A user's read cursor: every entry with an id up to ``read_upto`` counts as read."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, primary_key=True,
-                                related_name="plurk_state")
-    epoch = models.BigIntegerField(default=0)
+                                related_name="plurk_cursor")
     read_upto = models.BigIntegerField(default=0)
 
     class Meta:
-        verbose_name = "user state"
+        verbose_name = "read cursor"
 
     def __str__(self):
-        return f"state of {self.user_id}: epoch {self.epoch}, read up to {self.read_upto}"
-
-
-class SuspectServer(models.Model):
-    """A memcached server a write to failed: it may hold stale answers until it is flushed.
-
-    ``generation`` grows with every new failure, so the repair pass removes the row only when no
-    failure happened after the flush it did (see docs/consistency.md)."""
-
-    server = models.CharField(max_length=300, unique=True)
-    generation = models.BigIntegerField(default=1)
-    since = models.DateTimeField(default=timezone.now)
-
-    def __str__(self):
-        return self.server
-
-
-class StaleKey(models.Model):
-    """A cache key that could not be rewritten (contention); the repair pass rewrites it."""
-
-    key = models.CharField(max_length=250, unique=True)
-    generation = models.BigIntegerField(default=1)
-    since = models.DateTimeField(default=timezone.now)
-
-    def __str__(self):
-        return self.key
-
-
-class PendingChange(models.Model):
-    """One change a transaction made, whose answers may not be written yet (the outbox).
-
-    :func:`plurkcore.changes.changed` inserts it in the transaction that made the change, and the
-    writer deletes it once the answers are written: a row that is still here some seconds after
-    its commit belongs to a process that died in between (a killed web host), and the repair
-    pass writes its answers (:func:`plurkcore.repair.repair`).  ``created`` is the database's
-    clock, so hosts with different clocks agree on a row's age."""
-
-    change = models.TextField()            # JSON: {"kind", "users", "followers_of", "dead_keys"}
-    created = models.DateTimeField(db_default=Now())
-
-    def __str__(self):
-        return f"pending change {self.pk}: {self.change[:60]}"
+        return f"{self.user_id} has read up to {self.read_upto}"

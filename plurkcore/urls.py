@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from . import api, views
+from . import api
 from .http import api_view, ApiError
 
 app_name = "plurkcore"
@@ -25,6 +25,5 @@ urlpatterns = [
     path("api/plurks/<int:plurk_id>/responses", api.responses, name="responses"),
     path("api/timeline", api.timeline, name="timeline"),
     path("api/markRead", api.mark_read, name="mark-read"),
-    path("Poll/<str:resource>", views.poll, name="poll"),
-    re_path(r"^(?:api|Poll)(?:/(?P<rest>[\s\S]*))?\Z", not_found),
+    re_path(r"^api(?:/(?P<rest>[\s\S]*))?\Z", not_found),
 ]

@@ -7,7 +7,7 @@ that do not ask for HTML) get JSON; the pages keep Django's HTML.
 """
 from django.views import defaults
 
-from plurkcore.http import error_response
+from fastpoll import error_response
 
 JSON_PREFIXES = ("/api/", "/Poll/")
 

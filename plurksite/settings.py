@@ -131,9 +131,8 @@ FASTPOLL = {
     "MEMCACHED_SERVERS": STACK.memcached_specs,
     "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
     "SECRET_FILE": STACK.secret_file,
-    "MAX_BODY_SIZE": STACK.max_body_bytes,
 }
-# fastpath's notice sockets: plurkcore.notify tells held long-polls which keys it stored.  Only
+# fastpath's notice sockets: fastpoll.notify tells held long-polls which keys it stored.  Only
 # once this plurkcore reads the key (issue 14): an unknown key is a warning (plurkcore.W001).
 from fastpoll.conf import DEFAULTS as _FASTPOLL_DEFAULTS  # noqa: E402  (light: no ORM)
 
@@ -141,7 +140,7 @@ if "NOTIFY_DIRS" in _FASTPOLL_DEFAULTS:
     FASTPOLL["NOTIFY_DIRS"] = [STACK.fastpath_notify] if STACK.fastpath_notify else []
 # several hosts: every fastpath worker port of every web host, over UDP
 if STACK.fastpath_notify_udp:
-    FASTPOLL["NOTIFY_BACKEND"] = "plurkcore.notify.UdpNotifier"
+    FASTPOLL["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"
     FASTPOLL["NOTIFY_UDP"] = STACK.notify_udp_destinations
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes

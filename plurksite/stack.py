@@ -306,7 +306,7 @@ class Stack:
         self.env["DJANGO_SETTINGS_MODULE"] = settings_module
         self.env["PYTHONUNBUFFERED"] = "1"
         self.env.update(extra_env or {})
-        self.with_repair = self._has_repaircache() if with_repair is None else with_repair
+        self.with_repair = True if with_repair is None else with_repair
         self.services = []
         self._nginx_errors_from = 0
         self._stop = threading.Event()
@@ -314,10 +314,6 @@ class Stack:
         self._supervisor = Supervisor()
 
     # -- building -------------------------------------------------------------------------
-    @staticmethod
-    def _has_repaircache():
-        return os.path.exists(os.path.join(ROOT, "plurkcore", "management", "commands", "repaircache.py"))
-
     @property
     def base_url(self):
         return self.config.base_url

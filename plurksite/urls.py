@@ -14,6 +14,7 @@ def static(request, path):
 urlpatterns = [
     path("admin/", admin.site.urls),
     re_path(r"^%s(?P<path>.*)$" % settings.STATIC_URL.lstrip("/"), static),
+    path("", include("fastpoll.urls")),
     path("", include("plurkcore.urls")),
     path("", include("plurkweb.urls")),
 ]

@@ -161,9 +161,9 @@ def test_outbox_replays_are_counted_from_the_repair_hosts_log(tmp_path, monkeypa
     log_dir.mkdir(parents=True)
     at = lambda t: _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(t)) + ",123"
     (log_dir / "repaircache.log").write_text(
-        f"{at(1000)} WARNING plurkcore.repair: writing the answers of 3 change(s) whose writer did not finish\n"
-        f"{at(2000)} WARNING plurkcore.repair: writing the answers of 4 change(s) whose writer did not finish\n"
-        f"{at(2000)} INFO plurkcore.repair: memcached x answers again: flushed its entries before trusting it\n")
+        f"{at(1000)} WARNING fastpoll.repair: writing the answers of 3 change(s) whose writer did not finish\n"
+        f"{at(2000)} WARNING fastpoll.repair: writing the answers of 4 change(s) whose writer did not finish\n"
+        f"{at(2000)} INFO fastpoll.repair: memcached x answers again: flushed its entries before trusting it\n")
     cluster = type("C", (), {"hosts": hosts})()
     assert drills.outbox_replays(cluster, 1500, 2500) == 4
     assert drills.outbox_replays(cluster, 0, 5000) == 7

@@ -4,7 +4,7 @@ second by a plurk (Django's notice), answered 304 when the wait ends, and while 
 held no gunicorn worker is busy with them (Django never holds).
 
 Skipped until fastpath has --max-wait (lp-fastpath); it then needs the runner to pass
---max-wait/--notify-dir (plurksite/services.py) and Django's notices (plurkcore/notify.py).
+--max-wait/--notify-dir (plurksite/services.py) and Django's notices (fastpoll/notify.py).
 """
 import os
 import re

@@ -260,7 +260,7 @@ def test_random_credentials_read_as_django_or_ambiguous():
     """Seeded header sets, beyond the vectors: where the C is sure, Django (behind gunicorn's
     parser) reads no token when it reads none, and the same token (or one malformed on both
     sides: non-ASCII) when it reads one."""
-    from plurkcore import auth
+    from fastpoll import auth
 
     rng = random.Random(13)
     seen = {"ambiguous": 0, "none": 0, "token": 0}

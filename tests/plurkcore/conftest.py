@@ -46,7 +46,7 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def _isolated_plurkcore(settings):
     """Each test starts with a dead-but-fast cache, fresh counters and no hooks."""
-    from plurkcore import _testhooks, cache
+    from fastpoll import _testhooks, cache
 
     settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[f"127.0.0.1:{free_port()}"])
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -117,7 +117,7 @@ def signup(client_factory):
 
 @pytest.fixture
 def hooks():
-    from plurkcore import _testhooks
+    from fastpoll import _testhooks
 
     yield _testhooks.set_hook
 

@@ -1,14 +1,15 @@
 """Helpers for plurkcore's tests: direct looks at memcached and the database's truth."""
 import contextlib
 import time
+from fastpoll import resources as fastpoll_resources
 
 from django.db import connection
 from pymemcache.client.base import Client
 
 from fastpoll import keys
 from plurkcore import answers
-from plurkcore.cache import BytesSerde, get_cache, parse_server
-from plurkcore.models import UserState
+from fastpoll.cache import BytesSerde, get_cache, parse_server
+from fastpoll.models import UserState
 
 
 def server_client(spec, timeout=2):
@@ -34,7 +35,7 @@ def cached(resource, uid, servers, epoch=None):
 
 
 def truth(resource, uid):
-    return answers.get_resource(resource).compute([uid]).get(uid)
+    return fastpoll_resources.get(resource).compute([uid]).get(uid)
 
 
 def assert_consistent(uids, servers, resources=("getUnreadCount", "getMessages"), require=False):

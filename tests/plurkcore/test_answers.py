@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from plurkcore import answers
-from plurkcore.models import Follow, Plurk, UserState
+from plurkcore.models import Follow, Plurk, ReadCursor
 
 from .helpers import sqlite_steps
 
@@ -42,7 +42,7 @@ def _world(seed, users=24, entries=300):
     ids = [pk for pk, _, _ in rows]
     cursors = {uid: rnd.choice([0, 0, rnd.choice(ids), max(ids)]) for uid in uids}
     for uid, upto in cursors.items():
-        UserState.objects.update_or_create(user_id=uid, defaults={"read_upto": upto})
+        ReadCursor.objects.update_or_create(user_id=uid, defaults={"read_upto": upto})
     return uids, follows, rows, cursors
 
 
@@ -93,7 +93,7 @@ def test_reading_unread_items_does_not_grow_with_the_table():
     table holds: SQLite once walked every plurk above the cursor (13 s for 1,000 such users at
     50,000 plurks)."""
     uids, _, _, _ = _world(5, users=20, entries=100)
-    UserState.objects.filter(user_id__in=uids).update(read_upto=0)
+    ReadCursor.objects.filter(user_id__in=uids).update(read_upto=0)
     before = sqlite_steps(lambda: answers.unread_messages(uids))
     stranger = get_user_model().objects.create(username="stranger", password="!")
     Plurk.objects.bulk_create([Plurk(author=stranger, content="y") for _ in range(5000)])
@@ -124,7 +124,7 @@ def _author_and_followers(author, prefix, count):
     followers = User.objects.bulk_create([User(username=f"{prefix}{i}", password="!") for i in range(count)])
     if not followers[0].pk:
         followers = list(User.objects.filter(username__startswith=prefix).order_by("id"))
-    UserState.objects.bulk_create([UserState(user=u) for u in followers])
+    ReadCursor.objects.bulk_create([ReadCursor(user=u) for u in followers])
     Follow.objects.bulk_create([Follow(follower=u, followee=author) for u in followers])
     return author, followers
 
@@ -145,7 +145,7 @@ def test_reading_unread_items_does_not_grow_with_the_authors_history():
     # answered by the author and by a follower: threads of the author and of the follower's own
     Plurk.entries.bulk_create([Plurk(author=followers[i % 20], parent=p, content="re") for i, p in enumerate(old)])
     newest = Plurk.entries.order_by("-id").values_list("id", flat=True)[0]
-    UserState.objects.filter(user_id__in=uids).update(read_upto=newest)
+    ReadCursor.objects.filter(user_id__in=uids).update(read_upto=newest)
     Plurk.objects.create(author=author, content="newer")
     assert sorted(answers.unread_counts(uids).values()) == [1] * 20
     after = _work(uids)

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from fastpoll import conf, tokens
-from plurkcore.auth import signing_key
+from fastpoll.auth import signing_key
 
 from .helpers import sqlite_steps
 
@@ -400,7 +400,7 @@ def test_database_unavailable_is_503_json_not_500(client, monkeypatch):
     def locked(*args, **kwargs):
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr(api, "issue_token", locked)
+    monkeypatch.setattr(api.fastpoll, "issue_token", locked)
     resp = client.post("/api/signup", data={"username": "lockme", "password": "long-enough-1"},
                        content_type="application/json")
     assert resp.status_code == 503

@@ -8,7 +8,8 @@ import sys
 import pytest
 from django.core.management import call_command
 
-from plurkcore.models import Follow, Plurk, SuspectServer
+from fastpoll.models import SuspectServer
+from plurkcore.models import Follow, Plurk
 
 from .helpers import cached, key_of, server_client, truth
 

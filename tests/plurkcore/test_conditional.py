@@ -9,7 +9,7 @@ import pytest
 from django.test import RequestFactory
 from django.utils.cache import get_conditional_response
 
-from plurkcore.http import answer_etag, none_match
+from fastpoll.http import answer_etag, none_match
 from tests.support.wsgi import django_response, request_bytes
 
 from .helpers import cached
@@ -116,8 +116,8 @@ def test_etag_follows_the_answer(signup):
 
 @pytest.mark.django_db(transaction=True)
 def test_not_modified_still_fills_the_cache(signup, cache1):
-    from plurkcore.cache import get_cache
-    from plurkcore.models import UserState
+    from fastpoll.cache import get_cache
+    from fastpoll.models import UserState
 
     a = signup("a")
     get_cache().delete_many(cache1.spec, [f"p1:getUnreadCount:{a.user['id']}:0"])

@@ -5,9 +5,9 @@ import os
 import pytest
 
 from fastpoll import keys, tokens
-from plurkcore import auth
-from plurkcore.answers import dumps
-from plurkcore.cache import AnswerCache
+from fastpoll import auth
+from fastpoll.http import dumps
+from fastpoll.cache import AnswerCache
 from fastpoll.secret import SecretFileError, parse_secret
 from tests.support.wsgi import django_request, django_response, request_bytes
 
@@ -77,6 +77,6 @@ def test_empty_cookie_is_authentication_required(cookie):
 @pytest.mark.parametrize("body, etag", VECTORS["etag"], ids=lambda v: v[:24])
 def test_etag_vectors(body, etag):
     """Section 7: the quoted first 32 hex digits of SHA-256 of the exact body bytes."""
-    from plurkcore.http import answer_etag
+    from fastpoll.http import answer_etag
 
     assert answer_etag(body.encode()) == etag

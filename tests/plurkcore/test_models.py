@@ -3,7 +3,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
-from plurkcore.models import Follow, Plurk, Response, UserState
+from fastpoll.models import UserState
+from plurkcore.models import ReadCursor, Follow, Plurk, Response
 
 pytestmark = pytest.mark.django_db
 
@@ -40,8 +41,9 @@ def test_follow_is_unique_and_never_self(users):
 def test_every_user_gets_a_state(users):
     a, _ = users
     state = UserState.objects.get(user=a)
-    assert (state.epoch, state.read_upto) == (0, 0)
-    assert "epoch 0" in str(state)
+    assert state.epoch == 0 and "epoch 0" in str(state)
+    cursor = ReadCursor.objects.get(user=a)
+    assert cursor.read_upto == 0 and "read up to 0" in str(cursor)
 
 
 def test_a_response_knows_its_parents_author_however_it_is_made(users):

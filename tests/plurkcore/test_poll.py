@@ -2,10 +2,13 @@
 import json
 
 import pytest
+from django.db.models import Count
+
+import fastpoll
 
 from fastpoll import resources as fastpoll_resources
 from plurkcore import answers
-from plurkcore.answers import dumps
+from fastpoll.http import dumps
 
 from .helpers import cached, truth
 
@@ -99,7 +102,7 @@ def test_miss_fills_the_cache_with_the_exact_body(signup, cache1):
     a, b = signup("a"), signup("b")
     b.call("POST", "/api/follow", {"username": "a"})
     a.call("POST", "/api/plurks", {"content": "snow \u2603 <b>&amp;</b>"})
-    from plurkcore.cache import get_cache
+    from fastpoll.cache import get_cache
     from .helpers import key_of
     get_cache().client.delete_many([key_of(r, b.user["id"]) for r in ("getUnreadCount", "getMessages")])
     resp = poll(b, "getMessages")
@@ -109,39 +112,43 @@ def test_miss_fills_the_cache_with_the_exact_body(signup, cache1):
 
 @pytest.mark.django_db(transaction=True)
 def test_integrating_app_can_register_a_resource(signup, cache1):
+    from plurkcore.models import Plurk
+
     calls = []
 
-    @answers.register("getPlurkTotal", affected_by={"plurk"})
+    @fastpoll.resource("getPlurkTotal", watch={Plurk: lambda plurk: [plurk.author_id]})
     def total(user_ids):
-        from plurkcore.models import Plurk
         calls.append(sorted(user_ids))
-        n = Plurk.objects.count()
-        return {uid: dumps({"plurks": n}) if n else b"" for uid in user_ids}
+        counts = dict(Plurk.objects.filter(author_id__in=user_ids).values_list("author_id").annotate(n=Count("id")))
+        return {uid: dumps({"plurks": counts[uid]}) if counts.get(uid) else b"" for uid in user_ids}
 
     try:
         a, b = signup("a"), signup("b")
         b.call("POST", "/api/follow", {"username": "a"})
-        assert poll(b, "getPlurkTotal").status_code == 204
+        assert poll(a, "getPlurkTotal").status_code == 204
         calls.clear()
-        b.call("POST", "/api/markRead", {"upto": 0})   # not a "plurk" change: not recomputed
+        a.call("POST", "/api/markRead", {"upto": 0})   # touches Plurk's own resources only
         assert calls == []
         a.call("POST", "/api/plurks", {"content": "x"})
-        assert cached("getPlurkTotal", b.user["id"], [cache1]) == b'{"plurks":1}'
-        assert poll(b, "getPlurkTotal").content == b'{"plurks":1}'
+        assert calls == [[a.user["id"]]]
+        assert cached("getPlurkTotal", a.user["id"], [cache1]) == b'{"plurks":1}'
+        assert poll(a, "getPlurkTotal").content == b'{"plurks":1}'
     finally:
-        answers.unregister("getPlurkTotal")
+        fastpoll_resources.unregister("getPlurkTotal")
 
 
 def test_register_validates():
     with pytest.raises(ValueError):
-        answers.register("bad name")
+        fastpoll.resource("bad name")
     with pytest.raises(ValueError):
-        answers.register("ok", affected_by={"nonsense"})
+        fastpoll.resource("ok", per="group")
+    with pytest.raises(ValueError):
+        fastpoll.resource("ok", watch={"plurk": lambda p: []})
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_broken_resource_does_not_stop_the_others(signup, cache1):
-    @answers.register("getBroken")
+    @fastpoll.resource("getBroken")
     def broken(user_ids):
         raise RuntimeError("bug in an integrating app")
 
@@ -153,7 +160,7 @@ def test_a_broken_resource_does_not_stop_the_others(signup, cache1):
         resp = poll(b, "getBroken")
         assert resp.status_code == 500 and resp.json() == {"error": "internal error"}
     finally:
-        answers.unregister("getBroken")
+        fastpoll_resources.unregister("getBroken")
 
 
 def test_a_busy_database_answers_503_with_retry_after(signup, monkeypatch):
@@ -166,7 +173,7 @@ def test_a_busy_database_answers_503_with_retry_after(signup, monkeypatch):
 
     import dataclasses
 
-    resource = answers.get_resource("getUnreadCount")
+    resource = fastpoll_resources.get("getUnreadCount")
     monkeypatch.setitem(fastpoll_resources._registry, resource.name, dataclasses.replace(resource, compute=locked))
     resp = a.call("GET", "/Poll/getUnreadCount")
     assert resp.status_code == 503 and resp["Retry-After"] == "1"

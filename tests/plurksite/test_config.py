@@ -313,7 +313,7 @@ def test_django_sends_udp_notices_to_every_port_of_every_entry():
             "print(p['NOTIFY_BACKEND'], p['NOTIFY_UDP'], p['NOTIFY_DIRS'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env=dict(os.environ, PLURK_FASTPATH_NOTIFY=CLUSTER)).stdout
-    assert out.split(" ", 1) == ["plurkcore.notify.UdpNotifier",
+    assert out.split(" ", 1) == ["fastpoll.notify.UdpNotifier",
                                  "['10.77.0.21:9100', '10.77.0.21:9101', '10.77.0.22:9100', '10.77.0.22:9101'] []\n"]
 
 

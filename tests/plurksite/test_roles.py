@@ -334,7 +334,7 @@ def test_a_cluster_on_loopback_serves_through_the_balancer_and_survives_a_lost_w
         with services.socket.create_connection((host, port), timeout=5) as sock:
             sock.sendall(b"set pre-outage 0 0 3\r\nold\r\n")
             assert sock.recv(100) == b"STORED\r\n"
-        manage(web1, "shell", "-c", f"from plurkcore import repair; repair.mark_suspect('{host}:{port}')")
+        manage(web1, "shell", "-c", f"from fastpoll import ledger; ledger.mark_suspect('{host}:{port}')")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with services.socket.create_connection((host, port), timeout=5) as sock:
@@ -342,7 +342,7 @@ def test_a_cluster_on_loopback_serves_through_the_balancer_and_survives_a_lost_w
                 if sock.recv(100) == b"END\r\n":
                     break
             time.sleep(0.2)
-        count = manage(web1, "shell", "-c", "from plurkcore.models import SuspectServer as S; print(S.objects.count())")
+        count = manage(web1, "shell", "-c", "from fastpoll.models import SuspectServer as S; print(S.objects.count())")
         assert count.stdout.split()[-1] == "0"
         flushed = [(tmp_path / n / "log" / "repaircache.log").read_text().count(f"flushed {host}:{port}")
                    for n in ("mc", "web1")]

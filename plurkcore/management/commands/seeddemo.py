@@ -1,8 +1,8 @@
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from plurkcore.management.base import StoreCommand
-from plurkcore.models import Follow, Plurk, UserState
+from fastpoll.management.base import StoreCommand
+from plurkcore.models import Follow, Plurk, ReadCursor
 
 USERS = ["alice", "bob", "carol", "dave"]
 PASSWORD = "plurkdemo1"
@@ -27,7 +27,7 @@ class Command(StoreCommand):
                 if user is None:
                     user = User.objects.create_user(username=name, password=PASSWORD)
                 users[name] = user
-                UserState.objects.get_or_create(user=user)
+                ReadCursor.objects.get_or_create(user=user)
             for a in USERS:
                 for b in USERS:
                     if a != b and not Follow.objects.filter(follower=users[a], followee=users[b]).exists():

@@ -6,13 +6,15 @@ real site are: signing 300 users up at once would measure Django's password hash
 deliberately ~0.5 s of CPU each), not polling.
 """
 import json
+from fastpoll import resources as fastpoll_resources
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from plurkcore.auth import issue_token
-from plurkcore.models import UserState
+from fastpoll.auth import sign
+from fastpoll.models import UserState
+from plurkcore.models import ReadCursor
 
 
 class Command(BaseCommand):
@@ -57,9 +59,11 @@ class Command(BaseCommand):
                 u.set_unusable_password()
             User.objects.bulk_create(users, batch_size=1000)
             ids = dict(User.objects.filter(username__in=names).values_list("username", "id"))
+            ReadCursor.objects.bulk_create([ReadCursor(user_id=ids[n]) for n in names], batch_size=1000,
+                                           ignore_conflicts=True)
             UserState.objects.bulk_create([UserState(user_id=ids[n]) for n in names], batch_size=1000,
                                           ignore_conflicts=True)
-        accounts = [{"username": n, "token": issue_token(ids[n], 0), "follows": []} for n in names]
+        accounts = [{"username": n, "token": sign(ids[n], 0), "follows": []} for n in names]
         if prefollow and 0 < celebrities < count:
             import random
 
@@ -77,9 +81,10 @@ class Command(BaseCommand):
             Follow.objects.bulk_create(edges, batch_size=2000)
         if warm:
             # the same write protocol as after a commit (gets, read the database, cas/add)
-            from plurkcore import answers, publish
+            from fastpoll import publish
+            from plurkcore import answers
 
-            failed = publish.write_answers({r.name: set(ids.values()) for r in answers.resources()})
+            failed = publish.write_answers({r.name: set(ids.values()) for r in fastpoll_resources.all_resources()})
             if failed:
                 raise CommandError(f"{len(failed)} answers could not be written to memcached")
         json.dump(accounts, fh)

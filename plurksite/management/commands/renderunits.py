@@ -1,5 +1,6 @@
 """``manage.py renderunits``: this host's systemd units and environment file (docs/deploy.md)."""
 import os
+from fastpoll import resources as fastpoll_resources
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -41,7 +42,7 @@ class Command(BaseCommand):
             # the poll resources runstack hands fastpath: every one registered with plurkcore
             files = units.render(config, user=user, group=group, env_file=env_file,
                                  settings_module=settings.SETTINGS_MODULE,
-                                 poll_resources=sorted(r.name for r in answers.resources()),
+                                 poll_resources=sorted(r.name for r in fastpoll_resources.all_resources()),
                                  external_nginx=external_nginx)
             if external_nginx and (config.runs("web") or config.runs("balancer")):
                 from plurksite import nginxconf

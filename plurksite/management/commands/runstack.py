@@ -3,6 +3,7 @@ memcached, gunicorn, fastpath and nginx) in the foreground."""
 import logging
 import os
 import signal
+from fastpoll import resources as fastpoll_resources
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -52,7 +53,7 @@ class Command(BaseCommand):
         from plurkcore import answers
 
         stack = Stack(config, nginx_workers=options["nginx_workers"],
-                      poll_resources=sorted(r.name for r in answers.resources()))
+                      poll_resources=sorted(r.name for r in fastpoll_resources.all_resources()))
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stack.request_stop)
         try:

@@ -17,7 +17,7 @@ import threading
 
 from django.db import close_old_connections
 
-logger = logging.getLogger("plurkcore.background")
+logger = logging.getLogger("fastpoll.background")
 
 #: Counters since process start: jobs submitted, finished, raised.
 stats = {"submitted": 0, "done": 0, "errors": 0}

@@ -1,26 +1,23 @@
 """The after-commit writer: keep every cached poll answer equal to what Django would answer.
 
-:func:`flush` receives a committed transaction's changes (from :mod:`plurkcore.changes`) and
+:func:`flush` receives a committed transaction's changes (from :mod:`fastpoll.changes`) and
 writes them batched: every user and resource the transaction affected is written once, per server,
 pipelined (:func:`write_answers`).  :func:`delete_keys` retires keys; :func:`fill` is the poll
 view's miss-fill.  Every key follows the write protocol of docs/consistency.md (see
-:func:`_write_keys`).  A write that fails becomes a debt for :mod:`plurkcore.repair`.  Once
-memcached confirms, :func:`_after_store` sends :data:`plurkcore.signals.answers_stored`.
+:func:`_write_keys`).  A write that fails becomes a debt (:mod:`fastpoll.ledger`) that :mod:`fastpoll.repair` pays.  Once
+memcached confirms, :func:`_after_store` sends :data:`fastpoll.signals.answers_stored`.
 
 Nothing here raises into the request that committed: memcached problems are logged and counted.
 """
 import logging
 
-from django.db import connection
-
-from fastpoll import conf, keys
-from . import _testhooks, answers, repair, signals
+from . import _testhooks, audiences, conf, db, keys, ledger, resources, signals
 from .cache import CacheUnavailable, get_cache
-from .models import Follow, UserState
+from .models import UserState
 
-logger = logging.getLogger("plurkcore.publish")
+logger = logging.getLogger("fastpoll.publish")
 
-#: Counters since process start (for monitoring and tests); debts are in ``repair.stats``.
+#: Counters since process start (for monitoring and tests); debts are in ``ledger.stats``.
 stats = {"publishes": 0, "keys_written": 0, "conflicts": 0, "errors": 0}
 
 
@@ -31,10 +28,10 @@ def flush(batch, alive=None):
     called between chunks (the batch's outbox rows say their writer is still at work)."""
     if not batch:
         return True
-    unrecorded = repair.stats["unrecorded"]
+    unrecorded = ledger.stats["unrecorded"]
     try:
         publish(batch, alive)
-        if repair.stats["unrecorded"] != unrecorded:
+        if ledger.stats["unrecorded"] != unrecorded:
             raise RuntimeError("a failed write could not be recorded as a debt")
     except Exception:
         stats["errors"] += 1
@@ -46,66 +43,47 @@ def flush(batch, alive=None):
 
 def is_large(batch):
     """True if writing ``batch`` would rewrite the answers of more than ``FANOUT_IN_REQUEST``
-    followers, and it revokes nothing (a revocation's deletes are never postponed): one count
-    on the follow index, and none for a change that has no author's followers to write."""
-    authors = set()
-    for _, _, followers_of, dead_keys in batch:
-        if dead_keys:
-            return False
-        authors |= followers_of
-    if not authors:
-        return False
+    users, and it revokes nothing (a revocation's deletes are never postponed): users named
+    outright are counted, audiences with one count on their relation's index each."""
     limit = conf.get_config()["FANOUT_IN_REQUEST"]
-    return Follow.objects.filter(followee_id__in=authors).values("pk")[limit:limit + 1].exists()
+    users, wanted = set(), {}
+    for change in batch:
+        if change.dead_keys:
+            return False
+        users |= change.users
+        for name, i in change.audiences:
+            wanted.setdefault(name, set()).add(i)
+    if len(users) > limit:
+        return True
+    return bool(wanted) and audiences.exceeds(wanted, limit)
 
 
 def publish(batch, alive=None):
-    """Write the answers for a batch of (kind, users, followers_of, dead_keys)."""
+    """Write the answers for a batch of :class:`fastpoll.outbox.Change`."""
     stats["publishes"] += 1
-    try:
-        repair.repair(quick=True)
-    except Exception:
-        # old debts stay recorded for the next pass or the repair service; this change's answers
-        # are written regardless (as when another thread's pass is running)
-        logger.exception("the quick repair pass failed; writing this change's answers anyway")
-    authors = set()
-    for _, _, followers_of, _ in batch:
-        authors |= followers_of
-    followers, epochs = followers_by_author(authors)
-    by_resource = {resource.name: set() for resource in answers.resources()}
+    wanted = {}
+    for change in batch:
+        for name, i in change.audiences:
+            wanted.setdefault(name, set()).add(i)
+    members, epochs = audiences.expand(wanted) if wanted else ({}, {})
+    every = resources.all_resources()
+    by_resource = {resource.name: set() for resource in every}
     dead = set()
-    for kind, users, followers_of, dead_keys in batch:
-        affected = set(users)
-        for author in followers_of:
-            affected |= followers.get(author, set())
-        for resource in answers.resources():
-            if resource.is_affected_by(kind):
-                by_resource[resource.name] |= affected
-        dead |= dead_keys
+    for change in batch:
+        affected = set(change.users)
+        for reference in change.audiences:
+            affected |= members.get(reference, set())
+        for resource in every:
+            if resource.per == "user":
+                if change.resources is None or resource.name in change.resources:
+                    by_resource[resource.name] |= affected
+        for name, obj in change.objects:
+            if name in by_resource:
+                by_resource[name].add(obj)
+        dead |= change.dead_keys
     if dead:
         delete_keys(sorted(dead))
-    write_answers(by_resource, epochs, alive)
-
-
-def followers_by_author(authors):
-    """({author: {follower, ...}}, {follower: epoch}) of the (active) followers, in plain
-    queries: the ORM's rows cost ~1 us each, and each follower's epoch comes with it (the writer
-    needs it for the keys; a query of its own per chunk cost ~4 ms a thousand)."""
-    result, epochs = {}, {}
-    authors = list(authors)
-    size = conf.get_config()["BATCH_SIZE"]
-    follow, state = Follow._meta.db_table, UserState._meta.db_table
-    active, active_params = answers.active_clause("s")
-    with connection.cursor() as cursor:
-        for start in range(0, len(authors), size):
-            where, params = answers.id_filter("f.followee_id", authors[start:start + size])
-            cursor.execute(f"SELECT f.followee_id, f.follower_id, s.epoch FROM {follow} f "
-                           f"JOIN {state} s ON s.user_id = f.follower_id WHERE {where}{active}",
-                           params + active_params)
-            for followee, follower, epoch in cursor.fetchall():
-                result.setdefault(followee, set()).add(follower)
-                epochs[follower] = epoch
-    return result, epochs
+    write_answers({name: ids for name, ids in by_resource.items() if ids}, epochs, alive)
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -118,12 +96,35 @@ def write_answers(by_resource, epochs=None, alive=None):
     work on another: a chunk's ``gets`` go out before the chunk ahead of it is computed, and a
     chunk's store replies are read once the next chunk's gets went out.  Each key still follows
     the write protocol in order (:func:`_write_keys`)."""
-    users = sorted(set().union(*by_resource.values())) if by_resource else []
+    objects = {name: ids for name, ids in by_resource.items() if _per(name) == "object"}
+    by_resource = {name: ids for name, ids in by_resource.items() if name not in objects}
+    write = _Write(get_cache(), epochs)
+    _write_chunks(write, by_resource, alive)
+    _write_chunks(write, objects, alive)
+    stats["keys_written"] += len(write.written)
+    _retire_revoked(write.written, write.epochs)
+    return write.failed
+
+
+def _per(name):
+    resource = resources.get(name)
+    return resource.per if resource is not None else "user"
+
+
+def _sorted(ids):
+    try:
+        return sorted(ids)
+    except TypeError:                 # ids of several types: any fixed order will do
+        return sorted(ids, key=str)
+
+
+def _write_chunks(write, by_resource, alive):
+    """:func:`write_answers` for resources of one kind (users or objects)."""
+    users = _sorted(set().union(*by_resource.values())) if by_resource else []
     size = conf.get_config()["BATCH_SIZE"]
     starts = [0] + list(range(max(1, size // 4), len(users), size))
     chunks = ({name: uids & chunk for name, uids in by_resource.items() if uids & chunk}
               for chunk in (set(users[a:b]) for a, b in zip(starts, starts[1:] + [len(users)])) if chunk)
-    write = _Write(get_cache(), epochs)
     ahead = write.begin(next(chunks, None))
     behind = None
     while ahead is not None:
@@ -141,9 +142,6 @@ def write_answers(by_resource, epochs=None, alive=None):
         behind = current
     if behind is not None:
         write.finish(behind)
-    stats["keys_written"] += len(write.written)
-    _retire_revoked(write.written, write.epochs)
-    return write.failed
 
 
 class _Chunk:
@@ -171,15 +169,19 @@ class _Write:
         """Step 1 sent for a chunk ({resource name: uids}): ``gets`` of every key, per server."""
         if by_resource is None:
             return None
-        uids = set().union(*by_resource.values())
+        todo = {}
+        users = {name: ids for name, ids in by_resource.items() if _per(name) == "user"}
+        for name, ids in by_resource.items():
+            if name not in users:
+                todo.update((keys.object_key(name, obj), (name, obj)) for obj in ids)
+        uids = set().union(*users.values()) if users else set()
         epochs = {uid: self.known[uid] for uid in uids if uid in self.known}
         if len(epochs) < len(uids):
-            epochs.update(answers.epochs(uids - epochs.keys()))
+            epochs.update(db.epochs(uids - epochs.keys()))
         self.epochs.update(epochs)
-        todo = {}
-        for name, uids in by_resource.items():
+        for name, uids in users.items():
             prefix = keys.key_prefix(name)
-            todo.update(("%s%d:%d" % (prefix, uid, epochs[uid]), (name, uid)) for uid in uids if uid in epochs)
+            todo.update(("%s%s:%d" % (prefix, uid, epochs[uid]), (name, uid)) for uid in uids if uid in epochs)
         chunk = _Chunk(todo, self.cache.nodes_for(todo))
         _send_gets(self.cache, chunk, self.failed)
         return chunk
@@ -225,7 +227,7 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
         _after_store(stored, ())
         _testhooks.fire("write.after_store", keys=sorted(written), attempt=attempt)
     if todo:
-        repair.mark_stale(todo)
+        ledger.mark_stale(todo)
         failed.update(todo)
     return written
 
@@ -233,7 +235,7 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
 def _server_failed(node, todo, failed, key_list):
     """A server that failed is suspect (it may hold stale answers until the repair pass flushes
     it), and its keys are given up in this write: out of ``todo``, into ``failed``."""
-    repair.mark_suspect(node)
+    ledger.mark_suspect(node)
     _drop(todo, failed, key_list)
 
 
@@ -272,14 +274,14 @@ def _compute_round(todo, failed):
     for name, uid in todo.values():
         wanted.setdefault(name, set()).add(uid)
     values = {}
-    with answers.shared_reads():
+    with resources.computing():
         for name, uids in wanted.items():
             try:
-                values[name] = answers.get_resource(name).compute(sorted(uids))
+                values[name] = resources.get(name).compute(_sorted(uids))
             except Exception:
                 logger.exception("computing poll resource %s failed", name)
                 broken = [key for key, (n, _) in todo.items() if n == name]
-                repair.mark_stale(broken)
+                ledger.mark_stale(broken)
                 _drop(todo, failed, broken)
     return values
 
@@ -330,10 +332,10 @@ def _retire_revoked(written, epochs):
     re-read the epochs after the stores and delete what they moved past."""
     if not written:
         return
-    now = answers.epochs(epochs)
+    now = db.epochs(epochs)
     moved = {uid for uid, epoch in epochs.items() if now.get(uid) != epoch}
     if moved:
-        delete_keys([key for key, (_, uid) in written.items() if uid in moved])
+        delete_keys([key for key, (name, uid) in written.items() if uid in moved and _per(name) == "user"])
 
 
 def _after_store(stored, deleted):
@@ -352,25 +354,25 @@ def delete_keys(key_list):
         try:
             cache.delete_many(node, node_keys)
         except CacheUnavailable:
-            repair.mark_suspect(node)
+            ledger.mark_suspect(node)
         else:
             deleted.extend(node_keys)
     _after_store((), deleted)
 
 
-def fill(key, value, uid, epoch):
+def fill(key, value, uid=None, epoch=None):
     """The poll view's miss-fill: ``add`` (never overwrites a writer's value), then make sure the
-    epoch it was computed for is still current.  Returns True if stored."""
+    epoch it was computed for (a user's key or marker) is still current.  Returns True if stored."""
     cache = get_cache()
     node = cache.node_for(key)
     try:
         stored = cache.add(key, value, conf.get_config()["CACHE_TTL"])
     except CacheUnavailable as exc:
         if exc.attempted:          # the add may still land when the server wakes up
-            repair.mark_suspect(node)
+            ledger.mark_suspect(node)
         return False
     if stored:
         _after_store((key,), ())
-        if not UserState.objects.filter(user_id=uid, epoch=epoch).exists():
+        if uid is not None and not UserState.objects.filter(user_id=uid, epoch=epoch).exists():
             delete_keys([key])
     return stored

@@ -11,9 +11,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from fastpoll import conf
-from plurkcore import answers, publish
-from plurkcore.management.base import StoreCommand
+from fastpoll import conf, publish, resources
+from fastpoll.management.base import StoreCommand
 
 
 def active_user_ids(everyone=False):
@@ -30,7 +29,7 @@ def warm(everyone=False):
     uids = set(active_user_ids(everyone))
     if not uids:
         return 0, set()
-    failed = publish.write_answers({r.name: uids for r in answers.resources()})
+    failed = publish.write_answers({r.name: uids for r in resources.all_resources(per="user")})
     return len(uids), failed
 
 
@@ -46,7 +45,7 @@ class Command(StoreCommand):
     def handle(self, *args, everyone=False, **options):
         started = time.monotonic()
         count, failed = warm(everyone)
-        self.stdout.write(f"warmed {count} user(s) x {len(answers.resources())} resource(s) in "
+        self.stdout.write(f"warmed {count} user(s) x {len(resources.names(per='user'))} resource(s) in "
                           f"{time.monotonic() - started:.2f}s")
         if failed:
             raise CommandError(f"{len(failed)} answer(s) could not be written (memcached unreachable?); "

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from plurkcore.cache import AnswerCache, BytesSerde, CacheUnavailable, parse_server
+from fastpoll.cache import AnswerCache, BytesSerde, CacheUnavailable, parse_server
 
-from .helpers import server_client
+from tests.plurkcore.helpers import server_client
 
 
 def test_parse_server():
@@ -70,7 +70,7 @@ class _TrickleSocket:
 
 
 def _trickle_wire(data, step):
-    from plurkcore.cache import _Wire
+    from fastpoll.cache import _Wire
 
     class Wire(_Wire):
         def _ready(self, timeout):               # always writable; readable while data is left

@@ -14,10 +14,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import transaction
 
-from plurkcore import background, changes, publish, repair
-from plurkcore.models import PendingChange, Plurk
+from fastpoll import background, changes, publish, repair
+from fastpoll.models import PendingChange
+from plurkcore.models import Plurk
 
-from .helpers import assert_consistent, cached, truth
+from tests.plurkcore.helpers import assert_consistent, cached, truth
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,8 +123,8 @@ def test_a_debt_that_could_not_be_recorded_keeps_the_row(pair, cache1, monkeypat
     a, _ = pair
     monkeypatch.setattr(repair.StaleKey.objects, "filter",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("database gone")))
-    failing = types.SimpleNamespace(compute=lambda uids: (_ for _ in ()).throw(RuntimeError("query failed")))
-    monkeypatch.setattr(publish.answers, "get_resource", lambda name: failing)
+    failing = types.SimpleNamespace(per="user", compute=lambda uids: (_ for _ in ()).throw(RuntimeError("query failed")))
+    monkeypatch.setattr(publish.resources, "get", lambda name: failing)
     unrecorded = repair.stats["unrecorded"]
     post(a.user["id"], "hello")
     assert repair.stats["unrecorded"] > unrecorded
@@ -241,8 +242,12 @@ def test_a_long_write_renews_its_rows_so_the_repair_pass_leaves_them_alone(pair,
 
 
 def test_rows_round_trip():
-    item = ("plurk", frozenset({3, 1}), frozenset({2}), frozenset({"k:1"}))
-    assert changes.decode(changes.encode(item)) == item
+    from fastpoll import outbox
+
+    for change in (outbox.make(None, {3, 1}, (), {("followers", 2)}, {"k:1"}),
+                   outbox.make(["getMessages"], {"3f2a9c1e-0000-4000-8000-00000000002a"}),
+                   outbox.make(["thread"], objects={("thread", 5), ("thread", "a-b")})):
+        assert outbox.decode(outbox.encode(change)) == change
 
 
 # ---- for real: a separate Django process SIGKILLed between its commit and its stores ------------
@@ -250,7 +255,8 @@ def test_rows_round_trip():
 _SETUP = """
 from django.contrib.auth import get_user_model
 from fastpoll import keys
-from plurkcore.models import Follow, UserState
+from fastpoll.models import UserState
+from plurkcore.models import Follow
 User = get_user_model()
 a, b = User.objects.create_user("a"), User.objects.create_user("b")
 Follow.objects.create(follower=b, followee=a)
@@ -261,7 +267,7 @@ _KILLED = """
 import os, signal
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from plurkcore import _testhooks
+from fastpoll import _testhooks
 from plurkcore.models import Plurk
 _testhooks.set_hook("write.after_gets", lambda **context: os.kill(os.getpid(), signal.SIGKILL))
 with transaction.atomic():
@@ -272,7 +278,7 @@ print("still alive")
 _REPAIR = """
 from django.conf import settings
 from fastpoll import conf
-from plurkcore import repair
+from fastpoll import repair
 settings.FASTPOLL = dict(settings.FASTPOLL, OUTBOX_GRACE=0.001)
 conf.reset()
 print(repair.repair()["replayed"])
@@ -286,7 +292,7 @@ def test_a_django_process_killed_after_its_commit_leaves_its_answers_to_the_repa
 
     from plurksite.config import ROOT
 
-    from .helpers import server_client
+    from tests.plurkcore.helpers import server_client
 
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="plurksite.settings", PLURK_VAR_DIR=str(tmp_path),
                PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/plurk.sqlite3", PLURK_MEMCACHED=memcached.spec,

@@ -27,7 +27,7 @@ from pymemcache.exceptions import MemcacheError
 
 from fastpoll import conf
 
-logger = logging.getLogger("plurkcore.cache")
+logger = logging.getLogger("fastpoll.cache")
 
 RECV_SIZE = 65536
 GET_CHUNK = 500      # keys per ``get`` line of get_many (pymemcache's own command)

@@ -1,66 +1,29 @@
-"""The cache's debts (docs/consistency.md, "The pieces"): recording them and paying them.
+"""Paying the cache's debts (:mod:`fastpoll.ledger` writes them down; docs/consistency.md).
 
-- :func:`mark_suspect`: a write to this server failed, so it may hold stale entries
-  (:class:`~plurkcore.models.SuspectServer`);
-- :func:`mark_stale`: this key still conflicted after ``CAS_ATTEMPTS``
-  (:class:`~plurkcore.models.StaleKey`);
-- the outbox (:class:`~plurkcore.models.PendingChange`): a committed change whose writer has not
-  finished, recorded by :mod:`plurkcore.changes` in the change's own transaction;
-- :func:`repair`: flush every suspect server that answers again, rewrite stale keys, then write
-  the answers of outbox rows older than ``OUTBOX_GRACE`` (their writer died or failed).
-
-Each new failure increments the row's ``generation``; a row is deleted only if it is the row the
-pass read (same id: another pass may have paid it and a new failure made it anew, generation 1
-again) with its generation unchanged, so a failure recorded during the pass is never lost, even
-with several passes at once (every Django process, a repaircache per cluster host).
+:func:`repair`: flush every suspect server that answers again, rewrite stale keys, then write the
+answers of outbox rows older than ``OUTBOX_GRACE`` (their writer died or failed).  A row is
+deleted only if it is the row the pass read (same id: another pass may have paid it and a new
+failure made it anew, generation 1 again) with its generation unchanged, so a failure recorded
+during the pass is never lost, even with several passes at once (every Django process, a
+repaircache per cluster host).
 """
 import datetime
 import logging
 import threading
 
-from django.db import DatabaseError, IntegrityError, router, transaction
-from django.db.models import F
+from django.contrib.auth import get_user_model
+from django.db import DatabaseError, router, transaction
 from django.db.models.functions import Now
 
-from fastpoll import conf, keys
-from . import _testhooks, answers
+from . import _testhooks, conf, keys, outbox, resources
 from .cache import CacheUnavailable, get_cache
+from .ledger import stats
 from .models import PendingChange, StaleKey, SuspectServer, UserState
+from .publish import delete_keys, flush, write_answers
 
-logger = logging.getLogger("plurkcore.repair")
+logger = logging.getLogger("fastpoll.repair")
 
-#: Debts recorded since process start (for monitoring and tests); ``unrecorded``: debts that
-#: could not be written down (the database failed too), so the writer keeps its outbox rows.
-stats = {"suspect": 0, "stale": 0, "unrecorded": 0, "replayed": 0}
-
-
-def mark_suspect(node):
-    stats["suspect"] += 1
-    try:
-        if SuspectServer.objects.filter(server=node).update(generation=F("generation") + 1):
-            return
-        try:
-            with transaction.atomic():
-                SuspectServer.objects.create(server=node)
-        except IntegrityError:
-            SuspectServer.objects.filter(server=node).update(generation=F("generation") + 1)
-    except Exception:
-        stats["unrecorded"] += 1
-        logger.exception("cannot record memcached %s as suspect", node)
-
-
-def mark_stale(key_list):
-    key_list = sorted(key_list)
-    stats["stale"] += len(key_list)
-    logger.warning("%d key(s) still conflicted after retries; left to the repair pass", len(key_list))
-    try:
-        StaleKey.objects.filter(key__in=key_list).update(generation=F("generation") + 1)
-        existing = set(StaleKey.objects.filter(key__in=key_list).values_list("key", flat=True))
-        StaleKey.objects.bulk_create([StaleKey(key=k) for k in key_list if k not in existing],
-                                     ignore_conflicts=True)
-    except Exception:
-        stats["unrecorded"] += 1
-        logger.exception("cannot record %d stale key(s)", len(key_list))
+__all__ = ["repair", "stats"]
 
 
 #: Held by the thread of this process that runs a quick pass (see :func:`repair`); a thread
@@ -134,20 +97,28 @@ def _flush_suspects(quick, report):
 
 
 def _rewrite_stale(report):
-    # the writer records debts through this module: import it at call time, not at import time
-    from .publish import delete_keys, write_answers
-
     stale = list(StaleKey.objects.values_list("key", "pk", "generation")[:10000])
     if not stale:
         return
     _testhooks.fire("repair.before_rewrite", keys=[key for key, _, _ in stale])
     parsed = {key: keys.parse_key(key) for key, _, _ in stale}
-    uids = {p[1] for p in parsed.values() if p}
-    epochs = dict(UserState.objects.filter(user_id__in=uids).values_list("user_id", "epoch"))
+    to_pk = get_user_model()._meta.pk.to_python
+    uids = {}
+    for p in parsed.values():
+        if p and p.kind == "user" and p.id not in uids:
+            try:
+                uids[p.id] = to_pk(p.id)
+            except Exception:          # not an id of this user model (ValidationError, ValueError)
+                continue
+    epochs = {keys.id_text(uid): epoch for uid, epoch in
+              UserState.objects.filter(user_id__in=uids.values()).values_list("user_id", "epoch")}
     by_resource, dead = {}, []
     for key, p in parsed.items():
-        if p and answers.get_resource(p[0]) and epochs.get(p[1]) == p[2]:
-            by_resource.setdefault(p[0], set()).add(p[1])
+        resource = resources.get(p.resource) if p else None
+        if resource is not None and p.kind == "object" and resource.per == "object":
+            by_resource.setdefault(p.resource, set()).add(keys.object_id(p.id))
+        elif resource is not None and p.kind == "user" and resource.per == "user" and epochs.get(p.id) == p.epoch:
+            by_resource.setdefault(p.resource, set()).add(uids[p.id])
         else:
             dead.append(key)
     if dead:
@@ -184,9 +155,6 @@ def _replay_pending(report, limit=1000):
     """Write the answers of outbox rows older than ``OUTBOX_GRACE`` seconds (by the database's
     clock), then delete them.  Their writer died between its commit and its stores, or failed;
     if it is only slow, writing twice is harmless (every write reads the database afresh)."""
-    from .changes import decode, forget
-    from .publish import flush
-
     grace = datetime.timedelta(seconds=conf.get_config()["OUTBOX_GRACE"])
     rows = list(PendingChange.objects.filter(created__lt=Now() - grace)
                 .order_by("pk").values_list("pk", "change")[:limit])
@@ -195,11 +163,12 @@ def _replay_pending(report, limit=1000):
     batch = []
     for pk, text in rows:
         try:
-            batch.append(decode(text))
+            batch.append(outbox.decode(text))
         except (ValueError, KeyError, TypeError):
             logger.error("outbox row %s is unreadable, dropped: %.200r", pk, text)
     logger.warning("writing the answers of %d change(s) whose writer did not finish", len(rows))
     if flush(batch):
-        forget(router.db_for_write(PendingChange), [pk for pk, _ in rows])
+        outbox.forget(router.db_for_write(PendingChange), [pk for pk, _ in rows])
         stats["replayed"] += len(rows)
         report["replayed"] = len(rows)
+

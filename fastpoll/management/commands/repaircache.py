@@ -3,9 +3,8 @@ import time
 
 from django.db import close_old_connections
 
-from fastpoll import conf
-from plurkcore import repair
-from plurkcore.management.base import StoreCommand, positive_seconds
+from fastpoll import conf, repair
+from fastpoll.management.base import StoreCommand, positive_seconds
 
 
 class Command(StoreCommand):

@@ -8,7 +8,7 @@ The backend is any object with ``send(keys)``, chosen by dotted path in
 ``FASTPOLL["NOTIFY_BACKEND"]``; :func:`get_backend` builds it once per configuration.  Two are
 here: :class:`UnixDatagramNotifier` (the fastpath workers of this host, ``NOTIFY_DIRS``) and
 :class:`UdpNotifier` (every worker of every web host, ``NOTIFY_UDP``); the same datagrams.
-:func:`keys_stored` is the receiver of :data:`plurkcore.signals.answers_stored` (connected in
+:func:`keys_stored` is the receiver of :data:`fastpoll.signals.answers_stored` (connected in
 ``PlurkCoreConfig.ready()``).
 """
 import errno
@@ -20,9 +20,10 @@ import time
 
 from django.utils.module_loading import import_string
 
-from fastpoll import conf
+from . import conf
+from .cache import parse_server
 
-logger = logging.getLogger("plurkcore.notify")
+logger = logging.getLogger("fastpoll.notify")
 
 MAGIC = b"PN1"
 #: A datagram's largest size, as fastpath reads it, and what a unix notice is cut to: a fan-out's
@@ -311,8 +312,6 @@ def _connected(path, deadline):
 def parse_udp_destination(text):
     """``"host:port"`` / ``"[v6]:port"`` -> (host, port); ValueError if it is not one (the grammar
     of a memcached server spec)."""
-    from .cache import parse_server
-
     return parse_server(text)
 
 

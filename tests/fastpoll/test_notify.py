@@ -1,4 +1,4 @@
-"""Notices to fastpath (plurkcore/notify.py): the wire format of docs/contract.md section 7 on real
+"""Notices to fastpath (fastpoll/notify.py): the wire format of docs/contract.md section 7 on real
 unix datagram sockets, sent after the writer's stores, never failing the commit."""
 import os
 import select
@@ -10,10 +10,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from plurkcore import notify
+from fastpoll import notify
 from plurkcore.models import Plurk
 
-from .helpers import key_of
+from tests.plurkcore.helpers import key_of
 
 RESOURCES = ("getUnreadCount", "getMessages")
 
@@ -219,7 +219,7 @@ def test_failures_are_logged_rate_limited(workers, caplog, monkeypatch):
     worker.close()
     monkeypatch.setattr(notify, "_last_log", {})
     notifier = notify.UnixDatagramNotifier()
-    with caplog.at_level("WARNING", logger="plurkcore.notify"):
+    with caplog.at_level("WARNING", logger="fastpoll.notify"):
         for _ in range(5):
             notifier.send(["p1:x:1:0"])
     assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
@@ -296,7 +296,7 @@ def udp_workers(settings):
 
     def make(n):
         made.extend(UdpWorker() for _ in range(n))
-        settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_BACKEND="plurkcore.notify.UdpNotifier",
+        settings.FASTPOLL = dict(settings.FASTPOLL, NOTIFY_BACKEND="fastpoll.notify.UdpNotifier",
                                   NOTIFY_UDP=[w.dest for w in made[-n:]])
         return made[-n:]
 
@@ -336,7 +336,7 @@ def test_a_closed_udp_port_is_counted_refused_never_raised(udp_workers, caplog, 
     monkeypatch.setattr(notify, "_last_log", {})
     notifier = notify.UdpNotifier()
     before = dict(notify.stats)
-    with caplog.at_level("WARNING", logger="plurkcore.notify"):
+    with caplog.at_level("WARNING", logger="fastpoll.notify"):
         deadline = time.monotonic() + 10
         n = 0
         while notify.stats["refused"] == before["refused"]:   # the ICMP error comes back later

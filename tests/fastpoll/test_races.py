@@ -5,11 +5,12 @@ other writer, so every interleaving below happens on every run, with no sleeps."
 import pytest
 from django.core.management import call_command
 
-from plurkcore import publish, repair
-from plurkcore.cache import get_cache
-from plurkcore.models import StaleKey, SuspectServer
+from fastpoll import publish, repair
+from fastpoll import ledger
+from fastpoll.cache import get_cache
+from fastpoll.models import StaleKey, SuspectServer
 
-from .helpers import assert_consistent, cached, key_of, server_client, truth
+from tests.plurkcore.helpers import assert_consistent, cached, key_of, server_client, truth
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,7 +103,7 @@ def test_endless_conflicts_become_stale_keys_for_the_repair_pass(pair, cache1, h
 def _stale_pair(pair):
     """Every key of the pair recorded stale, as a writer that ran out of attempts records them."""
     stale = [key_of(resource, user.user["id"]) for user in pair for resource in ("getUnreadCount", "getMessages")]
-    repair.mark_stale(stale)
+    ledger.mark_stale(stale)
     return stale
 
 
@@ -123,7 +124,7 @@ def test_paid_stale_keys_are_forgotten_in_one_statement(pair, cache1):
 
 def test_a_stale_key_marked_again_while_paid_is_kept(pair, cache1, hooks):
     stale = _stale_pair(pair)
-    hooks("write.after_store", once(lambda: repair.mark_stale(stale[:1])))   # generation 2 meanwhile
+    hooks("write.after_store", once(lambda: ledger.mark_stale(stale[:1])))   # generation 2 meanwhile
     repair.repair()
     assert list(StaleKey.objects.values_list("key", flat=True)) == stale[:1]
 
@@ -177,7 +178,7 @@ def test_a_thread_turned_away_gets_its_pass_from_the_one_running(pair, cache1, h
     first.start()
     try:
         assert entered.wait(10)
-        repair.mark_stale(stale[2:])                         # recorded after it read them
+        ledger.mark_stale(stale[2:])                         # recorded after it read them
         assert repair.repair(quick=True)["busy"]
     finally:
         go.set()
@@ -238,9 +239,9 @@ def test_flush_racing_a_new_failure_keeps_the_server_suspect(pair, cache1, setti
     a, b = pair
     settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec],
                               MEMCACHED_RETRY_INTERVAL=0.001)
-    repair.mark_suspect(cache1.spec)
+    ledger.mark_suspect(cache1.spec)
     # a second failure is recorded while the repair pass is flushing: the row must stay
-    hooks("repair.before_flush", once(lambda: repair.mark_suspect(cache1.spec)))
+    hooks("repair.before_flush", once(lambda: ledger.mark_suspect(cache1.spec)))
     repair.repair()
     assert SuspectServer.objects.filter(server=cache1.spec).exists()
     repair.repair()
@@ -253,12 +254,12 @@ def test_a_debt_made_anew_while_another_pass_runs_is_not_paid_by_it(pair, cache1
     made the row again, generation 1 like the one B read.  B must not delete the new debt."""
     settings.FASTPOLL = dict(settings.FASTPOLL, MEMCACHED_SERVERS=[cache1.spec],
                               MEMCACHED_RETRY_INTERVAL=0.001)
-    repair.mark_suspect(cache1.spec)
+    ledger.mark_suspect(cache1.spec)
 
     def other_pass_then_new_failure(**_):
         repair.repair()                                   # pass A pays the debt B read
         assert not SuspectServer.objects.exists()
-        repair.mark_suspect(cache1.spec)                  # and a new one is recorded
+        ledger.mark_suspect(cache1.spec)                  # and a new one is recorded
     hooks("repair.before_flush", once(other_pass_then_new_failure))
     repair.repair()                                       # pass B
     assert SuspectServer.objects.filter(server=cache1.spec).exists()

@@ -1,14 +1,18 @@
 """After-commit cache writes against real memcached: every change rewrites every affected answer."""
 import pytest
+
+import fastpoll
+from fastpoll import outbox
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from plurkcore import changes, publish
-from plurkcore.cache import get_cache
-from plurkcore.models import Follow, Plurk, SuspectServer, UserState
+from fastpoll import changes, publish
+from fastpoll.cache import get_cache
+from fastpoll.models import SuspectServer, UserState
+from plurkcore.models import ReadCursor, Follow, Plurk
 
-from .helpers import assert_consistent, cached, elapsed_below, key_of, server_client, truth
+from tests.plurkcore.helpers import assert_consistent, cached, elapsed_below, key_of, server_client, truth
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,12 +120,12 @@ def test_rolled_back_changes_are_not_published(signup, cache1):
 
 @pytest.fixture
 def batches(monkeypatch):
-    """The batches the writer is given, as {kind: users} per batch."""
+    """The batches the writer is given, as {resources: users} per batch (None: every resource)."""
     calls = []
     real = publish.publish
 
     def spy(batch, alive=None):
-        calls.append({kind: set(users) for kind, users, _, _ in batch})
+        calls.append({None if c.resources is None else tuple(sorted(c.resources)): set(c.users) for c in batch})
         return real(batch, alive)
     monkeypatch.setattr(publish, "publish", spy)
     return calls
@@ -130,22 +134,22 @@ def batches(monkeypatch):
 def test_rolled_back_changes_are_not_written_at_the_next_commit(batches):
     with pytest.raises(RuntimeError):
         with transaction.atomic():
-            changes.changed("read", users={1})
+            fastpoll.touch(None, users={1})
             raise RuntimeError
     with transaction.atomic():
-        changes.changed("follow", users={2})
-    assert batches == [{"follow": {2}}]
+        fastpoll.touch(RESOURCES, users={2})
+    assert batches == [{tuple(sorted(RESOURCES)): {2}}]
 
 
 def test_a_change_after_a_rolled_back_savepoint_is_written(batches):
     with transaction.atomic():
         with pytest.raises(RuntimeError):
             with transaction.atomic():      # the transaction's first change, in a savepoint
-                changes.changed("read", users={1})
+                fastpoll.touch(None, users={1})
                 raise RuntimeError
-        changes.changed("follow", users={2})
+        fastpoll.touch(RESOURCES, users={2})
         assert batches == []
-    assert batches == [{"follow": {2}}]
+    assert batches == [{tuple(sorted(RESOURCES)): {2}}]
 
 
 def test_first_poll_after_login_is_a_hit_without_update_last_login(signup, cache1):
@@ -176,7 +180,7 @@ def test_last_login_alone_publishes_nothing_and_a_login_publishes_once(signup, c
     user.save(update_fields=["last_login"])         # no answer shows it
     assert batches == []
     assert a.call("POST", "/api/login", {"username": "a", "password": "secret-pass-1"}).status_code == 200
-    assert batches == [{"user": {user.pk}}]
+    assert batches == [{tuple(sorted(RESOURCES)): {user.pk}}]
 
 
 def test_fanout_to_many_followers_on_three_servers(signup, cache3):
@@ -184,6 +188,7 @@ def test_fanout_to_many_followers_on_three_servers(signup, cache3):
     User = get_user_model()
     followers = User.objects.bulk_create([User(username=f"f{i}") for i in range(600)])
     UserState.objects.bulk_create([UserState(user=u) for u in followers])
+    ReadCursor.objects.bulk_create([ReadCursor(user=u) for u in followers])
     Follow.objects.bulk_create([Follow(follower=u, followee_id=a.user["id"]) for u in followers])
     with elapsed_below(3):
         assert a.call("POST", "/api/plurks", {"content": "to everyone"}).status_code == 201
@@ -251,8 +256,10 @@ def test_admin_response_needs_a_plurk_parent(signup, cache1, client):
     assert client.post("/admin/plurkcore/response/add/", {**data, "parent": r["id"]}).status_code == 200
     assert client.post("/admin/plurkcore/response/add/", {**data, "parent": p["id"]}).status_code == 302
     assert cached("getUnreadCount", a.user["id"], [cache1]) == b'{"count":2}'
-    for model in ("plurk", "response", "follow", "userstate", "suspectserver", "stalekey"):
-        assert client.get(f"/admin/plurkcore/{model}/").status_code == 200, model
+    for app, model in (("plurkcore", "plurk"), ("plurkcore", "response"), ("plurkcore", "follow"),
+                       ("plurkcore", "readcursor"), ("fastpoll", "userstate"), ("fastpoll", "suspectserver"),
+                       ("fastpoll", "stalekey")):
+        assert client.get(f"/admin/{app}/{model}/").status_code == 200, model
     assert client.get("/admin/plurkcore/plurk/").context["cl"].result_count == 1
     assert client.get("/admin/plurkcore/response/").context["cl"].result_count == 2
 
@@ -279,7 +286,7 @@ def test_logout_retires_the_epoch_it_replaced(signup, cache1, monkeypatch):
     its update, the first one commits and a login writes epoch 1's answers.  The second logout
     must delete the keys of the epoch its own update replaced (1), not those of its token's (0),
     or fastpath would go on serving epoch 1's entries to revoked tokens until the TTL."""
-    from plurkcore import http
+    from fastpoll import auth as http
 
     a = signup("a")
     uid = a.user["id"]
@@ -311,7 +318,7 @@ def test_logout_retires_the_epoch_it_replaced(signup, cache1, monkeypatch):
 # -- answers_stored: the writer's last step, where long-polling's notify will go ---------------
 @pytest.fixture
 def stored_signals():
-    from plurkcore.signals import answers_stored
+    from fastpoll.signals import answers_stored
 
     sent = []
 
@@ -348,7 +355,7 @@ def test_answers_stored_names_exactly_the_keys_stored(signup, cache3, hooks, sto
 
 def test_answers_stored_names_the_keys_deleted(signup, cache1, stored_signals):
     b = signup("b")
-    old = {key_of(r, b.user["id"]) for r in RESOURCES}
+    old = {key_of(r, b.user["id"]) for r in RESOURCES} | {f"p1:@:{b.user['id']}:0"}
     stored_signals.clear()
     assert b.call("POST", "/api/logout").status_code == 204
     new = {key_of(r, b.user["id"]) for r in RESOURCES}
@@ -412,9 +419,9 @@ def test_a_fan_out_is_large_above_fanout_in_request_followers_and_never_with_a_r
     if not author.pk:
         author, *followers = User.objects.filter(username__startswith="l").order_by("id")
     Follow.objects.bulk_create([Follow(follower=f, followee=author) for f in followers])
-    post = ("plurk", frozenset(), frozenset({author.pk}), frozenset())
+    post = outbox.make(None, audiences={("followers", author.pk)})
     for limit, large in ((3, False), (2, True)):
         settings.FASTPOLL = dict(settings.FASTPOLL, FANOUT_IN_REQUEST=limit)
         assert publish.is_large([post]) is large, limit
-    assert not publish.is_large([("user", frozenset({author.pk}), frozenset(), frozenset())])
-    assert not publish.is_large([post, ("epoch", frozenset({author.pk}), frozenset(), frozenset({"p1:k:1:0"}))])
+    assert not publish.is_large([outbox.make(None, {author.pk})])
+    assert not publish.is_large([post, outbox.make(None, {author.pk}, dead_keys={"p1:k:1:0"})])

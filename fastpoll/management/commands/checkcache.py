@@ -1,8 +1,7 @@
-from fastpoll import conf, keys
-from plurkcore import answers, publish, repair
-from plurkcore.cache import CacheUnavailable, get_cache
-from plurkcore.management.base import StoreCommand
-from plurkcore.models import UserState
+from fastpoll import conf, keys, publish, repair, resources
+from fastpoll.cache import CacheUnavailable, get_cache
+from fastpoll.management.base import StoreCommand
+from fastpoll.models import UserState
 
 
 class Command(StoreCommand):
@@ -28,7 +27,7 @@ class Command(StoreCommand):
         for start in range(0, len(states), size):
             chunk = dict(states[start:start + size])
             wrong = {}
-            for resource in answers.resources():
+            for resource in resources.all_resources(per="user"):
                 found, suspects = self._compare(resource, chunk)
                 checked += found
                 if suspects:

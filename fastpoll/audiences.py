@@ -1,0 +1,99 @@
+"""Audiences: the users a change reaches through a relation table, such as an author's followers.
+
+``audience(name, model, by=..., member=...)`` names the rows of ``model`` whose ``by`` column is
+some id, and whose ``member`` column is a user that sees the change: ``followers(author_id)`` is
+every ``member`` of the rows with ``by = author_id``.  A change names its audience, not its
+members (the outbox row stays small, and the writer reads the members after the commit with
+their epochs, in one query per ``BATCH_SIZE`` ids).
+"""
+import dataclasses
+
+from django.db import connection
+
+from . import conf, db
+from .models import UserState
+
+_registry = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """The members of ``audience`` for the ids ``ids`` (what a watch function or touch() passes)."""
+    audience: str
+    ids: frozenset
+
+
+@dataclasses.dataclass(frozen=True)
+class Audience:
+    name: str
+    model: object
+    by: str
+    member: str
+
+    def __call__(self, *ids):
+        return Members(self.name, frozenset(ids))
+
+    def keys_from_db(self, values):
+        """``by`` values read by raw SQL as the ids a change names (a UUID SQLite keeps as text)."""
+        field = self.model._meta.get_field(self.by)
+        field = getattr(field, "target_field", field)
+        if field.get_internal_type() in db.INTEGER_FIELDS:
+            return values
+        return [field.to_python(v) for v in values]
+
+    def columns(self):
+        meta = self.model._meta
+        return meta.db_table, meta.get_field(self.by).column, meta.get_field(self.member).column
+
+
+def audience(name, model, *, by, member):
+    """Register and return the audience ``name``; calling it with ids gives their members."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an audience needs a name, got {name!r}")
+    for field in (by, member):
+        model._meta.get_field(field)          # FieldDoesNotExist names the model and the field
+    found = _registry[name] = Audience(name, model, by, member)
+    return found
+
+
+def get(name):
+    return _registry.get(name)
+
+
+def expand(wanted):
+    """``wanted`` {audience name: ids} -> ({(name, id): {member, ...}}, {member: epoch}) for the
+    active members that have a poll state."""
+    members, epochs = {}, {}
+    size = conf.get_config()["BATCH_SIZE"]
+    state = UserState._meta.db_table
+    active, active_params = db.active_clause("s")
+    with connection.cursor() as cursor:
+        for name, ids in wanted.items():
+            found = _registry.get(name)
+            if found is None:
+                raise LookupError(f"unknown audience {name!r}: register it with fastpoll.audience()")
+            table, by, member = found.columns()
+            ids = list(ids)
+            for start in range(0, len(ids), size):
+                where, params = db.id_filter(f"f.{by}", ids[start:start + size])
+                cursor.execute(f"SELECT f.{by}, f.{member}, s.epoch FROM {table} f "
+                               f"JOIN {state} s ON s.user_id = f.{member} WHERE {where}{active}",
+                               params + active_params)
+                rows = cursor.fetchall()
+                for key, user, epoch in zip(found.keys_from_db([r[0] for r in rows]),
+                                            db.user_ids_from_db([r[1] for r in rows]),
+                                            (r[2] for r in rows)):
+                    members.setdefault((name, key), set()).add(user)
+                    epochs[user] = epoch
+    return members, epochs
+
+
+def exceeds(wanted, limit):
+    """True if one of the audiences ``wanted`` {name: ids} has more than ``limit`` members (one
+    count on the relation's index each, stopping at ``limit + 1``)."""
+    for name, ids in wanted.items():
+        found = _registry.get(name)
+        if found is not None and found.model._default_manager.filter(
+                **{f"{found.by}__in": list(ids)}).values("pk")[limit:limit + 1].exists():
+            return True
+    return False

@@ -1,0 +1,136 @@
+"""Poll tokens for users: issuing, reading, checking and revoking them.
+
+The token's format is :mod:`fastpoll.tokens`'s (docs/contract.md, section 2); the epoch lives in
+:class:`~fastpoll.models.UserState`.  Issuing a token also puts the user's epoch marker in
+memcached (the key fastpath checks before it serves a per-object answer); revoking moves the
+epoch on, which deletes the old epoch's keys and marker after the commit (:mod:`fastpoll.watch`).
+"""
+import functools
+import logging
+import time
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from . import conf, keys, tokens
+from .models import UserState
+from .publish import fill
+from .secret import read_secret
+
+logger = logging.getLogger("fastpoll.auth")
+
+
+@functools.lru_cache(maxsize=1)
+def signing_key():
+    """The shared secret's key bytes, read once per configuration."""
+    return read_secret(conf.get_config()["SECRET_FILE"])
+
+
+conf.on_reset(signing_key.cache_clear)
+
+
+class AuthError(Exception):
+    """The request carries no valid poll token; the message says why (fastpath's words)."""
+
+
+def _pk(user):
+    return user.pk if hasattr(user, "_meta") else user
+
+
+def state_of(user):
+    """The user's poll state, created at epoch 0 when the user has none (users who existed
+    before fastpoll was installed)."""
+    state, _ = UserState.objects.get_or_create(user_id=_pk(user))
+    return state
+
+
+def sign(uid, epoch, now=None):
+    """The token of ``uid`` at ``epoch``, valid for ``TOKEN_TTL`` seconds from ``now``."""
+    now = int(time.time() if now is None else now)
+    text = keys.id_text(uid)
+    return tokens.sign(signing_key(), uid if type(uid) is int else text, epoch, now + conf.get_config()["TOKEN_TTL"])
+
+
+def issue_token(user, response=None, request=None):
+    """A poll token for ``user`` (an instance or its primary key) at its current epoch.  With
+    ``response``, also set as the poll cookie (``Secure`` when ``request`` is over HTTPS)."""
+    state = state_of(user)
+    token = sign(state.user_id, state.epoch)
+    _put_marker(state.user_id, state.epoch)
+    if response is not None:
+        set_cookie(response, token, request)
+    return token
+
+
+def _put_marker(uid, epoch):
+    try:
+        fill(keys.marker_key(uid, epoch), b"", uid, epoch)
+    except Exception:
+        # no marker: fastpath sends this user's object polls to Django, which puts it back
+        logger.exception("cannot store the epoch marker of user %s", uid)
+
+
+def revoke(user, response=None):
+    """Revoke every poll token of ``user``: its epoch moves on, and the old epoch's cached
+    answers are deleted after the commit.  With ``response``, the cookie is deleted too."""
+    with transaction.atomic():
+        # lock the row: the keys to retire are those of the epoch this update replaces
+        state, _ = UserState.objects.select_for_update().get_or_create(user_id=_pk(user))
+        state.epoch += 1
+        state.save(update_fields=["epoch"])
+    if response is not None:
+        delete_cookie(response)
+
+
+def set_cookie(response, token, request=None):
+    response.set_cookie(conf.get_config()["COOKIE_NAME"], token, max_age=conf.get_config()["TOKEN_TTL"],
+                        path="/", secure=bool(request is not None and request.is_secure()),
+                        httponly=True, samesite="Lax")
+
+
+def delete_cookie(response):
+    response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", samesite="Lax")
+
+
+def token_from_request(request):
+    """(token, source) with source "header" or "cookie", else (None, None).
+
+    ``Authorization: Bearer <token>`` (scheme case-insensitive, one space) wins over the cookie,
+    even when the token is invalid; any other Authorization header is not ours and is ignored
+    (docs/contract.md, section 2)."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if header[:7].lower() == "bearer ":
+        return header[7:], "header"
+    cookie = request.COOKIES.get(conf.get_config()["COOKIE_NAME"])
+    if cookie:
+        return cookie, "cookie"
+    return None, None
+
+
+def authenticate_token(token, now=None):
+    """(user, epoch) for a valid token of an active user at its current epoch; else AuthError."""
+    if token is None:
+        raise AuthError("authentication required")
+    try:
+        uid, epoch, _ = tokens.verify(signing_key(), token, int(time.time() if now is None else now))
+    except tokens.TokenError as exc:
+        # the same words as fastpath's (docs/contract.md): the two 401 bodies are byte-identical
+        raise AuthError(str(exc)) from None
+    try:
+        pk = get_user_model()._meta.pk.to_python(uid)
+    except Exception:                # a signed id this user model cannot hold
+        raise AuthError("unknown user") from None
+    state = UserState.objects.select_related("user").filter(user_id=pk).first()
+    if state is None or not getattr(state.user, "is_active", True):
+        raise AuthError("unknown user")
+    if state.epoch != epoch:
+        raise AuthError("token revoked")
+    return state.user, epoch
+
+
+def authenticate(request):
+    """(user, source) of the request's poll token (source "header" or "cookie"); AuthError
+    when it has none that is valid."""
+    token, source = token_from_request(request)
+    user, _ = authenticate_token(token)
+    return user, source

@@ -1,0 +1,46 @@
+"""Capabilities: Django's permission for one user to read one object's answer.
+
+A per-object resource (a thread, a room) has one cached answer that many users read.  fastpath
+serves it to a request whose poll token is valid and which carries a capability for that object:
+``c1.<resource>.<object>.<uid>.<expires>.<HMAC-SHA256>`` under the shared secret
+(docs/contract.md).  Django hands one out where it decides the user may read the object
+(:func:`grant`); this module also checks them for the poll view.
+"""
+import time
+
+from . import conf, keys, tokens
+from .auth import signing_key
+
+
+class CapabilityError(Exception):
+    """The capability is missing, malformed, forged, expired, or for something else."""
+
+
+def grant(user, resource, obj, now=None):
+    """A capability for ``user`` to poll ``resource``'s answer of the object ``obj`` (an instance
+    or its id), valid for ``CAPABILITY_TTL`` seconds."""
+    now = int(time.time() if now is None else now)
+    ident = obj.pk if hasattr(obj, "_meta") else obj
+    uid = user.pk if hasattr(user, "_meta") else user
+    return tokens.sign_capability(signing_key(), resource, keys.id_text(ident), keys.id_text(uid),
+                                  now + conf.get_config()["CAPABILITY_TTL"])
+
+
+def url(user, resource, obj, now=None):
+    """The poll URL of ``resource``'s answer of ``obj`` for ``user``, capability included."""
+    ident = obj.pk if hasattr(obj, "_meta") else obj
+    return f"{conf.get_config()['PATH_PREFIX']}{resource}/{keys.id_text(ident)}?cap={grant(user, resource, ident, now)}"
+
+
+def check(cap, resource, obj, user, now=None):
+    """Nothing if ``cap`` lets ``user`` read ``resource``'s answer of ``obj``; else CapabilityError."""
+    if not cap:
+        raise CapabilityError("capability required")
+    try:
+        got = tokens.verify_capability(signing_key(), cap, int(time.time() if now is None else now))
+    except tokens.TokenError as exc:
+        raise CapabilityError(str(exc).replace("token", "capability")) from None
+    cap_resource, cap_obj, cap_uid = got[0], got[1], got[2]
+    if (cap_resource, cap_obj, cap_uid) != (resource, str(obj), keys.id_text(user.pk)):
+        raise CapabilityError("capability is for another object")
+

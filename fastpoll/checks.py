@@ -1,0 +1,189 @@
+"""System checks for ``settings.FASTPOLL``: one function per concern, one id per problem.
+
+| id | problem |
+|---|---|
+| E001 | FASTPOLL is not a dict |
+| W001 | FASTPOLL has unknown keys |
+| E002 | MEMCACHED_SERVERS is not a non-empty list of host:port strings |
+| E007 | MEMCACHED_SERVERS lists a server twice |
+| E003 | a duration (MEMCACHED_TIMEOUT, MEMCACHED_RETRY_INTERVAL, REPAIR_INTERVAL, OUTBOX_GRACE) is not positive |
+| W002 | MEMCACHED_TIMEOUT is above one second |
+| E004 | a count or size (TOKEN_TTL, CACHE_TTL, CAS_ATTEMPTS, BATCH_SIZE, FANOUT_IN_REQUEST, CAPABILITY_TTL) is not a positive integer |
+| E008 | CACHE_TTL is above 30 days |
+| E005 | SECRET_FILE is not set |
+| E006 | SECRET_FILE cannot be read as a secret |
+| E012 | COOKIE_NAME, KEY_PREFIX or PATH_PREFIX is not one fastpath can take |
+| E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
+| E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
+| E011 | NOTIFY_UDP is not a list of host:port strings |
+
+When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
+"""
+import numbers
+import re
+
+from django.conf import settings
+from django.core import checks
+from django.utils.module_loading import import_string
+
+from . import conf, keys
+from .cache import parse_server
+from .notify import parse_udp_destination
+from .secret import SecretFileError, read_secret
+
+TAG = "fastpoll"
+
+DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL", "OUTBOX_GRACE")
+COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "FANOUT_IN_REQUEST", "CAPABILITY_TTL")
+MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
+
+
+def _malformed():
+    user = getattr(settings, "FASTPOLL", None)
+    return user is not None and not isinstance(user, dict)
+
+
+def _of_config(check):
+    """Register-ready ``check(config)``: run on the effective configuration, and not at all when
+    FASTPOLL itself is malformed (E001 says it all; the defaults are not what was meant)."""
+    def run(app_configs=None, **kwargs):
+        return [] if _malformed() else check(conf.get_config())
+
+    # not functools.wraps: Django checks the signature, which __wrapped__ would hide
+    run.__name__, run.__qualname__, run.__doc__ = check.__name__, check.__qualname__, check.__doc__
+    return run
+
+
+def _is_positive_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+
+
+def _is_positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_type(app_configs=None, **kwargs):
+    if _malformed():
+        return [checks.Error("FASTPOLL must be a dict.", hint="See DEFAULTS in fastpoll/conf.py.",
+                             id="fastpoll.E001")]
+    unknown = sorted(set(getattr(settings, "FASTPOLL", None) or {}) - set(conf.DEFAULTS))
+    if unknown:
+        return [checks.Warning(f"FASTPOLL has unknown keys: {', '.join(unknown)}.",
+                               hint="Check the spelling against fastpoll.conf.DEFAULTS.",
+                               id="fastpoll.W001")]
+    return []
+
+
+@_of_config
+def check_memcached_servers(config):
+    servers = config["MEMCACHED_SERVERS"]
+    if (not isinstance(servers, (list, tuple)) or not servers
+            or not all(isinstance(s, str) and _valid_server(s) for s in servers)):
+        return [checks.Error(f"FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' "
+                             f"strings, got {servers!r}.", id="fastpoll.E002")]
+    if len(set(servers)) != len(servers):
+        return [checks.Error("FASTPOLL['MEMCACHED_SERVERS'] lists a server twice.", id="fastpoll.E007")]
+    return []
+
+
+@_of_config
+def check_durations(config):
+    errors = [checks.Error(f"FASTPOLL['{name}'] must be a positive number of seconds, got "
+                           f"{config[name]!r}.", id="fastpoll.E003")
+              for name in DURATIONS if not _is_positive_number(config[name])]
+    if _is_positive_number(config["MEMCACHED_TIMEOUT"]) and config["MEMCACHED_TIMEOUT"] > 1:
+        errors.append(checks.Warning(
+            "FASTPOLL['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server will "
+            "slow every write down by that much.", id="fastpoll.W002"))
+    return errors
+
+
+@_of_config
+def check_counts(config):
+    errors = [checks.Error(f"FASTPOLL['{name}'] must be a positive integer, got {config[name]!r}.",
+                           id="fastpoll.E004")
+              for name in COUNTS if not _is_positive_int(config[name])]
+    if _is_positive_int(config["CACHE_TTL"]) and config["CACHE_TTL"] > MAX_CACHE_TTL:
+        errors.append(checks.Error(
+            "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values as a "
+            "Unix timestamp).", id="fastpoll.E008"))
+    return errors
+
+
+@_of_config
+def check_secret_file(config):
+    path = config["SECRET_FILE"]
+    if not path or not isinstance(path, str):
+        return [checks.Error("FASTPOLL['SECRET_FILE'] is not set.",
+                             hint="Point it at the secret shared with fastpath.", id="fastpoll.E005")]
+    try:
+        read_secret(path)
+    except SecretFileError as exc:
+        return [checks.Error(str(exc), id="fastpoll.E006")]
+    return []
+
+
+#: what fastpath takes (fastpath/options.py): a cookie name of RFC 6265 token characters, a
+#: path that starts and ends with "/"
+_COOKIE_RE = re.compile(r"\A[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}\Z")
+_PATH_RE = re.compile(r"\A/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]+/)*\Z")
+
+
+@_of_config
+def check_names(config):
+    errors = []
+    for name, valid, what in (("COOKIE_NAME", _COOKIE_RE, "1-64 cookie-name characters (RFC 6265)"),
+                              ("KEY_PREFIX", keys.PREFIX_RE, "1-16 of A-Z a-z 0-9 - _"),
+                              ("PATH_PREFIX", _PATH_RE, "a path that starts and ends with /, at most 64 bytes")):
+        value = config[name]
+        if not isinstance(value, str) or valid.match(value) is None or len(value) > 64:
+            errors.append(checks.Error(f"FASTPOLL['{name}'] must be {what}, got {value!r}.", id="fastpoll.E012"))
+    return errors
+
+
+@_of_config
+def check_notify(config):
+    errors = []
+    dirs = config["NOTIFY_DIRS"]
+    if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) and d for d in dirs):
+        errors.append(checks.Error(f"FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got {dirs!r}.",
+                                   hint="fastpath's --notify-dir; [] sends no notices.", id="fastpoll.E009"))
+    udp = config["NOTIFY_UDP"]
+    try:
+        if not isinstance(udp, (list, tuple)) or not all(isinstance(d, str) for d in udp):
+            raise ValueError
+        for entry in udp:
+            parse_udp_destination(entry)
+    except ValueError:
+        errors.append(checks.Error(f"FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got {udp!r}.",
+                                   hint="One entry per fastpath worker port (--notify-udp); [] sends none.",
+                                   id="fastpoll.E011"))
+    backend = config["NOTIFY_BACKEND"]
+    try:
+        if not isinstance(backend, str):
+            raise ImportError
+        ok = isinstance(import_string(backend), type)
+    except ImportError:
+        ok = False
+    if not ok:
+        errors.append(checks.Error(f"FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+                                   f"{backend!r}.", hint="The default is fastpoll.notify.UnixDatagramNotifier.",
+                                   id="fastpoll.E010"))
+    return errors
+
+
+def _valid_server(spec):
+    try:
+        parse_server(spec)
+    except ValueError:
+        return False
+    return True
+
+
+CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_secret_file,
+          check_names, check_notify)
+
+
+def register():
+    for check in CHECKS:
+        checks.register(check, TAG, checks.Tags.compatibility)

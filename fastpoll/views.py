@@ -1,0 +1,90 @@
+"""The Django side of the polls: answer from the database, then fill the cache.
+
+``<PATH_PREFIX><resource>`` for a per-user resource, ``<PATH_PREFIX><resource>/<object>?cap=...``
+for a per-object one.  fastpath serves hits; nginx sends misses (and everything when fastpath or
+memcached is down) here.  Headers follow docs/contract.md, section 6; ETag and If-None-Match
+section 7.  This view never holds a request: ``Prefer: wait`` is fastpath's alone, Django
+answers at once.
+"""
+import logging
+
+from django.db import OperationalError
+from django.http import HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from . import _testhooks, capability, keys, publish, resources
+from .auth import AuthError, authenticate_token, token_from_request
+from .http import answer_etag, bodiless, error_response, none_match, not_modified
+
+logger = logging.getLogger("fastpoll.poll")
+POLL_METHODS = ("GET", "HEAD", "POST")        # a poll is a read, whatever its method
+
+
+def poll_response(body, cache_status, request=None):
+    """The 200/204 answer for ``body`` with its ETag, or a 304 when ``request``'s If-None-Match
+    matches that ETag."""
+    etag = answer_etag(body)
+    if request is not None and none_match(request, etag):
+        response = not_modified(etag)
+        response["X-Cache"] = cache_status
+        return response
+    if body:
+        response = HttpResponse(body, content_type="application/json")
+    else:
+        response = bodiless(204)
+    response["ETag"] = etag
+    response["X-Cache"] = cache_status
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@csrf_exempt
+def poll(request, resource, obj=None):
+    """GET or POST a poll (the body of a POST is ignored)."""
+    try:
+        if request.method not in POLL_METHODS:
+            return error_response(405, f"method {request.method} not allowed", {"Allow": ", ".join(POLL_METHODS)})
+        found = resources.get(resource)
+        if found is None or found.per != ("user" if obj is None else "object"):
+            return error_response(404, f"unknown poll resource {resource!r}"[:200])
+        token, _ = token_from_request(request)
+        try:
+            user, epoch = authenticate_token(token)
+        except AuthError as exc:
+            return error_response(401, str(exc))
+        if obj is None:
+            return _user_answer(request, found, user, epoch)
+        return _object_answer(request, found, obj, user, epoch)
+    except OperationalError as exc:
+        # the database is busy or away: like the API, ask the poller to come back shortly
+        logger.error("poll %s: database unavailable: %s", resource, exc)
+        return error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
+    except Exception:
+        logger.exception("poll %s failed", resource)
+        return error_response(500, "internal error")
+
+
+def _user_answer(request, resource, user, epoch):
+    body = resource.compute([user.pk]).get(user.pk, b"")
+    _testhooks.fire("fill.after_read", resource=resource.name, uid=user.pk, epoch=epoch)
+    _fill(keys.answer_key(resource.name, user.pk, epoch), body, user.pk, epoch)
+    return poll_response(body, "MISS", request)
+
+
+def _object_answer(request, resource, obj, user, epoch):
+    try:
+        capability.check(request.GET.get("cap"), resource.name, obj, user)
+    except capability.CapabilityError as exc:
+        return error_response(403, str(exc))
+    ident = keys.object_id(obj)
+    body = resource.compute([ident]).get(ident, b"")
+    _fill(keys.object_key(resource.name, obj), body)
+    _fill(keys.marker_key(user.pk, epoch), b"", user.pk, epoch)
+    return poll_response(body, "MISS", request)
+
+
+def _fill(key, body, uid=None, epoch=None):
+    try:
+        publish.fill(key, body, uid, epoch)
+    except Exception:
+        logger.exception("filling the cache key %s failed", key)

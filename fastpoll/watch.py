@@ -1,0 +1,124 @@
+"""Model signals -> changes: the resources' ``watch`` and the users' own lifecycle.
+
+- every model a resource watches gets one ``post_save`` and one ``pre_delete`` receiver, which
+  asks each watching resource for the ids whose answers the instance is part of and records the
+  change (:func:`fastpoll.changes.record`), written after the commit;
+- the user model: a new user gets a poll state and its answers; a deactivated or deleted user's
+  keys are deleted (a deactivated user's token is refused by Django: fastpath must stop answering
+  it too); any other save of what a user shows rewrites the user's own answers;
+- :class:`~fastpoll.models.UserState`: a new epoch (a revocation) deletes the old epoch's keys.
+
+:func:`install` connects them, from ``FastpollConfig.ready()``, once every app's resources are
+registered.
+"""
+from django.contrib.auth import get_user_model
+from django.db.models.signals import post_save, pre_delete, pre_save
+
+from . import changes, keys, outbox, resources
+from .models import UserState
+
+#: User fields that no answer shows: a save of only these publishes nothing (a login sets last_login).
+UNSHOWN_USER_FIELDS = frozenset({"last_login"})
+
+
+def _all_user_keys(uid, epoch):
+    return keys.user_keys(uid, epoch, resources.names(per="user"))
+
+
+class _Watcher:
+    """The receiver of one watched model: [(resource, ids_of_instance)]."""
+
+    def __init__(self, model):
+        self.model = model
+        self.watching = []
+
+    def saved(self, sender, instance, raw=False, **kwargs):
+        if not raw:
+            self.report(instance)
+
+    def deleting(self, sender, instance, **kwargs):
+        self.report(instance)
+
+    def report(self, instance):
+        groups = {}                # (user ids, members, objects) -> resource names
+        for resource, ids_of in self.watching:
+            found = ids_of(instance)
+            if found is None:
+                continue
+            if resource.per == "object":
+                group = (frozenset(), frozenset(), frozenset((resource.name, o) for o in changes._object_ids(found)))
+            else:
+                users, members = changes.split_users(found)
+                group = (frozenset(users), frozenset(members), frozenset())
+            if any(group):
+                groups.setdefault(group, []).append(resource.name)
+        for (users, members, objects), names in groups.items():
+            changes.record(outbox.make(names, users, objects, members))
+
+
+def _user_saved(sender, instance, created, raw=False, update_fields=None, **kwargs):
+    if raw or (update_fields is not None and set(update_fields) <= UNSHOWN_USER_FIELDS):
+        return
+    if created:
+        UserState.objects.get_or_create(user_id=instance.pk)
+        changes.record(outbox.make(None, {instance.pk}))
+    elif getattr(instance, "is_active", True) is False:
+        epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
+        if epoch is not None:
+            changes.record(outbox.make(None, dead_keys=_all_user_keys(instance.pk, epoch)))
+    else:
+        changes.record(outbox.make(None, {instance.pk}))
+
+
+def _user_deleting(sender, instance, **kwargs):
+    epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
+    if epoch is not None:
+        changes.record(outbox.make(None, dead_keys=_all_user_keys(instance.pk, epoch)))
+
+
+def _state_saving(sender, instance, raw=False, **kwargs):
+    if raw or instance._state.adding:
+        return
+    instance._fastpoll_old_epoch = UserState.objects.filter(pk=instance.pk).values_list("epoch", flat=True).first()
+
+
+def _state_saved(sender, instance, created, raw=False, **kwargs):
+    if raw:
+        return
+    old = getattr(instance, "_fastpoll_old_epoch", None)
+    dead = _all_user_keys(instance.pk, old) if old is not None and old != instance.epoch else ()
+    changes.record(outbox.make(None, {instance.pk}, dead_keys=dead))
+
+
+_watchers = {}                     # model -> _Watcher
+
+
+def connect(resource):
+    """Watch ``resource``'s models (replacing what a resource of the same name watched)."""
+    disconnect(resource.name)
+    for model, ids_of in resource.watch:
+        watcher = _watchers.get(model)
+        if watcher is None:
+            watcher = _watchers[model] = _Watcher(model)
+            post_save.connect(watcher.saved, sender=model, weak=False,
+                              dispatch_uid=("fastpoll.saved", model._meta.label))
+            pre_delete.connect(watcher.deleting, sender=model, weak=False,
+                               dispatch_uid=("fastpoll.deleting", model._meta.label))
+        watcher.watching.append((resource, ids_of))
+
+
+def disconnect(name):
+    for watcher in _watchers.values():
+        watcher.watching = [(r, f) for r, f in watcher.watching if r.name != name]
+
+
+def install():
+    """Connect the receivers (called once from AppConfig.ready())."""
+    User = get_user_model()
+    post_save.connect(_user_saved, sender=User, dispatch_uid="fastpoll.user_saved")
+    pre_delete.connect(_user_deleting, sender=User, dispatch_uid="fastpoll.user_deleting")
+    pre_save.connect(_state_saving, sender=UserState, dispatch_uid="fastpoll.state_saving")
+    post_save.connect(_state_saved, sender=UserState, dispatch_uid="fastpoll.state_saved")
+    for resource in resources.all_resources():
+        connect(resource)
+    resources.on_change(connect, disconnect)

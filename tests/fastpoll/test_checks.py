@@ -1,0 +1,92 @@
+"""System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
+import pytest
+from django.conf import settings
+from django.core import checks
+from django.test import override_settings
+
+from fastpoll import checks as fastpoll_checks
+from plurkcore import checks as plurk_checks
+
+GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"]}
+SERVERS_MSG = "FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
+
+
+def run(plurkcore=None, **overrides):
+    """(id, message) of every plurkcore check result, run through Django's check registry."""
+    if plurkcore is None:
+        plurkcore = {**settings.FASTPOLL, **GOOD_SERVERS}
+    with override_settings(FASTPOLL=plurkcore, **overrides):
+        return sorted((e.id, e.msg) for e in checks.run_checks(tags=[fastpoll_checks.TAG, "plurkcore"]))
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ({}, []),
+    ({"NOPE": 1, "ALSO": 2}, [("fastpoll.W001", "FASTPOLL has unknown keys: ALSO, NOPE.")]),
+    ({"MEMCACHED_SERVERS": []}, [("fastpoll.E002", SERVERS_MSG.format([]))]),
+    ({"MEMCACHED_SERVERS": ["nohost"]}, [("fastpoll.E002", SERVERS_MSG.format(["nohost"]))]),
+    ({"MEMCACHED_SERVERS": ["a:1", "a:1"]},
+     [("fastpoll.E007", "FASTPOLL['MEMCACHED_SERVERS'] lists a server twice.")]),
+    ({"MEMCACHED_TIMEOUT": 0, "REPAIR_INTERVAL": "1"},
+     [("fastpoll.E003", "FASTPOLL['MEMCACHED_TIMEOUT'] must be a positive number of seconds, got 0."),
+      ("fastpoll.E003", "FASTPOLL['REPAIR_INTERVAL'] must be a positive number of seconds, got '1'.")]),
+    ({"MEMCACHED_TIMEOUT": 5},
+     [("fastpoll.W002", "FASTPOLL['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server "
+                         "will slow every write down by that much.")]),
+    ({"TOKEN_TTL": "1d", "BATCH_SIZE": True},
+     [("fastpoll.E004", "FASTPOLL['BATCH_SIZE'] must be a positive integer, got True."),
+      ("fastpoll.E004", "FASTPOLL['TOKEN_TTL'] must be a positive integer, got '1d'.")]),
+    ({"CACHE_TTL": 40 * 24 * 3600},
+     [("fastpoll.E008", "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values "
+                         "as a Unix timestamp).")]),
+    ({"SECRET_FILE": None}, [("fastpoll.E005", "FASTPOLL['SECRET_FILE'] is not set.")]),
+    ({"COOKIE_NAME": "tok", "KEY_PREFIX": "k2", "PATH_PREFIX": "/poll/v2/"}, []),
+    ({"COOKIE_NAME": "to k"},
+     [("fastpoll.E012", "FASTPOLL['COOKIE_NAME'] must be 1-64 cookie-name characters (RFC 6265), got 'to k'.")]),
+    ({"KEY_PREFIX": "p:1", "PATH_PREFIX": "Poll/"},
+     [("fastpoll.E012", "FASTPOLL['KEY_PREFIX'] must be 1-16 of A-Z a-z 0-9 - _, got 'p:1'."),
+      ("fastpoll.E012", "FASTPOLL['PATH_PREFIX'] must be a path that starts and ends with /, at most 64 bytes, "
+                        "got 'Poll/'.")]),
+    ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "fastpoll.notify.NullNotifier"}, []),
+    ({"NOTIFY_DIRS": "/run/n"},
+     [("fastpoll.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
+    ({"NOTIFY_DIRS": ["/run/n", ""]},
+     [("fastpoll.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got ['/run/n', ''].")]),
+    ({"NOTIFY_UDP": ["10.77.0.21:9100", "[::1]:9101"], "NOTIFY_BACKEND": "fastpoll.notify.UdpNotifier"}, []),
+    ({"NOTIFY_UDP": "10.77.0.21:9100"},
+     [("fastpoll.E011", "FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got '10.77.0.21:9100'.")]),
+    ({"NOTIFY_UDP": ["10.77.0.21:9100", "10.77.0.22"]},
+     [("fastpoll.E011", "FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got "
+                         "['10.77.0.21:9100', '10.77.0.22'].")]),
+    ({"NOTIFY_BACKEND": "fastpoll.notify.Nope"},
+     [("fastpoll.E010", "FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+                         "'fastpoll.notify.Nope'.")]),
+    ({"NOTIFY_BACKEND": "fastpoll.notify.stats"},
+     [("fastpoll.E010", "FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
+                         "'fastpoll.notify.stats'.")]),
+])
+def test_each_problem_has_its_id_and_message(overrides, expected):
+    assert run({**settings.FASTPOLL, **GOOD_SERVERS, **overrides}) == expected
+
+
+def test_unreadable_secret_file():
+    [(check_id, message)] = run({**settings.FASTPOLL, **GOOD_SERVERS, "SECRET_FILE": "/nonexistent/secret"})
+    assert check_id == "fastpoll.E006" and "/nonexistent/secret" in message
+
+
+@pytest.mark.parametrize("value", [["x"], [], "MEMCACHED_SERVERS"])
+def test_not_a_dict_is_the_only_problem_reported(value):
+    assert run(value) == [("fastpoll.E001", "FASTPOLL must be a dict.")]
+
+
+def test_csrf_middleware_missing():
+    middleware = [m for m in settings.MIDDLEWARE if m != "django.middleware.csrf.CsrfViewMiddleware"]
+    assert run(MIDDLEWARE=middleware) == [
+        ("plurkcore.W004", "CsrfViewMiddleware is not installed: signup/login cannot set the csrftoken cookie.")]
+
+
+def test_every_check_is_registered():
+    registered = checks.registry.registry.get_checks()
+    assert all(check in registered for check in fastpoll_checks.CHECKS)
+    # a plain `manage.py check` (no tags) runs them
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1}):
+        assert "fastpoll.E003" in {e.id for e in checks.run_checks()}
