@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import requests  # noqa: E402
 
 from bench.common import ROOT, proc_stat, progress, write_result  # noqa: E402
-from locustfiles import _delivery  # noqa: E402  (the delivery rule, shared with the locustfile)
+from plurksite import delivery as _delivery  # noqa: E402  (the delivery rule, shared with the locustfile)
 
 
 def make_accounts(count, prefix, path, env, celebrities=0, prefollow=False, zipf=1.2):

@@ -88,11 +88,11 @@ from locust.runners import MasterRunner, WorkerRunner
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-for _path in (_HERE, _ROOT):        # _delivery next to this file; plurksite.config (no Django)
+for _path in (_HERE, _ROOT):        # plurksite.delivery and plurksite.config (no Django)
     if _path not in sys.path:
         sys.path.append(_path)
 
-import _delivery  # noqa: E402
+from plurksite import delivery as _delivery  # noqa: E402
 from plurksite.config import ConfigError  # noqa: E402
 from plurksite.config import load as _load_config  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Keep this module light: importing the package must not import the ORM (see apps.py for wiring).
 """
-from fastpoll._version import __version__
+from fastpoll import __version__
 
 APP_NAME = "plurkcore"
 

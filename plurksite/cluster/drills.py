@@ -223,7 +223,7 @@ def _figures(records, history, start, end):
 
 def _window(records, start, end):
     """The delivery verdict (lost, latency) of the plurks committed in [start, end)."""
-    from locustfiles import _delivery
+    from plurksite import delivery as _delivery
 
     cut = [dict(rec, posts=[p for p in rec["posts"] if start <= p[3] < end]) for rec in records]
     return _delivery.judge(cut)
@@ -378,7 +378,7 @@ def run_drills(cluster, drills, users=2000, processes=2, spawn_rate=200, warmup_
     final_stale, final_complete = stale_keys(cluster)
     records = load.read_records()
     history = load.history()
-    from locustfiles import _delivery
+    from plurksite import delivery as _delivery
     overall = _delivery.judge(records)
     results = [_judge(cluster, window, records, history) for window in windows]
     steady_report = None

@@ -2,7 +2,7 @@
 import json
 
 from bench import load
-from locustfiles import _delivery
+from plurksite import delivery as _delivery
 
 
 def _records(accounts, posts=(), follows=(), polls=None, seen=(), hits=1):

@@ -5,6 +5,7 @@ from django.db import close_old_connections
 
 from fastpoll import conf, repair
 from fastpoll.management.base import StoreCommand, positive_seconds
+from fastpoll.management.commands.warmcache import warm as warm_answers
 
 
 class Command(StoreCommand):
@@ -26,7 +27,6 @@ class Command(StoreCommand):
             interval = 0.5
         if warm:
             # a memcached the stack has just started is empty: fill it before the polls come
-            from .warmcache import warm as warm_answers
             try:
                 self._report(repair.repair())   # flush returning servers first, then fill
                 count, failed = warm_answers()

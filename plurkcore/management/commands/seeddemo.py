@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, transaction
 
-from fastpoll.management.base import StoreCommand
 from plurkcore.models import Follow, Plurk, ReadCursor
 
 USERS = ["alice", "bob", "carol", "dave"]
@@ -14,11 +14,19 @@ PLURKS = [
 ]
 
 
-class Command(StoreCommand):
+class Command(BaseCommand):
     help = ("Create the demo users alice, bob, carol and dave (password plurkdemo1), who follow each "
             "other, with a few plurks and responses.  Idempotent.")
 
     def handle(self, *args, **options):
+        try:
+            self._seed()
+        except DatabaseError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CommandError(f"the database cannot be used ({reason}): is it running, reachable as "
+                               f"settings.DATABASES says, and migrated (manage.py migrate)?") from None
+
+    def _seed(self):
         User = get_user_model()
         with transaction.atomic():
             users = {}

@@ -1,4 +1,4 @@
-"""The delivery rule, shared by the locustfile (one process's own view) and bench/load.py (the
+"""The delivery rule, shared by the locustfile (locustfiles/plurkers.py), the drills (one process's own view) and bench/load.py (the
 merged records of every locust process, the authority for a ``--processes`` run).
 
 A records dict is what one locust process wrote (locustfiles/plurkers.py)::
