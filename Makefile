@@ -71,8 +71,9 @@ migrate: install
 demo: migrate
 	$(PY) manage.py seeddemo
 
-run: demo
-	$(PY) manage.py runstack
+# the demo data is loaded by runstack once memcached is up, so its answers are written there
+run: migrate
+	$(PY) manage.py runstack --demo
 
 # every host in its own network namespace (plurksite/cluster/); needs root.  The cluster migrates
 # its own PostgreSQL database, so only the install steps come first.  Ctrl-C removes all of it.
