@@ -25,12 +25,13 @@ FUZZ_CFLAGS  := -g -O1 -Werror=implicit-function-declaration -fsanitize=fuzzer,a
 FUZZ_SRC     := $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
                 $(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c
 
-.PHONY: drill bench-tools test-asan fuzz run cluster test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
+.PHONY: drill bench-tools test-asan fuzz run cluster check test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
 
 help:
 	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
 	@echo "make cluster  the multi-host site in network namespaces (root): balancer, 2 web, 3 memcached, db, client"
 	@echo "make drill    the failure drills in that cluster under 2,000 long-polling users (root; ~10 min)"
+	@echo "make check    the edit loop: every layer's unit tests (no browser, cluster, load, e2e stack, PostgreSQL, ASan, fuzz; ~2 min)"
 	@echo "make test     install what is missing, run the full test suite (SQLite, then PostgreSQL)"
 	@echo "make load     run the locust simulation (a few hundred users, one minute) against the stack"
 	@echo "make load-10k the 10,000-user polling run (locust --processes 2, ~8 min): CPU/RSS per component"
@@ -70,8 +71,9 @@ migrate: install
 demo: migrate
 	$(PY) manage.py seeddemo
 
-run: demo
-	$(PY) manage.py runstack
+# the demo data is loaded by runstack once memcached is up, so its answers are written there
+run: migrate
+	$(PY) manage.py runstack --demo
 
 # every host in its own network namespace (plurksite/cluster/); needs root.  The cluster migrates
 # its own PostgreSQL database, so only the install steps come first.  Ctrl-C removes all of it.
@@ -81,6 +83,14 @@ cluster: install
 # every failure drill under 2,000 long-polling users, one verdict line each; bench/results/drills.json
 drill: install
 	$(PY) manage.py drill --json bench/results/drills.json
+
+# the edit loop: every layer's unit tests (plurksite, plurkcore on SQLite, fastpath, the source
+# rules, bench/report.py, the load verdict), without the browser, the cluster, the locust runs,
+# PostgreSQL, the end-to-end stacks, ASan or fuzzing.  `make test` is the full suite.
+CHECK_TESTS := tests/test_sourcecode.py tests/test_layers.py tests/plurksite tests/fastpoll tests/plurkcore tests/fastpath \
+               tests/bench/test_report.py tests/load/test_judge.py
+check: install
+	$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider -m "not slow and not load and not browser and not postgres" $(CHECK_TESTS)
 
 test: install bench-tools
 	$(PYTEST) $(PYTEST_ARGS) tests

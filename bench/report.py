@@ -1,4 +1,10 @@
-"""Print the markdown tables of the latest results (pasted into README by hand or by `make bench`)."""
+"""The Markdown of the latest results in bench/results/.
+
+Prints every table.  With ``--write-readme`` (``make bench`` passes it) it also writes them into
+docs/benchmarks.md, between its ``bench:start``/``bench:end`` markers, and the README's one headline
+table (the best ratio against each peer, :func:`headline`) between the README's markers.  The
+history of the runs, and what each figure means, is prose in docs/benchmarks.md.
+"""
 import json
 import os
 import sys
@@ -51,7 +57,8 @@ def _goal_mark(name, value, doc=None, conns=None):
     return f" (goal {goal:g}: {'met' if value >= goal else 'not met'})"
 
 
-def main():
+def tables():
+    """Every table of the latest results, as Markdown."""
     out = []
     doc = _load("throughput")
     if doc:
@@ -147,10 +154,15 @@ def main():
                        f"**{'n/a' if doc['hit_ratio'] is None else format(doc['hit_ratio'], '.4f')}**, delivery latency p50 {f(lat['p50'])}, p95 {f(lat['p95'])}, "
                        f"max {f(lat['max'])}.\n")
     out += longpoll_rows(_load("longpoll"))
-    text = "\n".join(out)
+    return "\n".join(out)
+
+
+def main():
+    text = tables()
     print(text)
     if "--write-readme" in sys.argv:
-        _write_readme(text)
+        _write_between(os.path.join(ROOT, "docs", "benchmarks.md"), START, END, text)
+        _write_between(os.path.join(ROOT, "README.md"), HEADLINE_START, HEADLINE_END, headline())
 
 
 def _f(value, spec=".2f"):
@@ -346,21 +358,127 @@ def longpoll_rows(doc):
     return out
 
 
+def _span(values, spec=".2f"):
+    """"0.77-0.94" of several values (one value alone when they are equal)."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}-{high}"
+
+
+def _goal_cell(goal, met_at, missed_at):
+    """"met", "not met", or "met at c=200, 1000; not at c=50"."""
+    if not missed_at:
+        return f"{goal}: met"
+    if not met_at:
+        return f"{goal}: **not met**"
+    return f"{goal}: met at {', '.join(met_at)}; **not at {', '.join(missed_at)}**"
+
+
+def _throughput_row(doc, label, ratio, goal_text=None):
+    values = {c: r[ratio] for c, r in doc["ratios"].items() if r.get(ratio)}
+    if not values:
+        return None
+    goal = GOALS.get(ratio)
+    cell = ""
+    if goal is not None:
+        met = [f"c={c}" for c, v in values.items() if v >= goal and not _goal_mark(ratio, v, doc, c).count("errors")]
+        missed = [f"c={c}" for c in values if f"c={c}" not in met]
+        cell = _goal_cell(f"≥ {goal:g}x", met, missed)
+    conc = ", ".join(values)
+    return (label, f"**{_span(values.values())}x** (c={conc})", goal_text or cell)
+
+
+def _goals(doc, prefix):
+    """The run's own goals whose name starts with ``prefix``, each met or not."""
+    return "; ".join(f"{k[len(prefix):].strip()}: {'met' if v else '**not met**'}"
+                     for k, v in (doc.get("goals") or {}).items() if k.startswith(prefix))
+
+
+def headline_rows():
+    """(comparison, figure, goal) of the latest runs: each figure against its peer, measured in
+    the same run on the same machine."""
+    rows = []
+    doc = _load("throughput")
+    if doc:
+        for label, ratio in (
+                ("fastpath alone against nginx's own `memcached_pass` (keep-alive)", "fastpath / memcached_pass"),
+                ("fastpath alone against nginx `return 200` (keep-alive)", "fastpath / return 200"),
+                ("nginx → fastpath over its unix socket (the stack) against `memcached_pass`",
+                 "nginx+fastpath unix / memcached_pass"),
+                ("nginx → fastpath against nginx → an upstream that does nothing (unix socket)",
+                 "nginx+fastpath unix / nginx+return-200 upstream unix")):
+            row = _throughput_row(doc, label, ratio)
+            if row:
+                rows.append(row)
+        ic = doc.get("idle_connections")
+        if ic:
+            rows.append(("memory of an idle keep-alive connection in fastpath",
+                         f"**{ic['bytes_per_connection']:,} bytes**",
+                         f"< 2,048: {'met' if ic['bytes_per_connection'] < 2048 else '**not met**'}"))
+    doc = _load("connbench")
+    if doc:
+        for key, label, ratio in (
+                ("ab", "no keep-alive, `ab -c 50` through nginx: → fastpath (unix) against `memcached_pass`",
+                 "nginx+fastpath unix / memcached_pass"),
+                ("connect 1 worker", "new connections straight to fastpath against nginx `return 200`",
+                 "fastpath / return 200")):
+            r = doc.get(key, {}).get("ratios", {}).get(ratio)
+            if r:
+                goal = "" if r["goal"] is None else f"≥ {r['goal']:g}x: {'met' if r['met'] else '**not met**'}"
+                rows.append((label, f"**{r['median']:.2f}x** (rounds {_span(r['rounds'])})", goal))
+    doc = _load("longpoll")
+    if doc:
+        held = doc.get("held", {})
+        if held:
+            cells = [f"{_kb(p['stack']['per_held']['nginx+fastpath']['pss_bytes'])} / "
+                     f"{_kb(p['nchan']['per_held']['nchan nginx']['pss_bytes'])} at {int(n):,}"
+                     for n, p in held.items()]
+            below = all(p["stack"]["per_held"]["nginx+fastpath"]["pss_bytes"]
+                        <= p["nchan"]["per_held"]["nchan nginx"]["pss_bytes"] for p in held.values())
+            rows.append(("memory per held long-poll: nginx + fastpath / nchan (PSS)", "; ".join(cells),
+                         f"≤ nchan's: {'met' if below else '**not met**'}"))
+        fan = doc.get("fanout") or {}
+        if fan.get("stack", {}).get("last_answer_s") and fan.get("nchan", {}).get("last_answer_s"):
+            s_ms, n_ms = fan["stack"]["last_answer_s"] * 1000, fan["nchan"]["last_answer_s"] * 1000
+            rows.append((f"a post reaching {doc['fanout_followers']:,} held followers, against nchan's publish",
+                         f"**{s_ms:.0f} ms** / {n_ms:.0f} ms ({s_ms / n_ms:.2f}x)", _goals(doc, "fan-out")))
+        long = (doc.get("load") or {}).get("long") or {}
+        if "delivery_p50_ms" in long:
+            rows.append((f"locust, {long['users']} long-polling users: a plurk reaching a follower",
+                         f"p50 **{long['delivery_p50_ms']:.0f} ms**, p99 {long.get('delivery_p99_ms', 'n/a')} ms, "
+                         f"{long['lost']} lost of {long['deliveries_checked']:,}", _goals(doc, "load:")))
+    return rows
+
+
+def headline():
+    """The README's table: :func:`headline_rows` with the runs' commits and a link to the rest."""
+    commits = sorted({d["machine"]["commit"] for d in map(_load, ("throughput", "connbench", "longpoll"))
+                      if d and d.get("machine", {}).get("commit")})
+    out = _head("comparison (one run each, 2 shared cores; read the ratios)", "figure", "goal")
+    out += [f"| {a} | {b} | {c} |" for a, b, c in headline_rows()]
+    out.append("")
+    out.append(f"Measured at {', '.join(commits) or 'n/a'} by `make bench`; every table, the history of the "
+               f"runs and what each figure means: [docs/benchmarks.md](docs/benchmarks.md).")
+    return "\n".join(out) + "\n"
+
+
 START, END = "<!-- bench:start (bench/report.py --write-readme) -->", "<!-- bench:end -->"
+HEADLINE_START = "<!-- headline:start (bench/report.py --write-readme) -->"
+HEADLINE_END = "<!-- headline:end -->"
 
 
-def _write_readme(text):
-    readme = os.path.join(ROOT, "README.md")
-    with open(readme) as fh:
+def _write_between(path, start, end, text):
+    """Replace what lies between the markers ``start`` and ``end`` in ``path`` with ``text``."""
+    with open(path) as fh:
         doc = fh.read()
-    if START not in doc or END not in doc:
-        print("README.md has no bench markers; table not written", file=sys.stderr)
-        return
-    head, rest = doc.split(START, 1)
-    _, tail = rest.split(END, 1)
-    with open(readme, "w") as fh:
-        fh.write(head + START + "\n" + text.rstrip() + "\n" + END + tail)
-    print(f"README.md table updated", file=sys.stderr)
+    if start not in doc or end not in doc:
+        print(f"{os.path.relpath(path, ROOT)} has no {start} marker; not written", file=sys.stderr)
+        return False
+    head, rest = doc.split(start, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as fh:
+        fh.write(head + start + "\n" + text.rstrip() + "\n" + end + tail)
+    print(f"{os.path.relpath(path, ROOT)}: tables written", file=sys.stderr)
+    return True
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """The one source of configuration: ``PLURK_*`` environment variables with documented defaults.
 
-Django settings, the stack runner, the nginx template and fastpath's flags are all derived from
-:class:`StackConfig`; nothing else reads these variables.  Importing this module must stay cheap
-and Django-free (the runner and the benchmarks use it too).
+``VARIABLES`` is the table: one row per variable with its name, the :class:`StackConfig` field it
+sets, its parser, its formatter, its default and its help.  Generated from it: the parsed
+configuration (``StackConfig.from_env``), the environment handed to every child
+(``StackConfig.to_env``) and the README's configuration table (``variables_table``; rewrite it
+with ``python -m plurksite.config``).  Django settings, the stack runner, the nginx template and
+fastpath's flags are all derived from :class:`StackConfig`; nothing else reads these variables.
+Importing this module must stay cheap and Django-free (the runner and the benchmarks use it too).
 """
 import dataclasses
 import os
@@ -16,61 +20,10 @@ class ConfigError(ValueError):
     """A ``PLURK_*`` variable has a value we cannot use; the message names it and the fix."""
 
 
-# name: (default, help).  README's configuration table is this dict, rendered by variables_table()
-# (tests/plurksite/test_config.py fails when the two differ).
-VARIABLES = {
-    "PLURK_HTTP": ("127.0.0.1:8080", "public nginx listen address (the only public port)"),
-    "PLURK_DJANGO": ("127.0.0.1:8000", "gunicorn (Django) listen address (must be loopback: only nginx is public)"),
-    "PLURK_FASTPATH": ("unix:run/fastpath.sock",
-                       "fastpath listen address (nginx only): `unix:<path>` (relative: under `PLURK_VAR_DIR`, "
-                       "so `var/run/fastpath.sock` by default, or `/run/plurk/<digest>/` when root's nginx workers "
-                       "cannot reach the var dir; the runner creates its directory and refuses to start "
-                       "when nginx's workers cannot reach it) or a loopback `host:port` (TCP: "
-                       "0.8-1.0x nginx's own `memcached_pass`, against 0.85-1.2x over the socket, from run to "
-                       "run; see Benchmarks)"),
-    "PLURK_FASTPATH_ADMIN": ("127.0.0.1:8002", "fastpath's loopback-only stats listener (`/metrics`)"),
-    "PLURK_MEMCACHED": ("127.0.0.1:11211", "comma-separated memcached `host:port` list"),
-    "PLURK_DATABASE_URL": ("sqlite:///var/plurk.sqlite3",
-                           "`sqlite:///relative`, `sqlite:////absolute` or `postgres://user:pw@host:port/db`"),
-    "PLURK_SECRET_FILE": ("var/secret.key", "HMAC secret shared by Django and fastpath; generated (0600) if absent"),
-    "PLURK_VAR_DIR": ("var", "run-time directory: logs, rendered nginx config, pid files, fastpath's socket"),
-    "PLURK_DEBUG": ("0", "`1` turns on Django's `DEBUG` (`true`/`yes`/`on` too; `0`, `false`, `no`, `off` or empty: off)"),
-    "PLURK_GUNICORN_WORKERS": ("2", "gunicorn worker processes"),
-    "PLURK_FASTPATH_WORKERS": ("0", "fastpath worker processes (`0`: one per CPU)"),
-    "PLURK_MEMCACHED_TIMEOUT_MS": ("50", "how long fastpath and Django wait for memcached"),
-    "PLURK_MEMCACHED_MEMORY_MB": ("64", "memory of each memcached the runner starts"),
-    "PLURK_MAX_BODY_KB": ("64", "largest request body, KiB: nginx, Django and fastpath all enforce it (413 beyond)"),
-    "PLURK_FASTPATH_NOTIFY": ("run/notify",
-                              "where Django sends the keys it stored so that fastpath's held long-polls wake at "
-                              "once: a directory of fastpath's notice sockets (`<worker>.sock`; relative: under "
-                              "`PLURK_VAR_DIR`), or, for several hosts, a comma list of `udp:HOST:FIRST-LAST` "
-                              "(or `udp:HOST:PORT`) entries, one port per fastpath worker of that host (Django "
-                              "sends to every port; each host's fastpath binds its own entry, on a private "
-                              "address); `off` (or empty): no notices, fastpath re-reads held keys"),
-    "PLURK_LONGPOLL_MAX_WAIT_S": ("55", "longest a long-poll (`Prefer: wait=N`) is held by fastpath, seconds "
-                                        "(fastpath's `--max-wait`; nginx waits 15 s more before giving up)"),
-    "PLURK_ROLES": ("all", "what `manage.py runstack` starts on this host: `all` (the whole single-host stack), "
-                           "or a comma list of `web` (nginx, fastpath, gunicorn), `memcached` (every "
-                           "`PLURK_MEMCACHED` entry whose address is this host's), `repair` (the cache repairer; "
-                           "several are safe, one is enough) and `balancer` (nginx in front of `PLURK_WEB_HOSTS`)"),
-    "PLURK_WEB_HOSTS": ("", "the balancer's web hosts: comma-separated `host:port` list of their `PLURK_HTTP` "
-                            "(required with the `balancer` role)"),
-    "PLURK_PUBLIC_HOSTS": ("", "comma-separated host names clients reach the site by, besides `PLURK_HTTP`'s "
-                               "address (Django answers 400 to any other `Host`): behind a balancer, its address "
-                               "or the site's name, on every web host"),
-}
-
 # PLURK_ROLES: `all` is the single-host stack, exactly the roles it implies (no balancer: a host
 # runs one nginx, either the web one or the balancer).
 ROLES = ("all", "web", "balancer", "memcached", "repair")
 ALL_ROLES = ("web", "memcached", "repair")
-
-
-def variables_table():
-    """VARIABLES as the README's Markdown table."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{name}` | `{default}` | {help_text} |" for name, (default, help_text) in VARIABLES.items()]
-    return "\n".join(rows) + "\n"
 
 
 def _resolve(path, base=ROOT):
@@ -227,7 +180,7 @@ def default_fastpath_socket(var_dir):
     (a checkout in /root is 0700): then the socket goes to /run/plurk/<digest of the var dir>/,
     one directory per stack, which the runner makes reachable.  An explicit PLURK_FASTPATH is
     never moved: the runner checks it and refuses to start when nginx cannot reach it."""
-    default = VARIABLES["PLURK_FASTPATH"][0]
+    default = _BY_NAME["PLURK_FASTPATH"].default
     if os.geteuid() != 0 or _others_can_search(var_dir):
         return default
     import hashlib
@@ -300,13 +253,240 @@ def format_hostport(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# ---- the table: one row per PLURK_* variable ---------------------------------------------------
+#
+# Each parser is ``parse(name, value, get)``: ``value`` is the variable's text (its default when
+# unset), ``get(other)`` another variable's text (for the two that live under PLURK_VAR_DIR).  It
+# returns the StackConfig field's value, or raises ConfigError with one line naming the variable.
+
+def _var_dir(get):
+    return _resolve(get("PLURK_VAR_DIR"))
+
+
+def _address(name, value, get):
+    return parse_hostport(name, value)
+
+
+def _fastpath_listen(name, value, get):
+    return parse_listen(name, value, base=_var_dir(get))
+
+
+def _memcached_servers(name, value, get):
+    servers = [s for s in value.split(",") if s.strip()]
+    if not servers:
+        raise ConfigError(f"{name} is empty: give at least one host:port")
+    memcached = tuple(parse_hostport(name, s) for s in servers)
+    if len(set(memcached)) != len(memcached):
+        raise ConfigError(f"{name} lists a server twice")
+    return memcached
+
+
+def _database_url(name, value, get):
+    return _check_database_url(value)
+
+
+def _secret_file(name, value, get):
+    if not value.strip():
+        raise ConfigError(f"{name} is empty: give the secret file's path, for example var/secret.key")
+    return _resolve(value)
+
+
+def _path(name, value, get):
+    return _resolve(value)
+
+
+def _integer(low, high):
+    """A parser of a whole number from ``low`` to ``high``."""
+    def parse(name, value, get):
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or not low <= number <= high:
+            raise ConfigError(f"{name}={value!r}: expected a whole number from {low} to {high}")
+        return number
+    return parse
+
+
+def _boolean_parser(name, value, get):
+    return _boolean(name, value)
+
+
+def _notify(name, value, get):
+    return parse_notify(name, value, _var_dir(get))
+
+
+def _roles(name, value, get):
+    return parse_roles(value)
+
+
+def _host_names(name, value, get):
+    return parse_host_names(name, value)
+
+
+def _hostport_list(name, value, get):
+    return parse_hostport_list(name, value)
+
+
+def _text(value):
+    return str(value)
+
+
+def _joined(values):
+    return ",".join(values)
+
+
+def _an_address(addr):
+    return format_hostport(*addr)
+
+
+def _addresses(addrs):
+    return ",".join(format_hostport(*hp) for hp in addrs)
+
+
+def _on_off(flag):
+    return "1" if flag else "0"
+
+
+def _notice_targets(pair):
+    directory, udp = pair
+    return ",".join(_format_udp_entry(*e) for e in udp) or directory or "off"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One ``PLURK_*`` variable: its name, the StackConfig field it sets (a tuple: several, the
+    parser then returns one value each), its parser and formatter (``format(parse(text))`` is
+    text that parses back to the same value: the environment handed to children), its default
+    and its help (the README's configuration table)."""
+    name: str
+    attr: object
+    parse: object
+    format: object
+    default: str
+    help: str
+    default_of: object = None    # get -> the default, computed from other variables; also for ""
+
+    def value(self, env, get):
+        """This variable's text in ``env``, or its default."""
+        text = env.get(self.name)
+        if self.default_of is not None and not text:
+            return self.default_of(get)
+        return self.default if text is None else text
+
+    def read(self, config):
+        """This variable's field(s) of ``config``."""
+        if isinstance(self.attr, tuple):
+            return tuple(getattr(config, a) for a in self.attr)
+        return getattr(config, self.attr)
+
+
+def _default_fastpath(get):
+    return default_fastpath_socket(_var_dir(get))
+
+
+# StackConfig is built from these rows (from_env), gives them back (to_env) and the README's
+# configuration table is their rendering (variables_table; tests/plurksite/test_config.py fails
+# when the README differs).  A new variable is one row here and one StackConfig field.
+VARIABLES = (
+    Variable("PLURK_HTTP", "http", _address, _an_address, "127.0.0.1:8080",
+             "public nginx listen address (the only public port)"),
+    Variable("PLURK_DJANGO", "django", _address, _an_address, "127.0.0.1:8000",
+             "gunicorn (Django) listen address (must be loopback: only nginx is public)"),
+    Variable("PLURK_FASTPATH", "fastpath", _fastpath_listen, _an_address, "unix:run/fastpath.sock",
+             "fastpath listen address (nginx only): `unix:<path>` (relative: under `PLURK_VAR_DIR`, "
+             "so `var/run/fastpath.sock` by default, or `/run/plurk/<digest>/` when root's nginx workers "
+             "cannot reach the var dir; the runner creates its directory and refuses to start "
+             "when nginx's workers cannot reach it) or a loopback `host:port` (TCP: "
+             "0.8-1.0x nginx's own `memcached_pass`, against 0.85-1.2x over the socket, from run to "
+             "run; see [docs/benchmarks.md](docs/benchmarks.md))", default_of=_default_fastpath),
+    Variable("PLURK_FASTPATH_ADMIN", "fastpath_admin", _address, _an_address, "127.0.0.1:8002",
+             "fastpath's loopback-only stats listener (`/metrics`)"),
+    Variable("PLURK_MEMCACHED", "memcached", _memcached_servers, _addresses, "127.0.0.1:11211",
+             "comma-separated memcached `host:port` list"),
+    Variable("PLURK_DATABASE_URL", "database_url", _database_url, _text, "sqlite:///var/plurk.sqlite3",
+             "`sqlite:///relative`, `sqlite:////absolute` or `postgres://user:pw@host:port/db`"),
+    Variable("PLURK_SECRET_FILE", "secret_file", _secret_file, _text, "var/secret.key",
+             "HMAC secret shared by Django and fastpath; generated (0600) if absent"),
+    Variable("PLURK_VAR_DIR", "var_dir", _path, _text, "var",
+             "run-time directory: logs, rendered nginx config, pid files, fastpath's socket"),
+    Variable("PLURK_DEBUG", "debug", _boolean_parser, _on_off, "0",
+             "`1` turns on Django's `DEBUG` (`true`/`yes`/`on` too; `0`, `false`, `no`, `off` or empty: off)"),
+    Variable("PLURK_GUNICORN_WORKERS", "gunicorn_workers", _integer(1, 64), _text, "2",
+             "gunicorn worker processes"),
+    Variable("PLURK_FASTPATH_WORKERS", "fastpath_workers", _integer(0, 64), _text, "0",
+             "fastpath worker processes (`0`: one per CPU)"),
+    Variable("PLURK_MEMCACHED_TIMEOUT_MS", "memcached_timeout_ms", _integer(1, 10000), _text, "50",
+             "how long fastpath and Django wait for memcached"),
+    Variable("PLURK_MEMCACHED_MEMORY_MB", "memcached_memory_mb", _integer(8, 65536), _text, "64",
+             "memory of each memcached the runner starts"),
+    Variable("PLURK_MAX_BODY_KB", "max_body_kb", _integer(1, 16384), _text, "64",
+             "largest request body, KiB: nginx, Django and fastpath all enforce it (413 beyond)"),
+    Variable("PLURK_FASTPATH_NOTIFY", ("fastpath_notify", "fastpath_notify_udp"), _notify, _notice_targets,
+             "run/notify",
+             "where Django sends the keys it stored so that fastpath's held long-polls wake at "
+             "once: a directory of fastpath's notice sockets (`<worker>.sock`; relative: under "
+             "`PLURK_VAR_DIR`), or, for several hosts, a comma list of `udp:HOST:FIRST-LAST` "
+             "(or `udp:HOST:PORT`) entries, one port per fastpath worker of that host (Django "
+             "sends to every port; each host's fastpath binds its own entry, on a private "
+             "address); `off` (or empty): no notices, fastpath re-reads held keys"),
+    Variable("PLURK_LONGPOLL_MAX_WAIT_S", "longpoll_max_wait_s", _integer(1, 3600), _text, "55",
+             "longest a long-poll (`Prefer: wait=N`) is held by fastpath, seconds "
+             "(fastpath's `--max-wait`; nginx waits 15 s more before giving up)"),
+    Variable("PLURK_ROLES", "roles", _roles, _joined, "all",
+             "what `manage.py runstack` starts on this host: `all` (the whole single-host stack), "
+             "or a comma list of `web` (nginx, fastpath, gunicorn), `memcached` (every "
+             "`PLURK_MEMCACHED` entry whose address is this host's), `repair` (the cache repairer; "
+             "several are safe, one is enough) and `balancer` (nginx in front of `PLURK_WEB_HOSTS`)"),
+    Variable("PLURK_WEB_HOSTS", "web_hosts", _hostport_list, _addresses, "",
+             "the balancer's web hosts: comma-separated `host:port` list of their `PLURK_HTTP` "
+             "(required with the `balancer` role)"),
+    Variable("PLURK_PUBLIC_HOSTS", "public_hosts", _host_names, _joined, "",
+             "comma-separated host names clients reach the site by, besides `PLURK_HTTP`'s "
+             "address (Django answers 400 to any other `Host`): behind a balancer, its address "
+             "or the site's name, on every web host"),
+)
+_BY_NAME = {var.name: var for var in VARIABLES}
+
+README_START = "<!-- variables:start (generated from plurksite.config.VARIABLES: python -m plurksite.config) -->"
+README_END = "<!-- variables:end -->"
+
+
+def variables_table():
+    """VARIABLES as the README's Markdown table."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{var.name}` | {f'`{var.default}`' if var.default else '(empty)'} | {var.help} |"
+             for var in VARIABLES]
+    return "\n".join(rows) + "\n"
+
+
+def readme_table(readme_text):
+    """The configuration table between the README's markers, or None when they are missing."""
+    if README_START not in readme_text or README_END not in readme_text:
+        return None
+    return readme_text.split(README_START, 1)[1].split(README_END, 1)[0].lstrip("\n")
+
+
+def write_readme(path=os.path.join(ROOT, "README.md")):
+    """Rewrite the README's configuration table from VARIABLES."""
+    with open(path) as fh:
+        text = fh.read()
+    if readme_table(text) is None:
+        raise SystemExit(f"{path} has no {README_START} ... {README_END} markers")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w") as fh:
+        fh.write(f"{head}{README_START}\n{variables_table()}{README_END}{tail}")
+
+
 @dataclasses.dataclass(frozen=True)
 class StackConfig:
+    """The parsed PLURK_* variables: each field is set by one VARIABLES row."""
     http: tuple
     django: tuple
-    fastpath: tuple
+    fastpath: tuple                 # (host, port), or ("unix", absolute path)
     fastpath_admin: tuple
-    memcached: tuple          # ((host, port), ...)
+    memcached: tuple                # ((host, port), ...)
     database_url: str
     secret_file: str
     var_dir: str
@@ -315,64 +495,28 @@ class StackConfig:
     fastpath_workers: int
     memcached_timeout_ms: int
     memcached_memory_mb: int
-    max_body_kb: int = 64
-    fastpath_notify: str = None     # absolute directory, or None: no unix notices
-    fastpath_notify_udp: tuple = ()   # ((host, first port, last port), ...): UDP notices
-    longpoll_max_wait_s: int = 55
-    roles: tuple = ("all",)         # parse_roles(): ROLES order, each once
-    web_hosts: tuple = ()           # ((host, port), ...): the balancer's upstreams
-    public_hosts: tuple = ()        # extra Django ALLOWED_HOSTS
+    max_body_kb: int
+    fastpath_notify: str            # absolute directory, or None: no unix notices
+    fastpath_notify_udp: tuple      # ((host, first port, last port), ...): UDP notices
+    longpoll_max_wait_s: int
+    roles: tuple                    # parse_roles(): ROLES order, each once
+    web_hosts: tuple                # ((host, port), ...): the balancer's upstreams
+    public_hosts: tuple             # extra Django ALLOWED_HOSTS
 
     @classmethod
     def from_env(cls, environ=None):
+        """The configuration of ``environ`` (default: os.environ), one VARIABLES row per
+        variable; ConfigError, one line naming the variable, for a value it cannot use."""
         env = os.environ if environ is None else environ
 
         def get(name):
-            return env.get(name, VARIABLES[name][0])
+            return _BY_NAME[name].value(env, get)
 
-        def integer(name, low, high):
-            raw = get(name)
-            try:
-                value = int(raw)
-            except ValueError:
-                value = None
-            if value is None or not low <= value <= high:
-                raise ConfigError(f"{name}={raw!r}: expected a whole number from {low} to {high}")
-            return value
-
-        servers = [s for s in get("PLURK_MEMCACHED").split(",") if s.strip()]
-        if not servers:
-            raise ConfigError("PLURK_MEMCACHED is empty: give at least one host:port")
-        memcached = tuple(parse_hostport("PLURK_MEMCACHED", s) for s in servers)
-        if len(set(memcached)) != len(memcached):
-            raise ConfigError("PLURK_MEMCACHED lists a server twice")
-        database_url = _check_database_url(get("PLURK_DATABASE_URL"))
-        if not get("PLURK_SECRET_FILE").strip():
-            raise ConfigError("PLURK_SECRET_FILE is empty: give the secret file's path, for example var/secret.key")
-        var_dir = _resolve(get("PLURK_VAR_DIR"))
-        fastpath = env.get("PLURK_FASTPATH") or default_fastpath_socket(var_dir)
-        config = cls(
-            http=parse_hostport("PLURK_HTTP", get("PLURK_HTTP")),
-            django=parse_hostport("PLURK_DJANGO", get("PLURK_DJANGO")),
-            fastpath=parse_listen("PLURK_FASTPATH", fastpath, base=var_dir),
-            fastpath_admin=parse_hostport("PLURK_FASTPATH_ADMIN", get("PLURK_FASTPATH_ADMIN")),
-            memcached=memcached,
-            database_url=database_url,
-            secret_file=_resolve(get("PLURK_SECRET_FILE")),
-            var_dir=var_dir,
-            debug=_boolean("PLURK_DEBUG", get("PLURK_DEBUG")),
-            gunicorn_workers=integer("PLURK_GUNICORN_WORKERS", 1, 64),
-            fastpath_workers=integer("PLURK_FASTPATH_WORKERS", 0, 64),
-            memcached_timeout_ms=integer("PLURK_MEMCACHED_TIMEOUT_MS", 1, 10000),
-            memcached_memory_mb=integer("PLURK_MEMCACHED_MEMORY_MB", 8, 65536),
-            max_body_kb=integer("PLURK_MAX_BODY_KB", 1, 16384),
-            **dict(zip(("fastpath_notify", "fastpath_notify_udp"),
-                       parse_notify("PLURK_FASTPATH_NOTIFY", get("PLURK_FASTPATH_NOTIFY"), var_dir))),
-            longpoll_max_wait_s=integer("PLURK_LONGPOLL_MAX_WAIT_S", 1, 3600),
-            roles=parse_roles(get("PLURK_ROLES")),
-            web_hosts=parse_hostport_list("PLURK_WEB_HOSTS", get("PLURK_WEB_HOSTS")),
-            public_hosts=parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS")),
-        )
+        values = {}
+        for var in VARIABLES:
+            parsed = var.parse(var.name, var.value(env, get), get)
+            values.update(zip(var.attr, parsed) if isinstance(var.attr, tuple) else [(var.attr, parsed)])
+        config = cls(**values)
         config.check_ports()
         config.check_roles()
         return config
@@ -409,28 +553,7 @@ class StackConfig:
 
     def to_env(self):
         """The PLURK_* variables that reproduce this configuration (handed to every child)."""
-        return {
-            "PLURK_HTTP": format_hostport(*self.http),
-            "PLURK_DJANGO": format_hostport(*self.django),
-            "PLURK_FASTPATH": format_hostport(*self.fastpath),
-            "PLURK_FASTPATH_ADMIN": format_hostport(*self.fastpath_admin),
-            "PLURK_MEMCACHED": ",".join(self.memcached_specs),
-            "PLURK_DATABASE_URL": self.database_url,
-            "PLURK_SECRET_FILE": self.secret_file,
-            "PLURK_VAR_DIR": self.var_dir,
-            "PLURK_DEBUG": "1" if self.debug else "0",
-            "PLURK_GUNICORN_WORKERS": str(self.gunicorn_workers),
-            "PLURK_FASTPATH_WORKERS": str(self.fastpath_workers),
-            "PLURK_MEMCACHED_TIMEOUT_MS": str(self.memcached_timeout_ms),
-            "PLURK_MEMCACHED_MEMORY_MB": str(self.memcached_memory_mb),
-            "PLURK_MAX_BODY_KB": str(self.max_body_kb),
-            "PLURK_FASTPATH_NOTIFY": (",".join(_format_udp_entry(*e) for e in self.fastpath_notify_udp)
-                                      or self.fastpath_notify or "off"),
-            "PLURK_LONGPOLL_MAX_WAIT_S": str(self.longpoll_max_wait_s),
-            "PLURK_ROLES": ",".join(self.roles),
-            "PLURK_WEB_HOSTS": ",".join(format_hostport(*hp) for hp in self.web_hosts),
-            "PLURK_PUBLIC_HOSTS": ",".join(self.public_hosts),
-        }
+        return {var.name: var.format(var.read(self)) for var in VARIABLES}
 
     @property
     def notify_udp_destinations(self):
@@ -497,3 +620,8 @@ class StackConfig:
 
 def load():
     return StackConfig.from_env()
+
+
+if __name__ == "__main__":
+    write_readme()
+    print("README.md: configuration table written from plurksite.config.VARIABLES")

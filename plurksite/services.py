@@ -133,32 +133,21 @@ def fastpath_command(config, resources=None, **options):
     return [sys.executable, "-m", "fastpath", *command_line(**values)]
 
 
-def _option_attr(flag):
-    """The Options attribute of fastpath's ``flag``, or None when this fastpath lacks it."""
-    from fastpath.options import OPTIONS
-
-    return next((opt.attr for opt in OPTIONS if opt.flag == flag), None)
-
-
 def longpoll_options(config):
-    """fastpath's long-poll options (--max-wait, --notify-dir, --notify-udp) for ``config``.  A
-    fastpath that does not know them yet gets neither: it then answers every poll at once, which
-    the page and nginx handle (docs/web.md).  --notify-udp is this host's own entry of the
-    shared udp: list (ServiceError, one line, when that entry does not fit this host)."""
+    """fastpath's long-poll options (--max-wait, --notify-dir, --notify-udp) for ``config``.
+    --notify-udp is this host's own entry of the shared udp: list (ServiceError, one line, when
+    that entry does not fit this host)."""
     from .config import ConfigError
 
-    values = {}
-    max_wait, notify_dir = _option_attr("--max-wait"), _option_attr("--notify-dir")
-    if max_wait is not None:
-        values[max_wait] = config.longpoll_max_wait_s
-    if notify_dir is not None and config.fastpath_notify:
-        values[notify_dir] = config.fastpath_notify
+    values = {"max_wait": config.longpoll_max_wait_s}
+    if config.fastpath_notify:
+        values["notify_dir"] = config.fastpath_notify
     try:
         local = config.local_notify_udp()
     except ConfigError as exc:
         raise ServiceError(str(exc)) from None   # runstack's one-line error, not a traceback
     if local is not None:
-        values[_option_attr("--notify-udp")] = format_hostport(local[0], local[1])
+        values["notify_udp"] = format_hostport(local[0], local[1])
     return values
 
 

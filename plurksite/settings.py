@@ -126,18 +126,14 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = os.path.join(STACK.var_dir, "static")
 
-# plurkcore's one settings dict: everything the app needs from the stack configuration.
+# fastpoll's one settings dict: everything the app needs from the stack configuration.
 FASTPOLL = {
     "MEMCACHED_SERVERS": STACK.memcached_specs,
     "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
     "SECRET_FILE": STACK.secret_file,
+    # fastpath's notice sockets: the writer tells held long-polls which keys it stored
+    "NOTIFY_DIRS": [STACK.fastpath_notify] if STACK.fastpath_notify else [],
 }
-# fastpath's notice sockets: fastpoll.notify tells held long-polls which keys it stored.  Only
-# once this plurkcore reads the key (issue 14): an unknown key is a warning (plurkcore.W001).
-from fastpoll.conf import DEFAULTS as _FASTPOLL_DEFAULTS  # noqa: E402  (light: no ORM)
-
-if "NOTIFY_DIRS" in _FASTPOLL_DEFAULTS:
-    FASTPOLL["NOTIFY_DIRS"] = [STACK.fastpath_notify] if STACK.fastpath_notify else []
 # several hosts: every fastpath worker port of every web host, over UDP
 if STACK.fastpath_notify_udp:
     FASTPOLL["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"

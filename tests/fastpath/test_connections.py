@@ -156,6 +156,7 @@ def test_pipelined_requests_beyond_the_read_buffer(fp):
     assert bodies == [b'{"mine":%d}' % u for u in uids]
 
 
+@pytest.mark.slow          # ~20 s: out of `make check`, in `make test`
 def test_large_value_to_a_slow_reader(fp, cache):
     value = b'{"items":"' + b"x" * 900_000 + b'"}'
     cache.set("p1:getMessages:1:0", value)

@@ -28,7 +28,7 @@ def test_defaults_are_documented_and_valid():
     assert config.fastpath == ("unix", _in_var_dir_or_run_plurk(os.path.join(var, "run", "fastpath.sock"), var))
     assert config.memcached == (("127.0.0.1", 11211),)
     assert config.sqlite_path.endswith("var/plurk.sqlite3")
-    assert all(help_text for _, help_text in VARIABLES.values())
+    assert all(var.help for var in VARIABLES)
 
 
 def test_round_trip_through_environment():
@@ -149,9 +149,51 @@ def test_a_var_dir_too_deep_for_the_default_socket_names_the_fix():
 
 
 def test_readme_configuration_table_is_the_variables():
+    from plurksite.config import readme_table
+
     with open(os.path.join(ROOT, "README.md")) as fh:
         readme = fh.read()
-    assert variables_table() in readme
+    assert readme_table(readme) == variables_table(), "run .venv/bin/python -m plurksite.config"
+
+
+def test_one_row_per_variable_and_per_field():
+    """Every StackConfig field is set by exactly one row, every row names a PLURK_* variable once."""
+    import dataclasses
+
+    names = [var.name for var in VARIABLES]
+    assert len(set(names)) == len(names) and all(n.startswith("PLURK_") for n in names)
+    attrs = [a for var in VARIABLES for a in (var.attr if isinstance(var.attr, tuple) else (var.attr,))]
+    assert sorted(attrs) == sorted(f.name for f in dataclasses.fields(StackConfig))
+
+
+def test_children_get_every_variable_of_the_table():
+    config = StackConfig.from_env({})
+    assert list(config.to_env()) == [var.name for var in VARIABLES]
+
+
+@pytest.mark.parametrize("var", VARIABLES, ids=lambda var: var.name)
+def test_each_default_parses_and_formats_back(var):
+    """The table's default is a value its own parser takes, and what the children are handed
+    for it parses to the same configuration."""
+    config = StackConfig.from_env({var.name: var.default} if var.default_of is None else {})
+    handed = config.to_env()[var.name]
+    assert StackConfig.from_env({var.name: handed}) == config
+
+
+@pytest.mark.parametrize("var", [v for v in VARIABLES if v.parse.__qualname__.startswith("_integer")],
+                         ids=lambda var: var.name)
+def test_each_number_refuses_words_naming_itself(var):
+    with pytest.raises(ConfigError, match=f"^{var.name}='many': expected a whole number from"):
+        StackConfig.from_env({var.name: "many"})
+
+
+def test_the_readme_writer_rewrites_only_the_table(tmp_path):
+    from plurksite.config import README_END, README_START, write_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{README_START}\nold table\n{README_END}\nafter\n")
+    write_readme(str(readme))
+    assert readme.read_text() == f"before\n{README_START}\n{variables_table()}{README_END}\nafter\n"
 
 
 def test_one_body_limit_for_nginx_django_and_fastpath(tmp_path):
@@ -214,14 +256,6 @@ def test_bad_long_poll_settings_name_the_variable(env, words):
         StackConfig.from_env(env)
 
 
-def _plurkcore_reads_notify_dirs():
-    from fastpoll.conf import DEFAULTS
-
-    return "NOTIFY_DIRS" in DEFAULTS
-
-
-@pytest.mark.skipif(not _plurkcore_reads_notify_dirs(),
-                    reason="plurkcore has no NOTIFY_DIRS setting yet (lp-django, issue 14)")
 def test_django_sends_notices_to_the_configured_directory():
     import subprocess
     import sys
@@ -233,14 +267,6 @@ def test_django_sends_notices_to_the_configured_directory():
         assert out.strip() == expected
 
 
-def _fastpath_knows(flag):
-    from fastpath.options import OPTIONS
-
-    return any(opt.flag == flag for opt in OPTIONS)
-
-
-@pytest.mark.skipif(not (_fastpath_knows("--max-wait") and _fastpath_knows("--notify-dir")),
-                    reason="fastpath.options has no --max-wait/--notify-dir yet (lp-fastpath, issue 14)")
 def test_runner_hands_fastpath_the_long_poll_settings():
     from plurksite import services
 
@@ -251,13 +277,12 @@ def test_runner_hands_fastpath_the_long_poll_settings():
     assert "--notify-dir" not in services.fastpath_command(StackConfig.from_env({"PLURK_FASTPATH_NOTIFY": "off"}))
 
 
-def test_runner_leaves_out_long_poll_flags_this_fastpath_lacks():
-    """Until fastpath has them, the runner must still start it (no unknown flag)."""
+def test_runner_always_hands_fastpath_the_long_poll_flags():
+    """Every option is known to fastpath now: --max-wait always, --notify-dir unless notices are off."""
     from plurksite import services
 
     argv = services.fastpath_command(StackConfig.from_env({}))
-    assert ("--max-wait" in argv) == _fastpath_knows("--max-wait")
-    assert ("--notify-dir" in argv) == _fastpath_knows("--notify-dir")
+    assert "--max-wait" in argv and "--notify-dir" in argv
 
 
 def test_is_local_address_is_true_only_for_this_hosts_addresses():

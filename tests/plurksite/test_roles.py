@@ -270,6 +270,7 @@ def _running(stack):
         stack.stop()
 
 
+@pytest.mark.slow          # four runners on loopback: out of `make check`, in `make test`
 def test_a_cluster_on_loopback_serves_through_the_balancer_and_survives_a_lost_web_host(tmp_path, caplog):
     """A balancer, two web hosts and a memcached host, each a runner of its own sharing one
     configuration; repair runs on two hosts at once (safe: docs/consistency.md)."""

@@ -1,11 +1,13 @@
 """``manage.py runstack``: run this host's services (PLURK_ROLES; by default the whole stack:
 memcached, gunicorn, fastpath and nginx) in the foreground."""
+import io
 import logging
 import os
 import signal
 from fastpoll import resources as fastpoll_resources
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from plurksite import nginxconf
@@ -23,6 +25,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--nginx-workers", default="auto", type=nginxconf.worker_processes,
                             help="nginx worker_processes: auto or 1..1024 (default: auto)")
+        parser.add_argument("--demo", action="store_true",
+                            help="once every service answers, load the demo users and plurks (manage.py "
+                                 "seeddemo), so that their answers are written into the running memcached")
 
     def _setup_logging(self, config):
         os.makedirs(config.log_dir(), exist_ok=True)
@@ -60,6 +65,14 @@ class Command(BaseCommand):
             stack.start()
         except ServiceError as exc:
             raise CommandError(str(exc)) from None
+        if options["demo"]:
+            # after memcached is up, not before (`make run` used to seed first): the writer then
+            # stores the demo's answers instead of failing on a memcached not started yet
+            try:
+                call_command("seeddemo", stdout=io.StringIO())
+            except BaseException:
+                stack.stop()
+                raise
         if config.roles == ("all",):
             self.stdout.write(
                 "\nThe stack is up.\n"
