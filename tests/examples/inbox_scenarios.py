@@ -1,0 +1,141 @@
+"""Scenarios of the inbox example, run in a process of the example's OWN settings (never in
+pytest's process, which has plurksite's): ``python tests/examples/inbox_scenarios.py <name>``.
+
+Environment: INBOX_VAR, INBOX_MEMCACHED (one host:port) and INBOX_SECRET_FILE, set by
+tests/examples/test_inbox.py.  Exits 0 when the scenario holds; an AssertionError otherwise.
+The example is used the way its own code uses fastpoll: ``import fastpoll`` and Django.
+"""
+import os
+import socket
+import sys
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.join(ROOT, "examples", "inbox"), ROOT]
+os.environ["DJANGO_SETTINGS_MODULE"] = "inbox_site.settings"
+
+import django  # noqa: E402
+
+django.setup()
+
+import fastpoll  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.db import transaction  # noqa: E402
+from django.test import Client  # noqa: E402
+from inbox.models import Notification  # noqa: E402
+from inbox.polls import inbox  # noqa: E402
+
+MISSING = object()
+
+
+def cached(key):
+    """The raw memcached value of ``key`` (bytes), or MISSING: a socket, not fastpoll's client."""
+    host, port = os.environ["INBOX_MEMCACHED"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"get %s\r\n" % key.encode())
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, f"memcached closed the connection: {data!r}"
+            data += chunk
+    if data == b"END\r\n":
+        return MISSING
+    header, rest = data.split(b"\r\n", 1)
+    length = int(header.split()[3])
+    return rest[:length]
+
+
+def new_user():
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:12]}", password="pw")
+    assert isinstance(user.pk, uuid.UUID), user.pk
+    return user
+
+
+def key(user, epoch=0):
+    return f"p1:inbox:{user.pk}:{epoch}"
+
+
+def expected(user):
+    """The answer the database holds now, built independently of the resource."""
+    unread = list(Notification.objects.filter(user=user, read=False).order_by("-created"))
+    if not unread:
+        return b""
+    return fastpoll.dumps({"unread": len(unread), "latest": [{"id": n.pk, "text": n.text} for n in unread[:20]]})
+
+
+def written():
+    """(1) a new Notification writes the user's exact answer into memcached after the commit."""
+    user, other = new_user(), new_user()
+    with transaction.atomic():
+        Notification.objects.create(user=user, text="hello")
+        assert cached(key(user)) in (MISSING, b""), "written before the commit"
+    want = fastpoll.dumps({"unread": 1, "latest": [{"id": Notification.objects.get(user=user).pk, "text": "hello"}]})
+    assert expected(user) == want == inbox([user.pk])[user.pk]
+    assert cached(key(user)) == want, (cached(key(user)), want)
+    Notification.objects.create(user=user, text="again é")
+    assert cached(key(user)) == expected(user), (cached(key(user)), expected(user))
+    assert b'"unread":2' in cached(key(user))
+    assert cached(key(other)) in (MISSING, b""), "another user's answer was written with this one's"
+
+
+def poll():
+    """(2) Django's poll view answers a Bearer token from fastpoll.issue_token: 200 and the JSON;
+    401 without a token."""
+    user = new_user()
+    Notification.objects.create(user=user, text="poll me")
+    token = fastpoll.issue_token(user)
+    client = Client()
+    response = client.get("/Poll/inbox", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200, (response.status_code, response.content)
+    assert response["Content-Type"] == "application/json"
+    assert response.content == expected(user) == cached(key(user))
+    response = client.get("/Poll/inbox")
+    assert response.status_code == 401, (response.status_code, response.content)
+    assert response.json() == {"error": "authentication required"}
+
+
+def bulk():
+    """(3) update() + fastpoll.touch leaves memcached equal to the database."""
+    user = new_user()
+    for i in range(3):
+        Notification.objects.create(user=user, text=f"n{i}")
+    assert b'"unread":3' in cached(key(user))
+    with transaction.atomic():
+        Notification.objects.filter(user=user, pk__lte=Notification.objects.filter(user=user).order_by("pk")[1].pk) \
+            .update(read=True)
+        fastpoll.touch("inbox", users=[user])
+    assert cached(key(user)) == expected(user), (cached(key(user)), expected(user))
+    assert b'"unread":1' in cached(key(user))
+    with transaction.atomic():
+        Notification.objects.filter(user=user).update(read=True)
+        fastpoll.touch("inbox", users=[user])
+    assert expected(user) == b""
+    assert cached(key(user)) == b"", cached(key(user))      # nothing new: 204, stored empty
+
+
+def logout():
+    """(4) Django's logout revokes the user's poll tokens: the old token now gets 401."""
+    user = new_user()
+    Notification.objects.create(user=user, text="before logout")
+    token = fastpoll.issue_token(user)
+    client = Client()
+    assert client.login(username=user.username, password="pw")
+    page = client.get("/")
+    assert page.status_code == 200
+    cookie = page.cookies.get("plurk_token")
+    assert cookie is not None and cookie.value, "the middleware gave the logged-in user no poll cookie"
+    poller = Client()
+    assert poller.get("/Poll/inbox", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    assert poller.get("/Poll/inbox", HTTP_COOKIE=f"plurk_token={cookie.value}").status_code == 200
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 302, response.status_code
+    for headers in ({"HTTP_AUTHORIZATION": f"Bearer {token}"}, {"HTTP_COOKIE": f"plurk_token={cookie.value}"}):
+        response = Client().get("/Poll/inbox", **headers)
+        assert response.status_code == 401, (response.status_code, response.content)
+        assert response.json() == {"error": "token revoked"}
+    assert cached(key(user)) is MISSING, "the revoked epoch's answer is still in memcached"
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
+    print("ok", sys.argv[1])
