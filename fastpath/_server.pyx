@@ -143,10 +143,10 @@ def _testhelper_name_greater(bytes a, bytes b):
 
 
 def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages"):
-    """(uid, epoch, expires, key) for a valid token, else the error string."""
+    """(uid, epoch, expires, key) for a valid token (uid as text), else the error string."""
     cdef fp.fp_token_t t
     cdef fp.fp_hmac_key_t hmac
-    cdef char key[128]
+    cdef char key[256]
     cdef bytes res = resource.encode("ascii")
     if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
         raise FastpathError("cannot prepare the HMAC key")
@@ -154,7 +154,7 @@ def _testhelper_token(bytes secret, bytes token, long long now, str resource="ge
     if r != fp.FP_TOKEN_OK:
         return fp.fp_token_strerror(r).decode("ascii")
     n = fp.fp_make_key(key, sizeof(key), res, len(res), &t)
-    return (t.uid, t.epoch, t.expires, key[:n].decode("ascii"))
+    return (t.uid_str[:t.uid_len].decode("ascii"), t.epoch, t.expires, key[:n].decode("ascii"))
 
 
 def _testhelper_config(opts=None, int worker_index=0):

@@ -23,7 +23,7 @@ cdef extern from "fp_token.h" nogil:
         FP_TOKEN_EXPIRED
         FP_TOKEN_INTERNAL
     ctypedef struct fp_token_t:
-        uint64_t uid, epoch, expires
+        uint64_t epoch, expires
         const char *uid_str
         size_t uid_len
         const char *epoch_str

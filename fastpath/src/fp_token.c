@@ -33,6 +33,28 @@ static int _parse_decimal(const char *s, size_t len, size_t *pos, int allow_zero
     return 0;
 }
 
+/* uid = 1*64( ALPHA / DIGIT / "-" / "_" ): Django's str(pk), copied into keys verbatim. */
+static int _is_uid_char(unsigned char ch)
+{
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           ch == '-' || ch == '_';
+}
+
+/* Parses the uid at s[*pos ..) up to the next '.', returns 0 and advances *pos past it. */
+static int _parse_uid(const char *s, size_t len, size_t *pos, const char **start, size_t *n_chars)
+{
+    size_t i = *pos;
+    while (i < len && _is_uid_char((unsigned char)s[i]))
+        if (++i - *pos > FP_UID_MAX_LEN)
+            return -1;
+    if (i == *pos)
+        return -1;
+    *start = s + *pos;
+    *n_chars = i - *pos;
+    *pos = i;
+    return 0;
+}
+
 static int _expect_dot(const char *s, size_t len, size_t *pos)
 {
     if (*pos >= len || s[*pos] != '.')
@@ -109,7 +131,7 @@ fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size
 
     if (len < 3 || len > FP_TOKEN_MAX_LEN || memcmp(tok, "v1.", 3) != 0)
         return FP_TOKEN_MALFORMED;
-    if (_parse_decimal(tok, len, &pos, 0, &out->uid, &out->uid_str, &out->uid_len) < 0 ||
+    if (_parse_uid(tok, len, &pos, &out->uid_str, &out->uid_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||
         _parse_decimal(tok, len, &pos, 1, &out->epoch, &out->epoch_str, &out->epoch_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||

@@ -1,5 +1,5 @@
 /* Poll tokens: "v1." uid "." epoch "." expires "." 64-hex HMAC-SHA256, and where a request
- * carries one (docs/contract.md s. 2). */
+ * carries one (docs/contract.md s. 2).  uid is text (Django's str(pk): "42", a UUID...). */
 #ifndef FP_TOKEN_H
 #define FP_TOKEN_H
 #include <stddef.h>
@@ -7,7 +7,9 @@
 
 #include <openssl/sha.h>
 
-#define FP_TOKEN_MAX_LEN 128
+#define FP_UID_MAX_LEN 64
+/* "v1." + uid + "." + 19-digit epoch + "." + 19-digit expires + "." + 64 hex */
+#define FP_TOKEN_MAX_LEN (3 + FP_UID_MAX_LEN + 1 + 19 + 1 + 19 + 1 + 64)
 
 typedef enum {
     FP_TOKEN_OK = 0,
@@ -18,8 +20,8 @@ typedef enum {
 } fp_token_result_t;
 
 typedef struct {
-    uint64_t uid, epoch, expires;
-    /* The decimal spans inside the token, reused verbatim to build the cache key. */
+    uint64_t epoch, expires;
+    /* The uid and epoch spans inside the token, reused verbatim to build the cache key. */
     const char *uid_str;   size_t uid_len;
     const char *epoch_str; size_t epoch_len;
 } fp_token_t;

@@ -29,7 +29,7 @@ def test_murmur3(text, expected):
 def test_valid_tokens(vector):
     uid, epoch, expires, key = _server._testhelper_token(SECRET, vector["token"].encode(), NOW, "getMessages")
     assert (uid, epoch, expires) == (vector["uid"], vector["epoch"], vector["expires"])
-    assert key == f"p1:getMessages:{vector['uid']}:{vector['epoch']}"
+    assert key == vector["key"]
 
 
 @pytest.mark.parametrize("vector", VECTORS["invalid_tokens"], ids=lambda v: v["why"])
@@ -119,7 +119,7 @@ def test_hmac_for_every_key_length(key_len):
     from fastpoll import tokens
     key = bytes((i * 7 + 3) % 256 for i in range(key_len))
     tok = tokens.sign(key, 12345, 6, NOW + 10)
-    assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == (12345, 6, NOW + 10)
+    assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == ("12345", 6, NOW + 10)
     assert _server._testhelper_token(key[:-1] + b"\x00", tok.encode(), NOW) == "bad signature"
 
 

@@ -7,7 +7,7 @@ import requests
 from pymemcache.client.hash import HashClient
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from tests.fastpath.conftest import token
+from tests.fastpath.conftest import SECRET, token
 
 
 def _get(fp, resource, tok=None, method="GET", **kwargs):
@@ -73,6 +73,26 @@ def test_never_another_users_entry(fastpath_factory, memcached):
         cache.set(f"p1:getMessages:{uid}:0", f'{{"user":{uid}}}'.encode())
     for uid in range(1, 40):
         assert _get(fp, "getMessages", token(uid)).json() == {"user": uid}
+
+
+@pytest.mark.parametrize("uid", ["3f2a9c1e-7b4d-4e8a-9c0f-5d6e7f8a9b0c", "x" * 64, "A_b-1", "42"])
+def test_text_uids_serve_their_own_key(fastpath_factory, memcached, uid):
+    """A uid is text (Django's str(pk)): fastpath copies it into the key verbatim."""
+    fp = fastpath_factory([memcached])
+    cache = HashClient([memcached.spec], default_noreply=False)
+    cache.set(f"p1:getMessages:{uid}:3", f'{{"user":"{uid}"}}'.encode())
+    if uid.upper() != uid:          # case matters: another uid's key is never served
+        cache.set(f"p1:getMessages:{uid.upper()}:3", b'{"user":"someone else"}')
+    assert _get(fp, "getMessages", token(uid, epoch=3)).json() == {"user": uid}
+    assert _get(fp, "getMessages", token(uid, epoch=4)).status_code == 404
+
+
+@pytest.mark.parametrize("bad", ["x" * 65, "a.b", "a:b", "a b"])
+def test_uids_outside_the_grammar_are_malformed(fastpath_factory, memcached, bad):
+    from tests.vectors.make_vectors import token as raw_token
+    fp = fastpath_factory([memcached])
+    tok = raw_token(bad, 0, int(time.time()) + 60, key=SECRET)
+    assert _get(fp, "getMessages", tok).json() == {"error": "malformed token"}
 
 
 def test_unknown_resource_and_bad_method(fastpath_factory, memcached):
