@@ -34,7 +34,8 @@ cdef extern from "fp_token.h" nogil:
     fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t tok_len,
                                      int64_t now, fp_token_t *out)
     const char *fp_token_strerror(fp_token_result_t r)
-    size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
+    size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                       const char *res, size_t res_len, const fp_token_t *t)
     ctypedef struct fp_header_span_t:
         const char *data
         size_t len
@@ -49,6 +50,7 @@ cdef extern from "fp_token.h" nogil:
     fp_cred_header_t fp_cred_header(const char *name, size_t len)
     fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
                                     const fp_header_span_t *cookie, int n_cookie,
+                                    const char *cookie_name, size_t cookie_name_len,
                                     const char **tok, size_t *tok_len)
 
 cdef extern from "fp_server.h" nogil:
@@ -66,7 +68,8 @@ cdef extern from "fp_server.h" nogil:
         const char *node_addr[64]
         const unsigned char *secret
         size_t secret_len
-        # the scalar settings (FP_CONFIG_SCALARS) are set by name: fp_config_set
+        # the scalar settings (FP_CONFIG_SCALARS) are set by name: fp_config_set; the texts
+        # (FP_CONFIG_TEXTS) by fp_config_set_text
         int n_resources
         const char *resources[16]
         size_t resource_len[16]
@@ -79,10 +82,16 @@ cdef extern from "fp_server.h" nogil:
         int worker_index
     enum:
         FP_CONFIG_N_SCALARS
+        FP_CONFIG_N_TEXTS
     const char *const fp_config_fields[]
+    const char *const fp_config_text_fields[]
     void fp_config_defaults(fp_config_t *cfg)
     int fp_config_set(fp_config_t *cfg, const char *field, size_t field_len, long long value)
     int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, long long *value)
+    int fp_config_set_text(fp_config_t *cfg, const char *field, size_t field_len, const char *value,
+                           size_t value_len)
+    int fp_config_get_text(const fp_config_t *cfg, const char *field, size_t field_len, const char **value,
+                           size_t *value_len)
     int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
     size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)
 

@@ -638,12 +638,12 @@ static void _decide(fp_conn_t *c, int code, const char *message, const char *cac
     rq->answer_cache = cache;
 }
 
-/* path = "/Poll/" resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources */
+/* path = path-prefix resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources;
+ * path-prefix is --path-prefix ("/Poll/") */
 static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
 {
-    static const char prefix[] = "/Poll/";
-    const size_t plen = sizeof(prefix) - 1;
-    if (len <= plen || len - plen > FP_MAX_RESOURCE_LEN || memcmp(path, prefix, plen) != 0)
+    const size_t plen = cfg->path_prefix_len;
+    if (len <= plen || len - plen > FP_MAX_RESOURCE_LEN || memcmp(path, cfg->path_prefix, plen) != 0)
         return -1;
     for (int i = 0; i < cfg->n_resources; i++)
         if (cfg->resource_len[i] == len - plen && memcmp(cfg->resources[i], path + plen, len - plen) == 0)
@@ -689,7 +689,7 @@ static void _authenticate(fp_conn_t *c, int res)
     fp_header_span_t auth = {rq->have_auth ? data + rq->auth_off : NULL, rq->auth_len};
     fp_header_span_t cookie = {rq->have_cookie ? data + rq->cookie_off : NULL, rq->cookie_len};
     fp_cred_result_t found = fp_credentials(&auth, rq->have_auth, &cookie, rq->have_cookie,
-                                            &tok, &tok_len);
+                                            cfg->cookie_name, cfg->cookie_name_len, &tok, &tok_len);
     if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
         _decide(c, 404, "ambiguous credentials", "MISS");
         return;
@@ -711,7 +711,8 @@ static void _authenticate(fp_conn_t *c, int res)
         _decide(c, 401, fp_token_strerror(tr), NULL);
         return;
     }
-    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->resources[res], cfg->resource_len[res], &token);
+    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
+                                 cfg->resources[res], cfg->resource_len[res], &token);
     if (key_len == 0 || key_len > FP_KEY_CAP) {
         _decide(c, 400, "bad key", NULL);
         return;

@@ -170,12 +170,14 @@ const char *fp_token_strerror(fp_token_result_t r)
     return "invalid token";
 }
 
-size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
+size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                   const char *res, size_t res_len, const fp_token_t *t)
 {
-    size_t need = 3 + res_len + 1 + t->uid_len + 1 + t->epoch_len, p = 0;
+    size_t need = prefix_len + 1 + res_len + 1 + t->uid_len + 1 + t->epoch_len, p = 0;
     if (need > cap)
         return 0;
-    memcpy(buf + p, "p1:", 3); p += 3;
+    memcpy(buf + p, prefix, prefix_len); p += prefix_len;
+    buf[p++] = ':';
     memcpy(buf + p, res, res_len); p += res_len;
     buf[p++] = ':';
     memcpy(buf + p, t->uid_str, t->uid_len); p += t->uid_len;
@@ -189,13 +191,15 @@ size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const
  * Django is the reference (docs/contract.md, section 2): gunicorn strips " \t" around a header
  * value and joins a repeated header with ","; plurkcore's token_from_request takes
  * "Bearer " + the rest (scheme case-insensitive), else Django's parse_cookie() value of
- * plurk_token.  parse_cookie splits on ';' and the first '=', strips name and value with
+ * the token's cookie (plurk_token unless --cookie-name says otherwise: _cookie_name_t).  parse_cookie splits on ';' and the first '=', strips name and value with
  * str.strip() after decoding the bytes as UTF-8, keeps the last pair of a name and unquotes
  * "..."; an empty value is no cookie.  Where fastpath cannot be sure to read the same, it
  * answers FP_CRED_AMBIGUOUS and Django decides. */
 
-static const char _cookie_name[] = "plurk_token";
-#define FP_COOKIE_NAME_LEN (sizeof(_cookie_name) - 1)
+typedef struct {
+    const char *data;
+    size_t len;
+} _cookie_name_t;
 
 /* The header whitespace gunicorn (and nginx, llhttp) strip around a value. */
 static int _is_ows(unsigned char ch)
@@ -265,16 +269,21 @@ static fp_cred_result_t _bearer(const fp_header_span_t *h, const char **tok, siz
     return FP_CRED_FOUND;
 }
 
-/* Could str.strip() of Django's decoded name make plurk_token of it, where the ASCII strip
- * did not?  Only by removing bytes >= 0x80 (maybe U+00A0, U+3000...) left at an edge. */
-static int _may_be_cookie_name(const char *name, size_t len)
+static int _is_cookie_name(const _cookie_name_t *want, const char *name, size_t len)
 {
-    _strip(&name, &len, _is_py_space_or_8bit);
-    return len == FP_COOKIE_NAME_LEN && memcmp(name, _cookie_name, len) == 0;
+    return len == want->len && memcmp(name, want->data, len) == 0;
 }
 
-/* One pair of the Cookie header: name "=" value.  *found counts plurk_token pairs. */
-static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
+/* Could str.strip() of Django's decoded name make the cookie name of it, where the ASCII strip
+ * did not?  Only by removing bytes >= 0x80 (maybe U+00A0, U+3000...) left at an edge. */
+static int _may_be_cookie_name(const _cookie_name_t *want, const char *name, size_t len)
+{
+    _strip(&name, &len, _is_py_space_or_8bit);
+    return _is_cookie_name(want, name, len);
+}
+
+/* One pair of the Cookie header: name "=" value.  *found counts the token cookie's pairs. */
+static fp_cred_result_t _cookie_pair(const _cookie_name_t *want, const char *pair, size_t len, int *found,
                                      const char **tok, size_t *tok_len)
 {
     const char *eq = memchr(pair, '=', len);
@@ -284,8 +293,8 @@ static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
     size_t name_len = (size_t)(eq - pair), val_len = len - name_len - 1;
 
     _strip(&name, &name_len, _is_py_space);
-    if (name_len != FP_COOKIE_NAME_LEN || memcmp(name, _cookie_name, name_len) != 0)
-        return _may_be_cookie_name(name, name_len) ? FP_CRED_AMBIGUOUS : FP_CRED_NONE;
+    if (!_is_cookie_name(want, name, name_len))
+        return _may_be_cookie_name(want, name, name_len) ? FP_CRED_AMBIGUOUS : FP_CRED_NONE;
     if (++*found > 1)
         return FP_CRED_AMBIGUOUS;    /* Django keeps the last one */
     _strip(&val, &val_len, _is_py_space);
@@ -298,7 +307,8 @@ static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
     return FP_CRED_FOUND;
 }
 
-static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, size_t *tok_len)
+static fp_cred_result_t _cookie(const _cookie_name_t *want, const fp_header_span_t *h,
+                                const char **tok, size_t *tok_len)
 {
     const char *p = h->data, *val = NULL;
     size_t left = h->len, val_len = 0;
@@ -307,7 +317,7 @@ static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, siz
     for (;;) {
         const char *semi = memchr(p, ';', left);
         size_t pair_len = semi != NULL ? (size_t)(semi - p) : left;
-        if (_cookie_pair(p, pair_len, &found, &val, &val_len) == FP_CRED_AMBIGUOUS)
+        if (_cookie_pair(want, p, pair_len, &found, &val, &val_len) == FP_CRED_AMBIGUOUS)
             return FP_CRED_AMBIGUOUS;
         if (semi == NULL)
             break;
@@ -315,7 +325,7 @@ static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, siz
         left -= pair_len + 1;
     }
     if (found == 0 || val_len == 0)
-        return FP_CRED_NONE;         /* Django: an empty plurk_token is no cookie */
+        return FP_CRED_NONE;         /* Django: an empty token cookie is no cookie */
     *tok = val;
     *tok_len = val_len;
     return FP_CRED_FOUND;
@@ -323,8 +333,11 @@ static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, siz
 
 fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
                                 const fp_header_span_t *cookie, int n_cookie,
+                                const char *cookie_name, size_t cookie_name_len,
                                 const char **tok, size_t *tok_len)
 {
+    const _cookie_name_t want = {cookie_name, cookie_name_len};
+
     if (n_auth > 1)
         return FP_CRED_AMBIGUOUS;    /* gunicorn hands Django the values joined with "," */
     if (n_auth == 1 && _bearer(auth, tok, tok_len) == FP_CRED_FOUND)
@@ -332,6 +345,6 @@ fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
     if (n_cookie > 1)
         return FP_CRED_AMBIGUOUS;    /* joined with "," (not ";"): one pair swallows the next */
     if (n_cookie == 1)
-        return _cookie(cookie, tok, tok_len);
+        return _cookie(&want, cookie, tok, tok_len);
     return FP_CRED_NONE;
 }

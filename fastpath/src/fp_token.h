@@ -47,8 +47,10 @@ fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size
 
 const char *fp_token_strerror(fp_token_result_t r);
 
-/* Build "p1:" resource ":" uid ":" epoch into buf; returns the length, or 0 if it does not fit. */
-size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t);
+/* Build prefix ":" resource ":" uid ":" epoch into buf (prefix: --key-prefix, "p1" by default);
+ * returns the length, or 0 if it does not fit. */
+size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                   const char *res, size_t res_len, const fp_token_t *t);
 
 /* ---- credentials: which bytes of a request are its token ---- */
 
@@ -75,9 +77,11 @@ fp_cred_header_t fp_cred_header(const char *name, size_t len);
 
 /* The token of a request, read as Django reads it.  auth and cookie are the first Authorization
  * and Cookie values, n_auth and n_cookie how many times each header came (a span is read only
- * when its count is 1).  Pure: *tok points into auth or cookie. */
+ * when its count is 1); cookie_name is the token's cookie (--cookie-name).  Pure: *tok points
+ * into auth or cookie. */
 fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
                                 const fp_header_span_t *cookie, int n_cookie,
+                                const char *cookie_name, size_t cookie_name_len,
                                 const char **tok, size_t *tok_len);
 
 #endif

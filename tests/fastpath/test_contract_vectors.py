@@ -141,6 +141,19 @@ def test_credentials(case):
     assert _server._testhelper_credentials(_header_bytes(case["headers"])) == _c_expected(case)
 
 
+@pytest.mark.parametrize("case", CREDENTIALS, ids=lambda c: c["why"])
+def test_credentials_with_another_cookie_name(case):
+    """--cookie-name: the same vectors with the project's cookie name in place of plurk_token."""
+    def rename(text):
+        return text.replace("plurk_token", "__Host-poll")
+    headers = [(name, rename(value)) for name, value in case["headers"]]
+    assert _server._testhelper_credentials(_header_bytes(headers), b"__Host-poll") == _c_expected(case)
+    if any("plurk_token" in value for _, value in case["headers"]):
+        # and plurk_token is then just another cookie
+        assert _server._testhelper_credentials(_header_bytes(case["headers"]), b"__Host-poll") in ("none", "ambiguous") \
+            or any(name.lower() == "authorization" for name, _ in case["headers"])
+
+
 def _turkish_locale(tmp_path):
     """A tr_TR.UTF-8 locale of our own (LOCPATH): there strncasecmp() does not fold 'I' to 'i'."""
     subprocess.run(["localedef", "-i", "tr_TR", "-f", "UTF-8", str(tmp_path / "tr_TR.UTF-8")],

@@ -216,3 +216,32 @@ def test_credentials_read_like_django_or_deferred(fastpath_factory, memcached):
                   [f'Cookie: plurk_token="{tok}"']):
         status, head = _raw(fp, lines)
         assert status == 404 and "X-Cache: MISS" in head, (lines, head)
+
+
+def test_names_a_project_chooses(fastpath_factory, memcached):
+    """--cookie-name, --path-prefix and --key-prefix: the custom names serve a hit; the default
+    ones then miss (404, Django's) or find no credential."""
+    fp = fastpath_factory([memcached], extra=["--cookie-name", "__Host-poll", "--path-prefix", "/api/v2/poll/",
+                                              "--key-prefix", "fp-2"])
+    cache = HashClient([memcached.spec], default_noreply=False)
+    cache.set("fp-2:getMessages:7:0", b'{"custom":true}')
+    cache.set("p1:getMessages:7:0", b'{"default":true}')
+    cache.set("p1:getMessages:8:0", b'{"default":true}')
+    tok = token(7)
+
+    def get(path, headers):
+        return requests.get(f"{fp.url}{path}", headers=headers, timeout=5)
+
+    resp = get("/api/v2/poll/getMessages", {"Cookie": f"plurk_token=x; __Host-poll={tok}"})
+    assert resp.status_code == 200 and resp.json() == {"custom": True} and resp.headers["X-Cache"] == "HIT"
+    resp = get("/api/v2/poll/getMessages", {"Authorization": f"Bearer {tok}"})
+    assert resp.status_code == 200 and resp.json() == {"custom": True}
+    # the default cookie carries no credential here
+    resp = get("/api/v2/poll/getMessages", {"Cookie": f"plurk_token={tok}"})
+    assert resp.status_code == 401 and resp.json() == {"error": "authentication required"}
+    # the default path is not a poll here: Django's
+    resp = get("/Poll/getMessages", {"Authorization": f"Bearer {tok}"})
+    assert resp.status_code == 404 and resp.headers["X-Cache"] == "MISS"
+    # the default key prefix is not read: user 8 has only a p1 key
+    resp = get("/api/v2/poll/getMessages", {"Authorization": f"Bearer {token(8)}"})
+    assert resp.status_code == 404 and resp.headers["X-Cache"] == "MISS"
