@@ -80,6 +80,15 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
         keep.append(b)
         cfg.resources[i] = b
         cfg.resource_len[i] = len(b)
+    object_resources = opts.object_resources or ()
+    if len(object_resources) > fp.FP_MAX_RESOURCES:
+        raise FastpathError(f"need at most {fp.FP_MAX_RESOURCES} per-object resources")
+    cfg.n_object_resources = len(object_resources)
+    for i in range(cfg.n_object_resources):
+        b = object_resources[i].encode("ascii")
+        keep.append(b)
+        cfg.object_resources[i] = b
+        cfg.object_resource_len[i] = len(b)
     for i in range(len(avoid_backends)):
         b = avoid_backends[i].encode("ascii")
         keep.append(b)
@@ -173,6 +182,37 @@ def _testhelper_token(bytes secret, bytes token, long long now, str resource="ge
     return (t.uid_str[:t.uid_len].decode("ascii"), t.epoch, t.expires, key[:n].decode("ascii"))
 
 
+def _testhelper_capability(bytes secret, bytes cap, long long now, str key_prefix="p1"):
+    """(resource, object, uid, expires, object key) for a valid capability, else the error string."""
+    cdef fp.fp_cap_t c
+    cdef fp.fp_hmac_key_t hmac
+    cdef char key[256]
+    cdef bytes prefix = key_prefix.encode("ascii")
+    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
+        raise FastpathError("cannot prepare the HMAC key")
+    r = fp.fp_cap_check(&hmac, cap, len(cap), now, &c)
+    if r != fp.FP_TOKEN_OK:
+        return fp.fp_token_strerror(r).decode("ascii")
+    n = fp.fp_make_object_key(key, sizeof(key), prefix, len(prefix), c.res, c.res_len, c.obj, c.obj_len)
+    return (c.res[:c.res_len].decode("ascii"), c.obj[:c.obj_len].decode("ascii"),
+            c.uid[:c.uid_len].decode("ascii"), c.expires, key[:n].decode("ascii"))
+
+
+def _testhelper_marker_key(bytes secret, bytes token, long long now, str key_prefix="p1"):
+    """The epoch marker key of a valid token's user, else the error string."""
+    cdef fp.fp_token_t t
+    cdef fp.fp_hmac_key_t hmac
+    cdef char key[256]
+    cdef bytes prefix = key_prefix.encode("ascii")
+    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
+        raise FastpathError("cannot prepare the HMAC key")
+    r = fp.fp_token_check(&hmac, token, len(token), now, &t)
+    if r != fp.FP_TOKEN_OK:
+        return fp.fp_token_strerror(r).decode("ascii")
+    n = fp.fp_make_marker_key(key, sizeof(key), prefix, len(prefix), &t)
+    return key[:n].decode("ascii")
+
+
 def _testhelper_config(opts=None, int worker_index=0):
     """fp_config_t as run_worker fills it for validated ``opts`` (None: fp_config_defaults) and
     ``worker_index``, as a dict: every scalar by its C name, and the other fields."""
@@ -206,6 +246,8 @@ def _testhelper_config(opts=None, int worker_index=0):
         node_addrs=[(<bytes>cfg.node_addr[i]).decode("ascii") for i in range(cfg.n_nodes)],
         secret=cfg.secret[:cfg.secret_len] if cfg.secret != NULL else b"",
         resources=[cfg.resources[i][:cfg.resource_len[i]].decode("ascii") for i in range(cfg.n_resources)],
+        object_resources=[cfg.object_resources[i][:cfg.object_resource_len[i]].decode("ascii")
+                          for i in range(cfg.n_object_resources)],
         backend_avoid=[(<bytes>cfg.backend_avoid[i]).decode("ascii")
                        for i in range(4) if cfg.backend_avoid[i] != NULL],
         notify_udp=((<bytes>cfg.notify_udp_host).decode("ascii"), cfg.notify_udp_port)

@@ -132,6 +132,9 @@ OPTIONS = (
            "on UDP HOST:PORT+i; may be used with --notify-dir"),
     Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
            "poll resources served (others: 404, so Django answers)"),
+    Option("--object-resources", "object_resources", comma_separated, None,
+           "per-object poll resources (GET <path-prefix><resource>/<object>?cap=<capability>, "
+           "docs/contract.md section 8); unset: none"),
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
            choices=BACKENDS),
     # the names a Django project chooses (docs/contract.md sections 2-3; fastpoll passes them)
@@ -348,6 +351,11 @@ class Options:
                 raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
         if not 0 < len(self.resources) <= 16:
             raise ConfigurationError("--resources needs 1..16 names")
+        for res in self.object_resources or ():
+            if not _RESOURCE_RE.match(res):
+                raise ConfigurationError(f"bad --object-resources name {res!r}: 1-32 letters, digits or _")
+        if len(self.object_resources or ()) > 16:
+            raise ConfigurationError("--object-resources takes at most 16 names")
         if not 0 < len(self.memcached) <= 64:
             raise ConfigurationError("--memcached needs 1..64 host:port servers")
         parsed = [parse_address(s, "--memcached server") for s in self.memcached]

@@ -82,3 +82,53 @@ def verify(key, token, now):
     if not now < expires:
         raise TokenError("token expired")
     return uid.decode("ascii"), epoch, expires
+
+
+# ---- capabilities: per-object polls (docs/contract.md, section 8) ----------------------------
+
+CAP_VERSION = b"c1"
+RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
+#: "c1." + resource + object + uid + 19 digits + 64 hex digits + 5 dots
+MAX_CAPABILITY_LENGTH = 3 + 32 + 1 + 64 + 1 + 64 + 1 + 19 + 1 + 64
+_CAP_RE = re.compile(
+    rb"\Ac1\.([A-Za-z0-9_]{1,32})\.([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,18})"
+    rb"\.([0-9a-f]{64})\Z"
+)
+
+
+def _cap_payload(resource, obj, uid, expires):
+    return b"%s.%s.%s.%s.%d" % (CAP_VERSION, resource, obj, uid, expires)
+
+
+def sign_capability(key, resource, obj, uid, expires):
+    """The capability (str) that lets ``uid`` poll object ``obj`` of per-object ``resource``
+    while ``now < expires``; obj and uid are ints or str (their str() as for a token uid)."""
+    if not isinstance(resource, str) or RESOURCE_RE.match(resource) is None:
+        raise ValueError(f"resource must be 1..32 of A-Z a-z 0-9 _, got {resource!r}")
+    try:
+        obj = uid_text(obj)
+    except ValueError:
+        raise ValueError(f"object must be 1..64 of A-Z a-z 0-9 - _ (its str(pk)), got {obj!r}") from None
+    uid = uid_text(uid)
+    _check_range("expires", expires, 1)
+    payload = _cap_payload(resource.encode("ascii"), obj, uid, expires)
+    return (payload + b"." + hmac.new(key, payload, hashlib.sha256).hexdigest().encode("ascii")).decode("ascii")
+
+
+def verify_capability(key, cap, now):
+    """Return ``(resource, obj, uid, expires)`` (three str and an int) for a valid capability,
+    else raise :class:`TokenError`; the caller compares them with the request's."""
+    cap = _ascii(cap)
+    match = _CAP_RE.match(cap) if len(cap) <= MAX_CAPABILITY_LENGTH else None
+    if match is None:
+        raise TokenError("malformed capability")
+    resource, obj, uid = match.group(1), match.group(2), match.group(3)
+    expires = int(match.group(4))
+    if expires > MAX_INT:
+        raise TokenError("malformed capability")
+    expected = hmac.new(key, _cap_payload(resource, obj, uid, expires), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected.encode("ascii"), match.group(5)):
+        raise TokenError("bad signature")
+    if not now < expires:
+        raise TokenError("capability expired")
+    return resource.decode("ascii"), obj.decode("ascii"), uid.decode("ascii"), expires

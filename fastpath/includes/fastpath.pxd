@@ -36,6 +36,17 @@ cdef extern from "fp_token.h" nogil:
     const char *fp_token_strerror(fp_token_result_t r)
     size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
                        const char *res, size_t res_len, const fp_token_t *t)
+    ctypedef struct fp_cap_t:
+        const char *res
+        const char *obj
+        const char *uid
+        size_t res_len, obj_len, uid_len
+        uint64_t expires
+    fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t len, int64_t now,
+                                   fp_cap_t *out)
+    size_t fp_make_object_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                              const char *res, size_t res_len, const char *obj, size_t obj_len)
+    size_t fp_make_marker_key(char *buf, size_t cap, const char *prefix, size_t prefix_len, const fp_token_t *t)
     ctypedef struct fp_header_span_t:
         const char *data
         size_t len
@@ -73,6 +84,9 @@ cdef extern from "fp_server.h" nogil:
         int n_resources
         const char *resources[16]
         size_t resource_len[16]
+        int n_object_resources
+        const char *object_resources[16]
+        size_t object_resource_len[16]
         const char *notify_dir
         const char *notify_udp_host
         int notify_udp_port

@@ -62,6 +62,9 @@ typedef struct {
     int n_resources;
     const char *resources[FP_MAX_RESOURCES];
     size_t resource_len[FP_MAX_RESOURCES];
+    int n_object_resources;        /* per-object resources: <prefix><resource>/<object>?cap= */
+    const char *object_resources[FP_MAX_RESOURCES];
+    size_t object_resource_len[FP_MAX_RESOURCES];
     const char *notify_dir;        /* NULL: no unix notices */
     const char *notify_udp_host;   /* numeric, no brackets; NULL: no UDP notices */
     int notify_udp_port;           /* worker i binds notify_udp_port + i */

@@ -33,19 +33,26 @@ static int _parse_decimal(const char *s, size_t len, size_t *pos, int allow_zero
     return 0;
 }
 
-/* uid = 1*64( ALPHA / DIGIT / "-" / "_" ): Django's str(pk), copied into keys verbatim. */
+/* uid = object = 1*64( ALPHA / DIGIT / "-" / "_" ): Django's str(pk), copied into keys verbatim. */
 static int _is_uid_char(unsigned char ch)
 {
     return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
            ch == '-' || ch == '_';
 }
 
-/* Parses the uid at s[*pos ..) up to the next '.', returns 0 and advances *pos past it. */
-static int _parse_uid(const char *s, size_t len, size_t *pos, const char **start, size_t *n_chars)
+/* resource = 1*32( ALPHA / DIGIT / "_" ) */
+static int _is_resource_char(unsigned char ch)
+{
+    return ch != '-' && _is_uid_char(ch);
+}
+
+/* 1..max bytes that is_char accepts at s[*pos ..), up to the next '.': 0, *pos advanced past. */
+static int _parse_span(const char *s, size_t len, size_t *pos, int (*is_char)(unsigned char), size_t max,
+                       const char **start, size_t *n_chars)
 {
     size_t i = *pos;
-    while (i < len && _is_uid_char((unsigned char)s[i]))
-        if (++i - *pos > FP_UID_MAX_LEN)
+    while (i < len && is_char((unsigned char)s[i]))
+        if (++i - *pos > max)
             return -1;
     if (i == *pos)
         return -1;
@@ -53,6 +60,14 @@ static int _parse_uid(const char *s, size_t len, size_t *pos, const char **start
     *n_chars = i - *pos;
     *pos = i;
     return 0;
+}
+
+int fp_is_object_name(const char *s, size_t len)
+{
+    size_t pos = 0;
+    const char *start;
+    size_t n;
+    return len > 0 && _parse_span(s, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &start, &n) == 0 && pos == len;
 }
 
 static int _expect_dot(const char *s, size_t len, size_t *pos)
@@ -120,39 +135,79 @@ static int _hmac(const fp_hmac_key_t *key, const char *msg, size_t len, unsigned
 }
 #pragma GCC diagnostic pop
 
-fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t len,
-                                 int64_t now, fp_token_t *out)
+/* sig (sig_len bytes) is the 64 lowercase hex digits of HMAC-SHA256(key, payload), compared in
+ * constant time. */
+static fp_token_result_t _check_sig(const fp_hmac_key_t *key, const char *payload, size_t payload_len,
+                                    const char *sig, size_t sig_len)
 {
     static const char hex[] = "0123456789abcdef";
-    size_t pos = 3, payload_len, n_expires;
-    const char *expires_str;
     unsigned char mac[32];
     char mac_hex[64];
 
+    if (sig_len != 64)
+        return FP_TOKEN_MALFORMED;
+    for (size_t i = 0; i < 64; i++) {
+        char c = sig[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return FP_TOKEN_MALFORMED;
+    }
+    if (_hmac(key, payload, payload_len, mac) != 0)
+        return FP_TOKEN_INTERNAL;
+    for (unsigned int i = 0; i < 32; i++) {
+        mac_hex[2 * i] = hex[mac[i] >> 4];
+        mac_hex[2 * i + 1] = hex[mac[i] & 15];
+    }
+    return CRYPTO_memcmp(mac_hex, sig, 64) == 0 ? FP_TOKEN_OK : FP_TOKEN_BAD_SIGNATURE;
+}
+
+fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t len,
+                                 int64_t now, fp_token_t *out)
+{
+    size_t pos = 3, payload_len, n_expires;
+    const char *expires_str;
+
     if (len < 3 || len > FP_TOKEN_MAX_LEN || memcmp(tok, "v1.", 3) != 0)
         return FP_TOKEN_MALFORMED;
-    if (_parse_uid(tok, len, &pos, &out->uid_str, &out->uid_len) < 0 ||
+    if (_parse_span(tok, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->uid_str, &out->uid_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||
         _parse_decimal(tok, len, &pos, 1, &out->epoch, &out->epoch_str, &out->epoch_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||
         _parse_decimal(tok, len, &pos, 0, &out->expires, &expires_str, &n_expires) < 0)
         return FP_TOKEN_MALFORMED;
     payload_len = pos;
-    if (_expect_dot(tok, len, &pos) < 0 || len - pos != 64)
+    if (_expect_dot(tok, len, &pos) < 0)
         return FP_TOKEN_MALFORMED;
-    for (size_t i = pos; i < len; i++) {
-        char c = tok[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return FP_TOKEN_MALFORMED;
-    }
-    if (_hmac(key, tok, payload_len, mac) != 0)
-        return FP_TOKEN_INTERNAL;
-    for (unsigned int i = 0; i < 32; i++) {
-        mac_hex[2 * i] = hex[mac[i] >> 4];
-        mac_hex[2 * i + 1] = hex[mac[i] & 15];
-    }
-    if (CRYPTO_memcmp(mac_hex, tok + pos, 64) != 0)
-        return FP_TOKEN_BAD_SIGNATURE;
+    fp_token_result_t r = _check_sig(key, tok, payload_len, tok + pos, len - pos);
+    if (r != FP_TOKEN_OK)
+        return r;
+    if (now < 0 || (uint64_t)now >= out->expires)
+        return FP_TOKEN_EXPIRED;
+    return FP_TOKEN_OK;
+}
+
+/* capability = "c1." resource "." object "." uid "." expires "." sig (docs/contract.md s. 8) */
+fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t len, int64_t now,
+                               fp_cap_t *out)
+{
+    size_t pos = 3, payload_len, n_expires;
+    const char *expires_str;
+
+    if (len < 3 || len > FP_CAP_MAX_LEN || memcmp(cap, "c1.", 3) != 0)
+        return FP_TOKEN_MALFORMED;
+    if (_parse_span(cap, len, &pos, _is_resource_char, FP_CAP_RESOURCE_MAX, &out->res, &out->res_len) < 0 ||
+        _expect_dot(cap, len, &pos) < 0 ||
+        _parse_span(cap, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->obj, &out->obj_len) < 0 ||
+        _expect_dot(cap, len, &pos) < 0 ||
+        _parse_span(cap, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->uid, &out->uid_len) < 0 ||
+        _expect_dot(cap, len, &pos) < 0 ||
+        _parse_decimal(cap, len, &pos, 0, &out->expires, &expires_str, &n_expires) < 0)
+        return FP_TOKEN_MALFORMED;
+    payload_len = pos;
+    if (_expect_dot(cap, len, &pos) < 0)
+        return FP_TOKEN_MALFORMED;
+    fp_token_result_t r = _check_sig(key, cap, payload_len, cap + pos, len - pos);
+    if (r != FP_TOKEN_OK)
+        return r;
     if (now < 0 || (uint64_t)now >= out->expires)
         return FP_TOKEN_EXPIRED;
     return FP_TOKEN_OK;
@@ -347,4 +402,34 @@ fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
     if (n_cookie == 1)
         return _cookie(&want, cookie, tok, tok_len);
     return FP_CRED_NONE;
+}
+
+/* The parts of a key, joined by ':' into buf: the length, or 0 if they do not fit. */
+static size_t _join(char *buf, size_t cap, const char *const *part, const size_t *len, int n)
+{
+    size_t p = 0;
+    for (int i = 0; i < n; i++) {
+        if (p + (i > 0) + len[i] > cap)
+            return 0;
+        if (i > 0)
+            buf[p++] = ':';
+        memcpy(buf + p, part[i], len[i]);
+        p += len[i];
+    }
+    return p;
+}
+
+size_t fp_make_object_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                          const char *res, size_t res_len, const char *obj, size_t obj_len)
+{
+    const char *part[] = {prefix, res, obj, "o"};
+    const size_t len[] = {prefix_len, res_len, obj_len, 1};
+    return _join(buf, cap, part, len, 4);
+}
+
+size_t fp_make_marker_key(char *buf, size_t cap, const char *prefix, size_t prefix_len, const fp_token_t *t)
+{
+    const char *part[] = {prefix, "@", t->uid_str, t->epoch_str};
+    const size_t len[] = {prefix_len, 1, t->uid_len, t->epoch_len};
+    return _join(buf, cap, part, len, 4);
 }

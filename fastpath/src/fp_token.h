@@ -52,6 +52,32 @@ const char *fp_token_strerror(fp_token_result_t r);
 size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
                    const char *res, size_t res_len, const fp_token_t *t);
 
+/* ---- capabilities: per-object polls (docs/contract.md section 8) ---- */
+
+#define FP_CAP_RESOURCE_MAX 32
+/* "c1." + resource + "." + object + "." + uid + "." + 19-digit expires + "." + 64 hex */
+#define FP_CAP_MAX_LEN (3 + FP_CAP_RESOURCE_MAX + 1 + FP_UID_MAX_LEN + 1 + FP_UID_MAX_LEN + 1 + 19 + 1 + 64)
+
+typedef struct {
+    const char *res, *obj, *uid;     /* spans inside the capability */
+    size_t res_len, obj_len, uid_len;
+    uint64_t expires;
+} fp_cap_t;
+
+/* "c1." resource "." object "." uid "." expires "." HMAC-SHA256 hex, checked as fp_token_check
+ * checks a token (the same results); the caller compares resource, object and uid. */
+fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t len, int64_t now,
+                               fp_cap_t *out);
+
+/* object = 1*64( ALPHA / DIGIT / "-" / "_" ) */
+int fp_is_object_name(const char *s, size_t len);
+
+/* prefix ":" resource ":" object ":o" (the object's key) and prefix ":@:" uid ":" epoch (the
+ * user's epoch marker) into buf: the length, or 0 if it does not fit. */
+size_t fp_make_object_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                          const char *res, size_t res_len, const char *obj, size_t obj_len);
+size_t fp_make_marker_key(char *buf, size_t cap, const char *prefix, size_t prefix_len, const fp_token_t *t);
+
 /* ---- credentials: which bytes of a request are its token ---- */
 
 /* One header value as received (no NUL terminator). */

@@ -404,3 +404,32 @@ def test_conditional_hold(short_hold_fastpath, vector):
     status, headers, rest = _exchange(fp, uid, vector)
     assert (status, rest) == (304, b"") and headers["etag"] == _etag(body), vector["why"]
     assert headers["preference-applied"] == f"wait={min(vector['wait'], 1)}"
+
+
+# ---- capabilities: per-object polls (docs/contract.md, section 8) ----------------------------
+
+CAPABILITIES = VECTORS["capabilities"]
+
+
+@pytest.mark.parametrize("vector", CAPABILITIES["valid"], ids=lambda v: v["capability"][:32])
+def test_valid_capabilities(vector):
+    got = _server._testhelper_capability(SECRET, vector["capability"].encode(), NOW)
+    assert got == (vector["resource"], vector["object"], vector["uid"], vector["expires"], vector["key"])
+
+
+@pytest.mark.parametrize("vector", CAPABILITIES["invalid"], ids=lambda v: v["why"])
+def test_invalid_capabilities(vector):
+    assert isinstance(_server._testhelper_capability(SECRET, vector["capability"].encode(), NOW), str)
+
+
+@pytest.mark.parametrize("vector", CAPABILITIES["marker_keys"], ids=lambda v: v["key"][:40])
+def test_marker_keys(vector):
+    assert _server._testhelper_marker_key(SECRET, vector["token"].encode(), NOW) == vector["key"]
+
+
+def test_object_and_marker_keys_take_the_key_prefix():
+    cap = CAPABILITIES["valid"][0]
+    assert _server._testhelper_capability(SECRET, cap["capability"].encode(), NOW, "fp-2")[4] == \
+        "fp-2" + cap["key"][2:]
+    marker = CAPABILITIES["marker_keys"][0]
+    assert _server._testhelper_marker_key(SECRET, marker["token"].encode(), NOW, "fp-2") == "fp-2" + marker["key"][2:]

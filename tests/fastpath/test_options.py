@@ -29,6 +29,7 @@ SAMPLES = {
     "cookie_name": "sessionid_poll",
     "path_prefix": "/api/v2/poll/",
     "key_prefix": "fp-2",
+    "object_resources": ("thread", "room"),
 }
 
 
@@ -110,6 +111,7 @@ def test_every_option_round_trips_from_the_command_line_to_c(opt):
     # the options that stay in Python, where C sees them
     assert config["node_names"] == opts.node_names and config["node_addrs"] == opts.node_addrs
     assert config["resources"] == list(opts.resources)
+    assert config["object_resources"] == list(opts.object_resources or ())
     assert config["n_workers"] == opts.workers and config["secret"] == SECRET
     assert config["backend_avoid"] == opts.avoid_backends()
     assert config["notify_udp"] == (("10.77.0.21", 9100) if opt.attr == "notify_udp" else None)

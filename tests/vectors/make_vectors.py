@@ -23,6 +23,51 @@ def token(uid, epoch, expires, key=SECRET):
     return payload.decode() + "." + hmac.new(key, payload, hashlib.sha256).hexdigest()
 
 
+def capability(resource, obj, uid, expires, key=SECRET):
+    """docs/contract.md, section 8: "c1." resource "." object "." uid "." expires "." HMAC hex."""
+    payload = f"c1.{resource}.{obj}.{uid}.{expires}".encode()
+    return payload.decode() + "." + hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+def capabilities():
+    """Valid capabilities with what they name and the object's key; invalid ones with why; the
+    epoch marker keys of tokens."""
+    valid = []
+    for resource, obj, uid, expires in [("thread", "t-1", "42", NOW + 60), ("room", UUID, UUID, NOW + 1),
+                                        ("r" * 32, "o" * 64, "u" * 64, 2**63 - 1), ("x", "0", "1", NOW + 3600),
+                                        ("Chat_2", "A_b-C", "7", 9999999999)]:
+        valid.append({"capability": capability(resource, obj, uid, expires), "resource": resource, "object": obj,
+                      "uid": uid, "expires": expires, "key": f"p1:{resource}:{obj}:o"})
+    assert max(len(v["capability"]) for v in valid) == 250
+    good = capability("thread", "t-1", "42", NOW + 60)
+    sig = good.rsplit(".", 1)[1]
+    invalid = [
+        {"capability": capability("thread", "t-1", "42", NOW), "why": "expired (now == expires)"},
+        {"capability": capability("thread", "t-1", "42", NOW + 60, key=SECRET[::-1]), "why": "another key"},
+        {"capability": good[:-1] + ("0" if good[-1] != "0" else "1"), "why": "bad signature"},
+        {"capability": "v1" + good[2:], "why": "a token's version"},
+        {"capability": token(42, 3, NOW + 60), "why": "a token is no capability"},
+        {"capability": good.replace(sig, sig.upper()), "why": "uppercase hex"},
+        {"capability": capability("thr-ead", "t-1", "42", NOW + 60), "why": "a dash in the resource"},
+        {"capability": capability("r" * 33, "t-1", "42", NOW + 60), "why": "resource of 33 characters"},
+        {"capability": capability("thread", "o" * 65, "42", NOW + 60), "why": "object of 65 characters"},
+        {"capability": capability("thread", "t-1", "u" * 65, NOW + 60), "why": "uid of 65 characters"},
+        {"capability": capability("thread", "t:1", "42", NOW + 60), "why": "a colon in the object"},
+        {"capability": capability("thread", "t.1", "42", NOW + 60), "why": "a dot in the object"},
+        {"capability": capability("thread", "t 1", "42", NOW + 60), "why": "a space in the object"},
+        {"capability": capability("thread", "", "42", NOW + 60), "why": "empty object"},
+        {"capability": capability("thread", "t-1", "", NOW + 60), "why": "empty uid"},
+        {"capability": f"c1.thread.t-1.42.0{NOW + 60}." + sig, "why": "leading zero in expires"},
+        {"capability": f"c1.thread.t-1.42.9223372036854775808." + sig, "why": "expires above 2^63-1"},
+        {"capability": good + ".x", "why": "extra field"},
+        {"capability": good[:-2], "why": "short signature"},
+        {"capability": "", "why": "empty"},
+    ]
+    markers = [{"token": token(uid, epoch, NOW + 60), "key": f"p1:@:{uid}:{epoch}"}
+               for uid, epoch in [(42, 0), (42, 3), (UUID, 17), ("u" * 64, 2**63 - 1)]]
+    return {"valid": valid, "invalid": invalid, "marker_keys": markers}
+
+
 def credentials(t, u):
     """Header sets -> the token each side reads (docs/contract.md, section 2); t and u are tokens.
 
@@ -292,6 +337,7 @@ def main():
         "murmur3_32": murmur,
         "server_mapping": mapping,
         "credentials": {"token": t, "other_token": u, "vectors": creds},
+        "capabilities": capabilities(),
         "etag": [[body, etag(body.encode())] for body in ETAG_BODIES],
         "conditional": [dict(vector, body=body) for body, other in [('{"count":1}', '{"count":2}'), ("", '{"count":1}')]
                         for vector in conditional(body, other)],
