@@ -20,8 +20,27 @@ MAX_SERVERS = fp.FP_MAX_SERVERS
 MAX_RESOURCES = fp.FP_MAX_RESOURCES
 
 
-# the fp_config_t scalars FP_CONFIG_SCALARS generates, by name (the c_field of OPTIONS rows)
-CONFIG_FIELDS = tuple(fp.fp_config_fields[i].decode("ascii") for i in range(fp.FP_CONFIG_N_SCALARS))
+# the fp_config_t scalars FP_CONFIG_SCALARS and texts FP_CONFIG_TEXTS generate, by name (the
+# c_field of OPTIONS rows)
+CONFIG_SCALARS = tuple(fp.fp_config_fields[i].decode("ascii") for i in range(fp.FP_CONFIG_N_SCALARS))
+CONFIG_TEXTS = tuple(fp.fp_config_text_fields[i].decode("ascii") for i in range(fp.FP_CONFIG_N_TEXTS))
+CONFIG_FIELDS = CONFIG_SCALARS + CONFIG_TEXTS
+
+
+cdef int _set_field(fp.fp_config_t *cfg, opt, value, list keep) except -1:
+    """One OPTIONS row's value into its c_field: a scalar, or a text ``keep`` holds."""
+    cdef bytes name = opt.c_field.encode("ascii")
+    cdef bytes b
+    cdef int rc
+    if opt.c_field in CONFIG_TEXTS:
+        b = value.encode("ascii")
+        keep.append(b)
+        rc = fp.fp_config_set_text(cfg, name, len(name), b, len(b))
+    else:
+        rc = fp.fp_config_set(cfg, name, len(name), value)
+    if rc != 0:
+        raise FastpathError(f"{opt.flag} {value}: fp_config_t has no field {opt.c_field} that holds it")
+    return 0
 
 
 cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
@@ -41,11 +60,7 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
     fp.fp_config_defaults(cfg)
     for opt in OPTIONS:
         if opt.c_field is not None:
-            value = getattr(opts, opt.attr)
-            b = opt.c_field.encode("ascii")
-            if fp.fp_config_set(cfg, b, len(b), value) != 0:
-                raise FastpathError(f"{opt.flag} {value}: fp_config_t has no field "
-                                    f"{opt.c_field} that holds it")
+            _set_field(cfg, opt, getattr(opts, opt.attr), keep)
     cfg.n_nodes = len(node_names)
     for i in range(cfg.n_nodes):
         b = node_names[i].encode("ascii")
@@ -65,6 +80,15 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
         keep.append(b)
         cfg.resources[i] = b
         cfg.resource_len[i] = len(b)
+    object_resources = opts.object_resources or ()
+    if len(object_resources) > fp.FP_MAX_RESOURCES:
+        raise FastpathError(f"need at most {fp.FP_MAX_RESOURCES} per-object resources")
+    cfg.n_object_resources = len(object_resources)
+    for i in range(cfg.n_object_resources):
+        b = object_resources[i].encode("ascii")
+        keep.append(b)
+        cfg.object_resources[i] = b
+        cfg.object_resource_len[i] = len(b)
     for i in range(len(avoid_backends)):
         b = avoid_backends[i].encode("ascii")
         keep.append(b)
@@ -142,19 +166,51 @@ def _testhelper_name_greater(bytes a, bytes b):
     return bool(fp.fp_node_name_greater(&na, &nb))
 
 
-def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages"):
-    """(uid, epoch, expires, key) for a valid token, else the error string."""
+def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages",
+                      str key_prefix="p1"):
+    """(uid, epoch, expires, key) for a valid token (uid as text), else the error string."""
     cdef fp.fp_token_t t
     cdef fp.fp_hmac_key_t hmac
-    cdef char key[128]
-    cdef bytes res = resource.encode("ascii")
+    cdef char key[256]
+    cdef bytes res = resource.encode("ascii"), prefix = key_prefix.encode("ascii")
     if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
         raise FastpathError("cannot prepare the HMAC key")
     r = fp.fp_token_check(&hmac, token, len(token), now, &t)
     if r != fp.FP_TOKEN_OK:
         return fp.fp_token_strerror(r).decode("ascii")
-    n = fp.fp_make_key(key, sizeof(key), res, len(res), &t)
-    return (t.uid, t.epoch, t.expires, key[:n].decode("ascii"))
+    n = fp.fp_make_key(key, sizeof(key), prefix, len(prefix), res, len(res), &t)
+    return (t.uid_str[:t.uid_len].decode("ascii"), t.epoch, t.expires, key[:n].decode("ascii"))
+
+
+def _testhelper_capability(bytes secret, bytes cap, long long now, str key_prefix="p1"):
+    """(resource, object, uid, expires, object key) for a valid capability, else the error string."""
+    cdef fp.fp_cap_t c
+    cdef fp.fp_hmac_key_t hmac
+    cdef char key[256]
+    cdef bytes prefix = key_prefix.encode("ascii")
+    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
+        raise FastpathError("cannot prepare the HMAC key")
+    r = fp.fp_cap_check(&hmac, cap, len(cap), now, &c)
+    if r != fp.FP_TOKEN_OK:
+        return fp.fp_token_strerror(r).decode("ascii")
+    n = fp.fp_make_object_key(key, sizeof(key), prefix, len(prefix), c.res, c.res_len, c.obj, c.obj_len)
+    return (c.res[:c.res_len].decode("ascii"), c.obj[:c.obj_len].decode("ascii"),
+            c.uid[:c.uid_len].decode("ascii"), c.expires, key[:n].decode("ascii"))
+
+
+def _testhelper_marker_key(bytes secret, bytes token, long long now, str key_prefix="p1"):
+    """The epoch marker key of a valid token's user, else the error string."""
+    cdef fp.fp_token_t t
+    cdef fp.fp_hmac_key_t hmac
+    cdef char key[256]
+    cdef bytes prefix = key_prefix.encode("ascii")
+    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
+        raise FastpathError("cannot prepare the HMAC key")
+    r = fp.fp_token_check(&hmac, token, len(token), now, &t)
+    if r != fp.FP_TOKEN_OK:
+        return fp.fp_token_strerror(r).decode("ascii")
+    n = fp.fp_make_marker_key(key, sizeof(key), prefix, len(prefix), &t)
+    return key[:n].decode("ascii")
 
 
 def _testhelper_config(opts=None, int worker_index=0):
@@ -163,6 +219,8 @@ def _testhelper_config(opts=None, int worker_index=0):
     cdef fp.fp_config_t cfg
     cdef list keep = []
     cdef long long value
+    cdef const char *text
+    cdef size_t text_len
     cdef bytes b
     cdef int i
     if opts is None:
@@ -171,11 +229,16 @@ def _testhelper_config(opts=None, int worker_index=0):
         _fill_config(&cfg, opts, keep)
         cfg.worker_index = worker_index
     out = {}
-    for name in CONFIG_FIELDS:
+    for name in CONFIG_SCALARS:
         b = name.encode("ascii")
         if fp.fp_config_get(&cfg, b, len(b), &value) != 0:
             raise FastpathError(f"fp_config_get does not know {name}")
         out[name] = value
+    for name in CONFIG_TEXTS:
+        b = name.encode("ascii")
+        if fp.fp_config_get_text(&cfg, b, len(b), &text, &text_len) != 0:
+            raise FastpathError(f"fp_config_get_text does not know {name}")
+        out[name] = text[:text_len].decode("ascii")
     out.update(
         listen_fd=cfg.listen_fd, admin_fd=cfg.admin_fd, n_workers=cfg.n_workers,
         worker_index=cfg.worker_index,
@@ -183,6 +246,8 @@ def _testhelper_config(opts=None, int worker_index=0):
         node_addrs=[(<bytes>cfg.node_addr[i]).decode("ascii") for i in range(cfg.n_nodes)],
         secret=cfg.secret[:cfg.secret_len] if cfg.secret != NULL else b"",
         resources=[cfg.resources[i][:cfg.resource_len[i]].decode("ascii") for i in range(cfg.n_resources)],
+        object_resources=[cfg.object_resources[i][:cfg.object_resource_len[i]].decode("ascii")
+                          for i in range(cfg.n_object_resources)],
         backend_avoid=[(<bytes>cfg.backend_avoid[i]).decode("ascii")
                        for i in range(4) if cfg.backend_avoid[i] != NULL],
         notify_udp=((<bytes>cfg.notify_udp_host).decode("ascii"), cfg.notify_udp_port)
@@ -190,7 +255,7 @@ def _testhelper_config(opts=None, int worker_index=0):
     return out
 
 
-def _testhelper_credentials(list headers):
+def _testhelper_credentials(list headers, bytes cookie_name=b"plurk_token"):
     """The token of a request with these (name, value) header pairs (bytes), as the request path
     reads it: the token's bytes, or "none" or "ambiguous".  Like fp_conn.c it keeps the first
     Authorization and Cookie value and counts repeats (up to 2)."""
@@ -209,7 +274,8 @@ def _testhelper_credentials(list headers):
         if counts[slot] == 0:
             spans[slot].data, spans[slot].len = value, len(value)   # headers keeps value alive
         counts[slot] = min(counts[slot] + 1, 2)
-    r = fp.fp_credentials(&spans[0], counts[0], &spans[1], counts[1], &tok, &tok_len)
+    r = fp.fp_credentials(&spans[0], counts[0], &spans[1], counts[1], cookie_name, len(cookie_name),
+                          &tok, &tok_len)
     if r == fp.FP_CRED_FOUND:
         return tok[:tok_len]
     return "none" if r == fp.FP_CRED_NONE else "ambiguous"

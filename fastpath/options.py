@@ -47,7 +47,9 @@ class Option:
     low: int = None              # inclusive range of an int option
     high: int = None
     choices: tuple = None
-    c_field: str = None          # the fp_config_t scalar it fills; None: used in Python only
+    c_field: str = None          # the fp_config_t scalar or text it fills; None: used in Python only
+    pattern: object = None       # a str option's grammar (a compiled regex) ...
+    grammar: str = None          # ... and how its error names it
 
     def coerce(self, value):
         """``value`` in this option's type, or TypeError (a serve() keyword of the wrong type
@@ -75,6 +77,8 @@ class Option:
             raise ConfigurationError(f"{self.flag} must be in {self.low}..{self.high}, got {value}")
         if self.choices is not None and value is not None and value not in self.choices:
             raise ConfigurationError(f"{self.flag} must be one of {', '.join(self.choices)}")
+        if self.pattern is not None and not self.pattern.match(value):
+            raise ConfigurationError(f"bad {self.flag} {value!r}: {self.grammar}")
 
     def format(self, value):
         """``value`` as it is written on the command line."""
@@ -108,8 +112,9 @@ OPTIONS = (
            0, 1 << 24, c_field="max_body"),
     # nginx forwards a request line of up to 8 KiB and header lines of up to 8 KiB each
     # (large_client_header_buffers 4 8k): fastpath must never refuse what nginx forwards
-    Option("--max-headers", "max_headers", int, 32768, "largest request head, bytes (431 beyond)",
-           512, 1 << 20, c_field="max_headers"),
+    Option("--max-headers", "max_headers", int, 32768,
+           "largest request head, bytes (a larger one is answered 404 X-Cache: MISS, so nginx "
+           "hands it to Django)", 512, 1 << 20, c_field="max_headers"),
     Option("--max-connections", "max_connections", int, 16384,
            "open connections per worker; more are closed at once so nginx falls back",
            1, 1 << 20, c_field="max_connections"),
@@ -127,8 +132,25 @@ OPTIONS = (
            "on UDP HOST:PORT+i; may be used with --notify-dir"),
     Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
            "poll resources served (others: 404, so Django answers)"),
+    Option("--object-resources", "object_resources", comma_separated, None,
+           "per-object poll resources (GET <path-prefix><resource>/<object>?cap=<capability>, "
+           "docs/contract.md section 8); unset: none"),
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
            choices=BACKENDS),
+    # the names a Django project chooses (docs/contract.md sections 2-3; fastpoll passes them)
+    Option("--cookie-name", "cookie_name", str, "plurk_token",
+           "the cookie that carries the token (when no Authorization: Bearer)", c_field="cookie_name",
+           pattern=re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}\Z"),
+           grammar="1-64 RFC 6265 token characters (letters, digits, !#$%&'*+-.^_`|~)"),
+    Option("--path-prefix", "path_prefix", str, "/Poll/",
+           "polls are GET <prefix><resource>", c_field="path_prefix",
+           pattern=re.compile(r"\A(?=.{1,64}\Z)/(?:(?!\.\.?/)[A-Za-z0-9._~-]+/)*\Z"),
+           grammar="at most 64 characters, starting and ending with /, segments of letters, "
+                   "digits, . _ ~ - (not . or ..), for example /Poll/"),
+    Option("--key-prefix", "key_prefix", str, "p1",
+           "memcached keys are <prefix>:<resource>:<uid>:<epoch>", c_field="key_prefix",
+           pattern=re.compile(r"\A[A-Za-z0-9_-]{1,16}\Z"),
+           grammar="1-16 letters, digits, _ or -"),
 )
 _BY_ATTR = {opt.attr: opt for opt in OPTIONS}
 
@@ -329,6 +351,11 @@ class Options:
                 raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
         if not 0 < len(self.resources) <= 16:
             raise ConfigurationError("--resources needs 1..16 names")
+        for res in self.object_resources or ():
+            if not _RESOURCE_RE.match(res):
+                raise ConfigurationError(f"bad --object-resources name {res!r}: 1-32 letters, digits or _")
+        if len(self.object_resources or ()) > 16:
+            raise ConfigurationError("--object-resources takes at most 16 names")
         if not 0 < len(self.memcached) <= 64:
             raise ConfigurationError("--memcached needs 1..64 host:port servers")
         parsed = [parse_address(s, "--memcached server") for s in self.memcached]

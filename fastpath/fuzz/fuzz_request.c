@@ -54,6 +54,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cfg.resource_len[0] = 11;
     cfg.resources[1] = "getUnreadCount";
     cfg.resource_len[1] = 14;
+    cfg.n_object_resources = 1;      /* object polls (the corpus has some with a valid capability) */
+    cfg.object_resources[0] = "thread";
+    cfg.object_resource_len[0] = 6;
     cfg.stats = &stats;
     cfg.n_workers = 1;
     if (fp_server_init(&srv, &cfg, err, sizeof(err)) < 0) {

@@ -23,7 +23,7 @@ cdef extern from "fp_token.h" nogil:
         FP_TOKEN_EXPIRED
         FP_TOKEN_INTERNAL
     ctypedef struct fp_token_t:
-        uint64_t uid, epoch, expires
+        uint64_t epoch, expires
         const char *uid_str
         size_t uid_len
         const char *epoch_str
@@ -34,7 +34,19 @@ cdef extern from "fp_token.h" nogil:
     fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t tok_len,
                                      int64_t now, fp_token_t *out)
     const char *fp_token_strerror(fp_token_result_t r)
-    size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
+    size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                       const char *res, size_t res_len, const fp_token_t *t)
+    ctypedef struct fp_cap_t:
+        const char *res
+        const char *obj
+        const char *uid
+        size_t res_len, obj_len, uid_len
+        uint64_t expires
+    fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t len, int64_t now,
+                                   fp_cap_t *out)
+    size_t fp_make_object_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                              const char *res, size_t res_len, const char *obj, size_t obj_len)
+    size_t fp_make_marker_key(char *buf, size_t cap, const char *prefix, size_t prefix_len, const fp_token_t *t)
     ctypedef struct fp_header_span_t:
         const char *data
         size_t len
@@ -49,6 +61,7 @@ cdef extern from "fp_token.h" nogil:
     fp_cred_header_t fp_cred_header(const char *name, size_t len)
     fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
                                     const fp_header_span_t *cookie, int n_cookie,
+                                    const char *cookie_name, size_t cookie_name_len,
                                     const char **tok, size_t *tok_len)
 
 cdef extern from "fp_server.h" nogil:
@@ -66,10 +79,14 @@ cdef extern from "fp_server.h" nogil:
         const char *node_addr[64]
         const unsigned char *secret
         size_t secret_len
-        # the scalar settings (FP_CONFIG_SCALARS) are set by name: fp_config_set
+        # the scalar settings (FP_CONFIG_SCALARS) are set by name: fp_config_set; the texts
+        # (FP_CONFIG_TEXTS) by fp_config_set_text
         int n_resources
         const char *resources[16]
         size_t resource_len[16]
+        int n_object_resources
+        const char *object_resources[16]
+        size_t object_resource_len[16]
         const char *notify_dir
         const char *notify_udp_host
         int notify_udp_port
@@ -79,10 +96,16 @@ cdef extern from "fp_server.h" nogil:
         int worker_index
     enum:
         FP_CONFIG_N_SCALARS
+        FP_CONFIG_N_TEXTS
     const char *const fp_config_fields[]
+    const char *const fp_config_text_fields[]
     void fp_config_defaults(fp_config_t *cfg)
     int fp_config_set(fp_config_t *cfg, const char *field, size_t field_len, long long value)
     int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, long long *value)
+    int fp_config_set_text(fp_config_t *cfg, const char *field, size_t field_len, const char *value,
+                           size_t value_len)
+    int fp_config_get_text(const fp_config_t *cfg, const char *field, size_t field_len, const char **value,
+                           size_t *value_len)
     int fp_server_run(const fp_config_t *cfg, char *err, size_t err_len)
     size_t fp_stats_render(const fp_stats_t *slots, int n, char *buf, size_t cap)
 

@@ -1,4 +1,5 @@
-/* fp_config_t's scalar settings, generated from FP_CONFIG_SCALARS (fp_server.h): the defaults,
+/* fp_config_t's scalar and text settings, generated from FP_CONFIG_SCALARS and FP_CONFIG_TEXTS
+ * (fp_server.h): the defaults,
  * and setting or reading a field by name, so that the Cython layer fills the struct from the
  * option table of fastpath/options.py instead of naming each field. */
 #include <limits.h>
@@ -14,6 +15,9 @@
 #define NAME_(type, field, dflt) #field,
 const char *const fp_config_fields[FP_CONFIG_N_SCALARS] = {FP_CONFIG_SCALARS(NAME_)};
 #undef NAME_
+#define NAME_(field, dflt, max) #field,
+const char *const fp_config_text_fields[FP_CONFIG_N_TEXTS] = {FP_CONFIG_TEXTS(NAME_)};
+#undef NAME_
 
 void fp_config_defaults(fp_config_t *cfg)
 {
@@ -23,6 +27,9 @@ void fp_config_defaults(fp_config_t *cfg)
     cfg->n_workers = 1;
 #define DEFAULT_(type, field, dflt) cfg->field = (dflt);
     FP_CONFIG_SCALARS(DEFAULT_)
+#undef DEFAULT_
+#define DEFAULT_(field, dflt, max) cfg->field = (dflt), cfg->field##_len = sizeof(dflt) - 1;
+    FP_CONFIG_TEXTS(DEFAULT_)
 #undef DEFAULT_
 }
 
@@ -53,6 +60,36 @@ int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, l
         return 0;                                \
     }
     FP_CONFIG_SCALARS(GET_)
+#undef GET_
+    return -1;
+}
+
+int fp_config_set_text(fp_config_t *cfg, const char *field, size_t field_len, const char *value,
+                       size_t value_len)
+{
+#define SET_(field_, dflt, max)                                 \
+    if (IS_(field_)) {                                          \
+        if (value == NULL || value_len == 0 || value_len > (max)) \
+            return -1;                                          \
+        cfg->field_ = value;                                    \
+        cfg->field_##_len = value_len;                          \
+        return 0;                                               \
+    }
+    FP_CONFIG_TEXTS(SET_)
+#undef SET_
+    return -1;
+}
+
+int fp_config_get_text(const fp_config_t *cfg, const char *field, size_t field_len, const char **value,
+                       size_t *value_len)
+{
+#define GET_(field_, dflt, max)                  \
+    if (IS_(field_)) {                           \
+        *value = cfg->field_;                    \
+        *value_len = cfg->field_##_len;          \
+        return 0;                                \
+    }
+    FP_CONFIG_TEXTS(GET_)
 #undef GET_
     return -1;
 }

@@ -41,6 +41,7 @@ static int _conn_after_response(fp_conn_t *c);
 static int _conn_process(fp_conn_t *c);
 static void _conn_readable(fp_conn_t *c);
 static void _conn_hold_over(fp_conn_t *c);
+static void _object_free(fp_conn_t *c);
 
 /* ---- states and kinds ---------------------------------------------------------------- */
 
@@ -51,7 +52,7 @@ __attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"
 __attribute__((unused)) static const uint8_t _legal[CONN_STATE_N][CONN_STATE_N] = {
     /*                   READING WAITING WRITING LINGERING HELD */
     [CONN_READING]   = {0,      1,      1,      1,        1},
-    [CONN_WAITING]   = {1,      0,      1,      1,        0},
+    [CONN_WAITING]   = {1,      0,      1,      1,        1},   /* an object poll's gets, then held */
     [CONN_WRITING]   = {1,      0,      0,      1,        0},
     [CONN_LINGERING] = {0,      0,      0,      0,        0},
     [CONN_HELD]      = {1,      0,      1,      1,        0},
@@ -149,7 +150,9 @@ static void _conn_close(fp_conn_t *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
+    _object_free(c);                 /* ... and an object poll's marker get */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
+    fp_wait_remove(&srv->waits, &c->marker_waiter);
     event_del(_ev(c));               /* its memory goes with c's: nothing of it may stay armed */
     close(c->fd);
     if (c->in != NULL)
@@ -591,7 +594,20 @@ static uint64_t _rand(fp_server_t *srv)
 static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
 {
     fp_conn_t *c = ctx;
+    fp_wait_remove(&c->srv->waits, &c->marker_waiter);
     if (_conn_answer_result(c, r, data, len, tag) == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+/* A held object poll's epoch marker is gone (the user's epoch was revoked), or is no longer the
+ * empty value, or cannot be read: Django decides (404 MISS), or 503. */
+static void _conn_on_marker_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
+{
+    fp_conn_t *c = ctx;
+    fp_wait_remove(&c->srv->waits, &c->waiter);
+    if (r == FP_MC_HIT || r == FP_MC_EMPTY)
+        r = FP_MC_MISS;
+    if (_conn_answer_result(c, r, NULL, 0, NULL) == 0 && c->state == CONN_READING)
         _conn_process(c);
 }
 
@@ -599,6 +615,7 @@ static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t 
 static void _conn_hold_over(fp_conn_t *c)
 {
     fp_wait_remove(&c->srv->waits, &c->waiter);
+    fp_wait_remove(&c->srv->waits, &c->marker_waiter);
     c->srv->st->hold_timeouts++;
     if (_conn_respond(c, 304, NULL, "HIT", c->inm_tag, NULL, 0) == 0 && c->state == CONN_READING)
         _conn_process(c);
@@ -608,23 +625,156 @@ static void _conn_hold_over(fp_conn_t *c)
  * (the wait table compares, and reads again on notices and every --reread-interval) or until
  * the wait, jittered down by up to 10% so that polls started together do not all end
  * together, runs out.  The read event stays armed: a client that leaves is noticed at once. */
-static int _conn_hold(fp_conn_t *c)
+/* the ETag of the empty value: a present epoch marker's (docs/contract.md sections 7-8) */
+static const char _empty_tag[] = "\"e3b0c44298fc1c149afbf4c8996fb924\"";
+_Static_assert(sizeof(_empty_tag) - 1 == FP_ETAG_LEN, "an ETag is FP_ETAG_LEN bytes");
+
+/* An object poll (marker != NULL) also waits on the user's epoch marker, which must stay the
+ * empty value: its deletion (a revoked epoch) ends the hold as soon as it is noticed. */
+static int _conn_hold(fp_conn_t *c, const char *key, size_t key_len, const char *marker, size_t marker_len)
 {
     fp_server_t *srv = c->srv;
-    fp_request_t *rq = &c->in->req;
     int64_t wait_us = (int64_t)c->wait_s * 1000000;
     wait_us -= (int64_t)(_rand(srv) % (uint64_t)(wait_us / 10 + 1));
     c->hold_until_us = fp_now_us() + wait_us;
-    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, rq->key, rq->key_len, c->inm_tag,
-                                   _conn_on_wake, c);
+    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, key, key_len, c->inm_tag, _conn_on_wake, c);
     if (r != FP_MC_QUEUED)
         return _conn_answer_result(c, r, NULL, 0, NULL);
+    if (marker != NULL) {
+        r = fp_wait_add(&srv->waits, &c->marker_waiter, marker, marker_len, _empty_tag, _conn_on_marker_wake, c);
+        if (r != FP_MC_QUEUED) {
+            fp_wait_remove(&srv->waits, &c->waiter);
+            return _conn_answer_result(c, r, NULL, 0, NULL);
+        }
+    }
     _conn_set_state(c, CONN_HELD);
     if (_conn_hold_arm(c) < 0) {
         _conn_close(c);              /* no timeout and no read event: it could hang forever */
         return -1;
     }
     return 0;
+}
+
+/* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
+static int _conn_wants_hold(const fp_conn_t *c)
+{
+    return c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping;
+}
+
+/* ---- object polls (docs/contract.md section 8) ------------------------------------------ *
+ *
+ * The object's key and the user's epoch marker are asked for together (one pipelined batch
+ * per server).  The object's answer is given only once the marker is known to be there (the
+ * empty value); a marker that is missing (the epoch was revoked) or not empty, and an object
+ * key that is missing, are Django's to answer (404 MISS).  A value that comes before the
+ * marker's answer is copied and kept until then. */
+
+static void _object_free(fp_conn_t *c)
+{
+    fp_object_poll_t *o = c->obj;
+    if (o == NULL)
+        return;
+    c->obj = NULL;
+    fp_mc_cancel(o->marker_req);
+    free(o->data);
+    free(o);
+}
+
+/* Answer the object poll if what has come decides it: 1 while it waits for the other get, else
+ * as _conn_respond (-1: the connection was closed).  data/len: the object's value at hand
+ * (NULL: the copy, if any). */
+static int _object_decide(fp_conn_t *c, const char *data, size_t len)
+{
+    fp_object_poll_t *o = c->obj;
+    fp_mc_result_t m = (fp_mc_result_t)o->marker_r, r = (fp_mc_result_t)o->obj_r;
+    int marker_known = m != FP_MC_QUEUED, obj_known = r != FP_MC_QUEUED;
+    char tag[FP_ETAG_LEN];
+    int rc;
+
+    if (marker_known && m != FP_MC_EMPTY)
+        r = m == FP_MC_HIT ? FP_MC_MISS : m;     /* no marker (a value is none): Django decides */
+    else if (!(obj_known && (marker_known || (r != FP_MC_HIT && r != FP_MC_EMPTY))))
+        return 1;                                /* the other answer decides */
+    c->obj = NULL;                   /* o is ours now: answering may close the connection */
+    if (o->marker_req != NULL)
+        fp_mc_cancel(o->marker_req);
+    if (c->mc_req != NULL) {
+        fp_mc_cancel(c->mc_req);
+        c->mc_req = NULL;
+    }
+    if (data == NULL) {
+        data = o->data;
+        len = o->len;
+    }
+    if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
+        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && _conn_not_modified(c, tag))
+        rc = _conn_hold(c, o->key, o->key_len, o->marker, o->marker_len);
+    else
+        rc = _conn_answer_result(c, r, data, len, NULL);
+    free(o->data);
+    free(o);
+    return rc;
+}
+
+static void _object_on_marker(void *ctx, fp_mc_result_t r, const char *data, size_t len)
+{
+    fp_conn_t *c = ctx;
+    c->obj->marker_req = NULL;
+    c->obj->marker_r = (uint8_t)r;
+    if (_object_decide(c, NULL, 0) == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+static void _object_on_value(void *ctx, fp_mc_result_t r, const char *data, size_t len)
+{
+    fp_conn_t *c = ctx;
+    fp_object_poll_t *o = c->obj;
+    c->mc_req = NULL;
+    if (r == FP_MC_HIT && o->marker_r == FP_MC_QUEUED) {   /* kept until the marker's answer */
+        if ((o->data = malloc(len)) == NULL) {
+            r = FP_MC_OVERLOADED;
+        } else {
+            memcpy(o->data, data, len);
+            o->len = len;
+        }
+        data = NULL;
+    }
+    o->obj_r = (uint8_t)r;
+    if (_object_decide(c, data, len) == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+/* Dispatch an ACT_OBJECT request: both gets, then wait.  -1: the connection was closed. */
+static int _object_start(fp_conn_t *c)
+{
+    fp_request_t *rq = &c->in->req;
+    fp_mc_pool_t *mc = &c->srv->mc;
+    fp_object_poll_t *o = calloc(1, sizeof(*o));
+    fp_mc_result_t r;
+    int rc;
+
+    if (o == NULL)
+        return _conn_answer_result(c, FP_MC_OVERLOADED, NULL, 0, NULL);
+    memcpy(o->key, rq->key, rq->key_len);
+    o->key_len = rq->key_len;
+    memcpy(o->marker, rq->marker, rq->marker_len);
+    o->marker_len = rq->marker_len;
+    o->marker_r = o->obj_r = FP_MC_QUEUED;
+    c->obj = o;
+    if ((r = fp_mc_get(mc, o->marker, o->marker_len, _object_on_marker, c, &o->marker_req)) != FP_MC_QUEUED)
+        o->marker_r = (uint8_t)r;
+    if ((r = fp_mc_get(mc, o->key, o->key_len, _object_on_value, c, &c->mc_req)) != FP_MC_QUEUED) {
+        o->obj_r = (uint8_t)r;
+        c->mc_req = NULL;
+    }
+    if (o->marker_r != FP_MC_QUEUED)
+        o->marker_req = NULL;
+    rc = _object_decide(c, NULL, 0);
+    if (rc == 1) {
+        _conn_set_state(c, CONN_WAITING);
+        return 0;
+    }
+    return rc;
 }
 
 /* ---- deciding what a request gets ---------------------------------------------------- */
@@ -638,17 +788,117 @@ static void _decide(fp_conn_t *c, int code, const char *message, const char *cac
     rq->answer_cache = cache;
 }
 
-/* path = "/Poll/" resource ; resource = 1*32(ALPHA / DIGIT / "_"), one of cfg->resources */
-static int _find_resource(const fp_config_t *cfg, const char *path, size_t len)
+/* What a poll's URL names: a user resource, or a per-object resource and its object. */
+typedef struct {
+    const char *res, *obj;           /* obj NULL: a user poll */
+    size_t res_len, obj_len;
+    const char *query;               /* after '?', or NULL */
+    size_t query_len;
+} _target_t;
+
+/* s (len bytes) is one of names[0..n): its index, or -1 */
+static int _find_name(const char *const *names, const size_t *lens, int n, const char *s, size_t len)
 {
-    static const char prefix[] = "/Poll/";
-    const size_t plen = sizeof(prefix) - 1;
-    if (len <= plen || len - plen > FP_MAX_RESOURCE_LEN || memcmp(path, prefix, plen) != 0)
-        return -1;
-    for (int i = 0; i < cfg->n_resources; i++)
-        if (cfg->resource_len[i] == len - plen && memcmp(cfg->resources[i], path + plen, len - plen) == 0)
+    for (int i = 0; i < n; i++)
+        if (lens[i] == len && memcmp(names[i], s, len) == 0)
             return i;
     return -1;
+}
+
+/* url = path-prefix resource [ "/" object ] [ "?" query ]: resource one of cfg->resources, or
+ * with an object one of cfg->object_resources; object = 1*64( ALPHA / DIGIT / "-" / "_" );
+ * path-prefix is --path-prefix ("/Poll/").  0, or -1 for anything else (Django's). */
+static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len, _target_t *t)
+{
+    const char *q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
+    size_t len = q ? (size_t)(q - url) : url_len, plen = cfg->path_prefix_len;
+    const char *slash;
+
+    t->query = q ? q + 1 : NULL;
+    t->query_len = q ? url_len - len - 1 : 0;
+    if (len <= plen || memcmp(url, cfg->path_prefix, plen) != 0)
+        return -1;
+    t->res = url + plen;
+    t->res_len = len - plen;
+    slash = memchr(t->res, '/', t->res_len);
+    t->obj = NULL;
+    t->obj_len = 0;
+    if (slash == NULL)
+        return _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len) < 0 ? -1 : 0;
+    t->obj = slash + 1;
+    t->obj_len = t->res_len - (size_t)(t->obj - t->res);
+    t->res_len = (size_t)(slash - t->res);
+    if (!fp_is_object_name(t->obj, t->obj_len))
+        return -1;
+    return _find_name(cfg->object_resources, cfg->object_resource_len, cfg->n_object_resources, t->res,
+                      t->res_len) < 0 ? -1 : 0;
+}
+
+/* The query's one cap=<value>: 1 and *cap, or 0 if there is none or fastpath could read it
+ * otherwise than Django (a repeated cap, any '%' or '+' in the query: Django decodes them). */
+static int _query_cap(const char *q, size_t len, const char **cap, size_t *cap_len)
+{
+    int found = 0;
+    if (q == NULL || memchr(q, '%', len) != NULL || memchr(q, '+', len) != NULL)
+        return 0;
+    while (len > 0) {
+        const char *amp = memchr(q, '&', len);
+        size_t pair_len = amp != NULL ? (size_t)(amp - q) : len;
+        if (pair_len >= 4 && memcmp(q, "cap=", 4) == 0) {
+            if (found++)
+                return 0;
+            *cap = q + 4;
+            *cap_len = pair_len - 4;
+        }
+        if (amp == NULL)
+            break;
+        q = amp + 1;
+        len -= pair_len + 1;
+    }
+    return found == 1 && *cap_len > 0;
+}
+
+static int _span_eq(const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    return a_len == b_len && memcmp(a, b, a_len) == 0;
+}
+
+/* A per-object poll of a valid token: its capability, checked, turned into the object's key
+ * and the user's epoch marker key (docs/contract.md section 8).  Anything wrong with the
+ * capability is Django's to answer precisely (404 MISS), never another object's answer. */
+static void _authorize_object(fp_conn_t *c, const _target_t *t, const fp_token_t *token, int64_t now)
+{
+    const fp_config_t *cfg = c->srv->cfg;
+    fp_request_t *rq = &c->in->req;
+    const char *cap = NULL;
+    size_t cap_len = 0, key_len, marker_len;
+    fp_cap_t cp;
+
+    if (!_query_cap(t->query, t->query_len, &cap, &cap_len)) {
+        _decide(c, 404, "no capability fastpath can read", "MISS");
+        return;
+    }
+    fp_token_result_t r = fp_cap_check(&c->srv->hmac, cap, cap_len, now, &cp);
+    if (r == FP_TOKEN_INTERNAL) {
+        _decide(c, 503, fp_token_strerror(r), "MISS");
+        return;
+    }
+    if (r != FP_TOKEN_OK || !_span_eq(cp.res, cp.res_len, t->res, t->res_len) ||
+        !_span_eq(cp.obj, cp.obj_len, t->obj, t->obj_len) ||
+        !_span_eq(cp.uid, cp.uid_len, token->uid_str, token->uid_len)) {
+        _decide(c, 404, "capability refused", "MISS");
+        return;
+    }
+    key_len = fp_make_object_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
+                                 t->res, t->res_len, t->obj, t->obj_len);
+    marker_len = fp_make_marker_key(rq->marker, sizeof(rq->marker), cfg->key_prefix, cfg->key_prefix_len, token);
+    if (key_len == 0 || marker_len == 0) {
+        _decide(c, 400, "bad key", NULL);
+        return;
+    }
+    rq->key_len = (uint8_t)key_len;
+    rq->marker_len = (uint8_t)marker_len;
+    rq->action = ACT_OBJECT;
 }
 
 /* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
@@ -675,8 +925,9 @@ static void _conditional(fp_conn_t *c)
     }
 }
 
-/* The token of the request, checked, turned into resource res's memcached key. */
-static void _authenticate(fp_conn_t *c, int res)
+/* The token of the request, checked, turned into the target's memcached key (and for an
+ * object poll, its capability checked too). */
+static void _authenticate(fp_conn_t *c, const _target_t *t)
 {
     const fp_config_t *cfg = c->srv->cfg;
     const char *data = c->in->data, *tok = NULL;
@@ -689,7 +940,7 @@ static void _authenticate(fp_conn_t *c, int res)
     fp_header_span_t auth = {rq->have_auth ? data + rq->auth_off : NULL, rq->auth_len};
     fp_header_span_t cookie = {rq->have_cookie ? data + rq->cookie_off : NULL, rq->cookie_len};
     fp_cred_result_t found = fp_credentials(&auth, rq->have_auth, &cookie, rq->have_cookie,
-                                            &tok, &tok_len);
+                                            cfg->cookie_name, cfg->cookie_name_len, &tok, &tok_len);
     if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
         _decide(c, 404, "ambiguous credentials", "MISS");
         return;
@@ -711,7 +962,14 @@ static void _authenticate(fp_conn_t *c, int res)
         _decide(c, 401, fp_token_strerror(tr), NULL);
         return;
     }
-    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->resources[res], cfg->resource_len[res], &token);
+    if (t->obj != NULL) {
+        _authorize_object(c, t, &token, now);
+        if (rq->action == ACT_OBJECT)
+            _conditional(c);
+        return;
+    }
+    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
+                                 t->res, t->res_len, &token);
     if (key_len == 0 || key_len > FP_KEY_CAP) {
         _decide(c, 400, "bad key", NULL);
         return;
@@ -723,8 +981,7 @@ static void _authenticate(fp_conn_t *c, int res)
 
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
 {
-    const char *q;
-    size_t path_len;
+    _target_t t;
 
     if (method != HTTP_GET && method != HTTP_POST) {
         /* HEAD (a read, contract.md 7) and the methods Django refuses, with its own 405 and
@@ -732,14 +989,11 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
         _decide(c, 404, "method is Django's to answer", "MISS");
         return;
     }
-    q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
-    path_len = q ? (size_t)(q - url) : url_len;
-    int res = _find_resource(c->srv->cfg, url, path_len);
-    if (res < 0) {                   /* 404 + MISS: nginx lets Django answer unknown resources */
-        _decide(c, 404, "unknown poll resource", "MISS");
+    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
+        _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
         return;
     }
-    _authenticate(c, res);
+    _authenticate(c, &t);
 }
 
 static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
@@ -759,12 +1013,13 @@ static int _dispatch(fp_conn_t *c)
         return _conn_respond_metrics(c);
     case ACT_MEMCACHED:
         break;
+    case ACT_OBJECT:
+        return _object_start(c);
     default:
         return _conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
-    /* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
-    if (c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping)
-        return _conn_hold(c);
+    if (_conn_wants_hold(c))
+        return _conn_hold(c, rq->key, rq->key_len, NULL, 0);
     fp_mc_result_t r = fp_mc_get(&c->srv->mc, rq->key, rq->key_len, _conn_on_answer, c, &c->mc_req);
     if (r == FP_MC_QUEUED) {
         _conn_set_state(c, CONN_WAITING);

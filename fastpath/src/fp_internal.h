@@ -35,7 +35,9 @@ struct fp_conn;
 typedef enum {
     ACT_RESPOND = 0,                 /**< answer_code and answer_message, no lookup (a zeroed request) */
     ACT_METRICS,                     /**< the Prometheus text */
-    ACT_MEMCACHED                    /**< get key from memcached, answer with what it says */
+    ACT_MEMCACHED,                   /**< get key from memcached, answer with what it says */
+    ACT_OBJECT                       /**< get key (an object's) and marker together: the object's
+                                          answer if the user's epoch marker is there */
 } fp_conn_action_t;
 
 /* The request being read: where its head's parts are (offset, length into the buffer's data,
@@ -59,8 +61,23 @@ typedef struct fp_request {
     int16_t error_status;            /* set by a parser callback: answer this and close */
     const char *answer_message, *answer_cache;
     const char *error_message, *error_cache;
-    char key[FP_KEY_CAP];            /* ACT_MEMCACHED's key */
+    uint8_t marker_len;
+    char key[FP_KEY_CAP];            /* ACT_MEMCACHED's and ACT_OBJECT's key */
+    char marker[FP_KEY_CAP];         /* ACT_OBJECT: the user's epoch marker key */
 } fp_request_t;
+
+/* An object poll (ACT_OBJECT) from its dispatch to its answer: two gets in flight together,
+ * the object's key and the user's epoch marker (docs/contract.md section 8).  Allocated per
+ * object poll, so that a user poll or an idle connection pays one pointer for it. */
+typedef struct fp_object_poll {
+    fp_mc_req_t *marker_req;         /* the marker's get in flight (the object's is c->mc_req) */
+    uint8_t marker_r, obj_r;         /* fp_mc_result_t; FP_MC_QUEUED: not answered yet */
+    uint8_t key_len, marker_len;
+    char *data;                      /* the object's value when it came before the marker */
+    size_t len;
+    char key[FP_KEY_CAP];
+    char marker[FP_KEY_CAP];
+} fp_object_poll_t;
 
 /* A read buffer lent to a connection while it has unparsed bytes or a request not yet
  * dispatched (idle and held connections hold none). */
@@ -119,6 +136,8 @@ typedef struct fp_conn {
     fp_buf_t *in;
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
     fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */
+    fp_waiter_t marker_waiter;       /* HELD object poll: on the user's epoch marker */
+    fp_object_poll_t *obj;           /* an object poll waiting for its two gets */
     int64_t hold_until_us;           /* HELD: answered 304 then */
     char *out;                       /* response bytes the socket would not take yet */
     size_t out_len, out_sent;

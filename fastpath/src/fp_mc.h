@@ -17,7 +17,9 @@
 #include "fp_server.h"
 #include "fp_slab.h"
 
-#define FP_KEY_CAP 80                /* longest key a get takes */
+/* longest key a get takes: a user key of the longest key prefix, resource, uid and epoch,
+ * 16 + 1 + 32 + 1 + 64 + 1 + 19 = 134 (docs/contract.md section 3) */
+#define FP_KEY_CAP 136
 
 typedef enum {
     FP_MC_QUEUED,                    /* the answer comes later, through the callback */

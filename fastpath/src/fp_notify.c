@@ -2,7 +2,7 @@
  *
  *     "PN1 " sender " " seq "\n" *( key "\n" )
  *
- * sender = 16 lowercase hex digits, seq = 1*20 DIGIT without leading zero (>= 1), key = 1..80
+ * sender = 16 lowercase hex digits, seq = 1*20 DIGIT without leading zero (>= 1), key = 1..FP_KEY_CAP
  * bytes of %x21-7E; at most FP_NOTIFY_MAX bytes.  Anything else is counted and dropped whole.
  *
  * The sockets are made by each worker, not before fork: a worker the supervisor restarts binds

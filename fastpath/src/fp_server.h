@@ -23,7 +23,7 @@
     X(int, max_connections, 16384)    /* per worker; beyond it new connections are closed */       \
     X(int, drain_timeout_s, 5)        /* SIGTERM waits this long for in-flight requests */         \
     X(size_t, max_body, 65536)        /* largest request body (413 beyond) */                      \
-    X(size_t, max_headers, 32768)     /* largest request head (431 beyond): >= what nginx forwards */ \
+    X(size_t, max_headers, 32768)     /* largest request head (beyond: 404 MISS, Django's) */      \
     X(int, max_wait_s, 55)            /* longest hold of a poll (Prefer: wait); 0: never hold */  \
     X(int, reread_interval_s, 5)      /* a held key is read again at least this often */
 
@@ -31,6 +31,23 @@
 #define FP_CONFIG_COUNT_(type, field, dflt) +1
 
 enum { FP_CONFIG_N_SCALARS = 0 FP_CONFIG_SCALARS(FP_CONFIG_COUNT_) };
+
+/* The names a Django project chooses (docs/contract.md), one row each: X(field, default, max
+ * length).  Like the scalars, each is an option of fastpath/options.py (its c_field), which
+ * checks their characters; C keeps `const char *field; size_t field_len;` pointing into the
+ * Cython layer's bytes (or at the default literal) and checks the length only. */
+#define FP_MAX_COOKIE_NAME_LEN 64
+#define FP_MAX_PATH_PREFIX_LEN 64
+#define FP_MAX_KEY_PREFIX_LEN 16
+#define FP_CONFIG_TEXTS(X)                                                                        \
+    X(cookie_name, "plurk_token", FP_MAX_COOKIE_NAME_LEN)  /* the token's cookie */               \
+    X(path_prefix, "/Poll/", FP_MAX_PATH_PREFIX_LEN)       /* polls are <path_prefix><resource> */ \
+    X(key_prefix, "p1", FP_MAX_KEY_PREFIX_LEN)             /* keys are <key_prefix>:... */
+
+#define FP_CONFIG_TEXT_FIELD_(field, dflt, max) const char *field; size_t field##_len;
+#define FP_CONFIG_TEXT_COUNT_(field, dflt, max) +1
+
+enum { FP_CONFIG_N_TEXTS = 0 FP_CONFIG_TEXTS(FP_CONFIG_TEXT_COUNT_) };
 
 typedef struct {
     int listen_fd;                 /* bound, listening, non-blocking */
@@ -41,9 +58,13 @@ typedef struct {
     const unsigned char *secret;
     size_t secret_len;
     FP_CONFIG_SCALARS(FP_CONFIG_FIELD_)
+    FP_CONFIG_TEXTS(FP_CONFIG_TEXT_FIELD_)
     int n_resources;
     const char *resources[FP_MAX_RESOURCES];
     size_t resource_len[FP_MAX_RESOURCES];
+    int n_object_resources;        /* per-object resources: <prefix><resource>/<object>?cap= */
+    const char *object_resources[FP_MAX_RESOURCES];
+    size_t object_resource_len[FP_MAX_RESOURCES];
     const char *notify_dir;        /* NULL: no unix notices */
     const char *notify_udp_host;   /* numeric, no brackets; NULL: no UDP notices */
     int notify_udp_port;           /* worker i binds notify_udp_port + i */
@@ -56,7 +77,10 @@ typedef struct {
 /* The names of the scalar fields, in FP_CONFIG_SCALARS order (FP_CONFIG_N_SCALARS of them). */
 extern const char *const fp_config_fields[FP_CONFIG_N_SCALARS];
 
-/* Every scalar at its default, no listener (-1), one worker, everything else empty. */
+/* The names of the text fields, in FP_CONFIG_TEXTS order (FP_CONFIG_N_TEXTS of them). */
+extern const char *const fp_config_text_fields[FP_CONFIG_N_TEXTS];
+
+/* Every scalar and text at its default, no listener (-1), one worker, everything else empty. */
 void fp_config_defaults(fp_config_t *cfg);
 
 /* Sets the scalar named by field (field_len bytes).  Returns 0, or -1 when no scalar has that
@@ -66,6 +90,15 @@ int fp_config_set(fp_config_t *cfg, const char *field, size_t field_len, long lo
 /* Reads the scalar named by field (field_len bytes) into *value.  Returns 0, or -1 when no
  * scalar has that name. */
 int fp_config_get(const fp_config_t *cfg, const char *field, size_t field_len, long long *value);
+
+/* Points the text named by field at value (value_len bytes, kept by the caller for as long as
+ * cfg is used).  Returns 0, or -1 when no text has that name or the length is not 1..its max. */
+int fp_config_set_text(fp_config_t *cfg, const char *field, size_t field_len, const char *value,
+                       size_t value_len);
+
+/* The text named by field: 0 and *value, *value_len, or -1 when no text has that name. */
+int fp_config_get_text(const fp_config_t *cfg, const char *field, size_t field_len, const char **value,
+                       size_t *value_len);
 
 /* Runs the event loop until SIGTERM/SIGINT (draining in-flight requests).  Returns 0, or -1 with
  * a message in err. */

@@ -33,6 +33,43 @@ static int _parse_decimal(const char *s, size_t len, size_t *pos, int allow_zero
     return 0;
 }
 
+/* uid = object = 1*64( ALPHA / DIGIT / "-" / "_" ): Django's str(pk), copied into keys verbatim. */
+static int _is_uid_char(unsigned char ch)
+{
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           ch == '-' || ch == '_';
+}
+
+/* resource = 1*32( ALPHA / DIGIT / "_" ) */
+static int _is_resource_char(unsigned char ch)
+{
+    return ch != '-' && _is_uid_char(ch);
+}
+
+/* 1..max bytes that is_char accepts at s[*pos ..), up to the next '.': 0, *pos advanced past. */
+static int _parse_span(const char *s, size_t len, size_t *pos, int (*is_char)(unsigned char), size_t max,
+                       const char **start, size_t *n_chars)
+{
+    size_t i = *pos;
+    while (i < len && is_char((unsigned char)s[i]))
+        if (++i - *pos > max)
+            return -1;
+    if (i == *pos)
+        return -1;
+    *start = s + *pos;
+    *n_chars = i - *pos;
+    *pos = i;
+    return 0;
+}
+
+int fp_is_object_name(const char *s, size_t len)
+{
+    size_t pos = 0;
+    const char *start;
+    size_t n;
+    return len > 0 && _parse_span(s, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &start, &n) == 0 && pos == len;
+}
+
 static int _expect_dot(const char *s, size_t len, size_t *pos)
 {
     if (*pos >= len || s[*pos] != '.')
@@ -98,39 +135,79 @@ static int _hmac(const fp_hmac_key_t *key, const char *msg, size_t len, unsigned
 }
 #pragma GCC diagnostic pop
 
-fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t len,
-                                 int64_t now, fp_token_t *out)
+/* sig (sig_len bytes) is the 64 lowercase hex digits of HMAC-SHA256(key, payload), compared in
+ * constant time. */
+static fp_token_result_t _check_sig(const fp_hmac_key_t *key, const char *payload, size_t payload_len,
+                                    const char *sig, size_t sig_len)
 {
     static const char hex[] = "0123456789abcdef";
-    size_t pos = 3, payload_len, n_expires;
-    const char *expires_str;
     unsigned char mac[32];
     char mac_hex[64];
 
+    if (sig_len != 64)
+        return FP_TOKEN_MALFORMED;
+    for (size_t i = 0; i < 64; i++) {
+        char c = sig[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return FP_TOKEN_MALFORMED;
+    }
+    if (_hmac(key, payload, payload_len, mac) != 0)
+        return FP_TOKEN_INTERNAL;
+    for (unsigned int i = 0; i < 32; i++) {
+        mac_hex[2 * i] = hex[mac[i] >> 4];
+        mac_hex[2 * i + 1] = hex[mac[i] & 15];
+    }
+    return CRYPTO_memcmp(mac_hex, sig, 64) == 0 ? FP_TOKEN_OK : FP_TOKEN_BAD_SIGNATURE;
+}
+
+fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t len,
+                                 int64_t now, fp_token_t *out)
+{
+    size_t pos = 3, payload_len, n_expires;
+    const char *expires_str;
+
     if (len < 3 || len > FP_TOKEN_MAX_LEN || memcmp(tok, "v1.", 3) != 0)
         return FP_TOKEN_MALFORMED;
-    if (_parse_decimal(tok, len, &pos, 0, &out->uid, &out->uid_str, &out->uid_len) < 0 ||
+    if (_parse_span(tok, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->uid_str, &out->uid_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||
         _parse_decimal(tok, len, &pos, 1, &out->epoch, &out->epoch_str, &out->epoch_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||
         _parse_decimal(tok, len, &pos, 0, &out->expires, &expires_str, &n_expires) < 0)
         return FP_TOKEN_MALFORMED;
     payload_len = pos;
-    if (_expect_dot(tok, len, &pos) < 0 || len - pos != 64)
+    if (_expect_dot(tok, len, &pos) < 0)
         return FP_TOKEN_MALFORMED;
-    for (size_t i = pos; i < len; i++) {
-        char c = tok[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return FP_TOKEN_MALFORMED;
-    }
-    if (_hmac(key, tok, payload_len, mac) != 0)
-        return FP_TOKEN_INTERNAL;
-    for (unsigned int i = 0; i < 32; i++) {
-        mac_hex[2 * i] = hex[mac[i] >> 4];
-        mac_hex[2 * i + 1] = hex[mac[i] & 15];
-    }
-    if (CRYPTO_memcmp(mac_hex, tok + pos, 64) != 0)
-        return FP_TOKEN_BAD_SIGNATURE;
+    fp_token_result_t r = _check_sig(key, tok, payload_len, tok + pos, len - pos);
+    if (r != FP_TOKEN_OK)
+        return r;
+    if (now < 0 || (uint64_t)now >= out->expires)
+        return FP_TOKEN_EXPIRED;
+    return FP_TOKEN_OK;
+}
+
+/* capability = "c1." resource "." object "." uid "." expires "." sig (docs/contract.md s. 8) */
+fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t len, int64_t now,
+                               fp_cap_t *out)
+{
+    size_t pos = 3, payload_len, n_expires;
+    const char *expires_str;
+
+    if (len < 3 || len > FP_CAP_MAX_LEN || memcmp(cap, "c1.", 3) != 0)
+        return FP_TOKEN_MALFORMED;
+    if (_parse_span(cap, len, &pos, _is_resource_char, FP_CAP_RESOURCE_MAX, &out->res, &out->res_len) < 0 ||
+        _expect_dot(cap, len, &pos) < 0 ||
+        _parse_span(cap, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->obj, &out->obj_len) < 0 ||
+        _expect_dot(cap, len, &pos) < 0 ||
+        _parse_span(cap, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->uid, &out->uid_len) < 0 ||
+        _expect_dot(cap, len, &pos) < 0 ||
+        _parse_decimal(cap, len, &pos, 0, &out->expires, &expires_str, &n_expires) < 0)
+        return FP_TOKEN_MALFORMED;
+    payload_len = pos;
+    if (_expect_dot(cap, len, &pos) < 0)
+        return FP_TOKEN_MALFORMED;
+    fp_token_result_t r = _check_sig(key, cap, payload_len, cap + pos, len - pos);
+    if (r != FP_TOKEN_OK)
+        return r;
     if (now < 0 || (uint64_t)now >= out->expires)
         return FP_TOKEN_EXPIRED;
     return FP_TOKEN_OK;
@@ -148,12 +225,14 @@ const char *fp_token_strerror(fp_token_result_t r)
     return "invalid token";
 }
 
-size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const fp_token_t *t)
+size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                   const char *res, size_t res_len, const fp_token_t *t)
 {
-    size_t need = 3 + res_len + 1 + t->uid_len + 1 + t->epoch_len, p = 0;
+    size_t need = prefix_len + 1 + res_len + 1 + t->uid_len + 1 + t->epoch_len, p = 0;
     if (need > cap)
         return 0;
-    memcpy(buf + p, "p1:", 3); p += 3;
+    memcpy(buf + p, prefix, prefix_len); p += prefix_len;
+    buf[p++] = ':';
     memcpy(buf + p, res, res_len); p += res_len;
     buf[p++] = ':';
     memcpy(buf + p, t->uid_str, t->uid_len); p += t->uid_len;
@@ -167,13 +246,15 @@ size_t fp_make_key(char *buf, size_t cap, const char *res, size_t res_len, const
  * Django is the reference (docs/contract.md, section 2): gunicorn strips " \t" around a header
  * value and joins a repeated header with ","; plurkcore's token_from_request takes
  * "Bearer " + the rest (scheme case-insensitive), else Django's parse_cookie() value of
- * plurk_token.  parse_cookie splits on ';' and the first '=', strips name and value with
+ * the token's cookie (plurk_token unless --cookie-name says otherwise: _cookie_name_t).  parse_cookie splits on ';' and the first '=', strips name and value with
  * str.strip() after decoding the bytes as UTF-8, keeps the last pair of a name and unquotes
  * "..."; an empty value is no cookie.  Where fastpath cannot be sure to read the same, it
  * answers FP_CRED_AMBIGUOUS and Django decides. */
 
-static const char _cookie_name[] = "plurk_token";
-#define FP_COOKIE_NAME_LEN (sizeof(_cookie_name) - 1)
+typedef struct {
+    const char *data;
+    size_t len;
+} _cookie_name_t;
 
 /* The header whitespace gunicorn (and nginx, llhttp) strip around a value. */
 static int _is_ows(unsigned char ch)
@@ -243,16 +324,21 @@ static fp_cred_result_t _bearer(const fp_header_span_t *h, const char **tok, siz
     return FP_CRED_FOUND;
 }
 
-/* Could str.strip() of Django's decoded name make plurk_token of it, where the ASCII strip
- * did not?  Only by removing bytes >= 0x80 (maybe U+00A0, U+3000...) left at an edge. */
-static int _may_be_cookie_name(const char *name, size_t len)
+static int _is_cookie_name(const _cookie_name_t *want, const char *name, size_t len)
 {
-    _strip(&name, &len, _is_py_space_or_8bit);
-    return len == FP_COOKIE_NAME_LEN && memcmp(name, _cookie_name, len) == 0;
+    return len == want->len && memcmp(name, want->data, len) == 0;
 }
 
-/* One pair of the Cookie header: name "=" value.  *found counts plurk_token pairs. */
-static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
+/* Could str.strip() of Django's decoded name make the cookie name of it, where the ASCII strip
+ * did not?  Only by removing bytes >= 0x80 (maybe U+00A0, U+3000...) left at an edge. */
+static int _may_be_cookie_name(const _cookie_name_t *want, const char *name, size_t len)
+{
+    _strip(&name, &len, _is_py_space_or_8bit);
+    return _is_cookie_name(want, name, len);
+}
+
+/* One pair of the Cookie header: name "=" value.  *found counts the token cookie's pairs. */
+static fp_cred_result_t _cookie_pair(const _cookie_name_t *want, const char *pair, size_t len, int *found,
                                      const char **tok, size_t *tok_len)
 {
     const char *eq = memchr(pair, '=', len);
@@ -262,8 +348,8 @@ static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
     size_t name_len = (size_t)(eq - pair), val_len = len - name_len - 1;
 
     _strip(&name, &name_len, _is_py_space);
-    if (name_len != FP_COOKIE_NAME_LEN || memcmp(name, _cookie_name, name_len) != 0)
-        return _may_be_cookie_name(name, name_len) ? FP_CRED_AMBIGUOUS : FP_CRED_NONE;
+    if (!_is_cookie_name(want, name, name_len))
+        return _may_be_cookie_name(want, name, name_len) ? FP_CRED_AMBIGUOUS : FP_CRED_NONE;
     if (++*found > 1)
         return FP_CRED_AMBIGUOUS;    /* Django keeps the last one */
     _strip(&val, &val_len, _is_py_space);
@@ -276,7 +362,8 @@ static fp_cred_result_t _cookie_pair(const char *pair, size_t len, int *found,
     return FP_CRED_FOUND;
 }
 
-static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, size_t *tok_len)
+static fp_cred_result_t _cookie(const _cookie_name_t *want, const fp_header_span_t *h,
+                                const char **tok, size_t *tok_len)
 {
     const char *p = h->data, *val = NULL;
     size_t left = h->len, val_len = 0;
@@ -285,7 +372,7 @@ static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, siz
     for (;;) {
         const char *semi = memchr(p, ';', left);
         size_t pair_len = semi != NULL ? (size_t)(semi - p) : left;
-        if (_cookie_pair(p, pair_len, &found, &val, &val_len) == FP_CRED_AMBIGUOUS)
+        if (_cookie_pair(want, p, pair_len, &found, &val, &val_len) == FP_CRED_AMBIGUOUS)
             return FP_CRED_AMBIGUOUS;
         if (semi == NULL)
             break;
@@ -293,7 +380,7 @@ static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, siz
         left -= pair_len + 1;
     }
     if (found == 0 || val_len == 0)
-        return FP_CRED_NONE;         /* Django: an empty plurk_token is no cookie */
+        return FP_CRED_NONE;         /* Django: an empty token cookie is no cookie */
     *tok = val;
     *tok_len = val_len;
     return FP_CRED_FOUND;
@@ -301,8 +388,11 @@ static fp_cred_result_t _cookie(const fp_header_span_t *h, const char **tok, siz
 
 fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
                                 const fp_header_span_t *cookie, int n_cookie,
+                                const char *cookie_name, size_t cookie_name_len,
                                 const char **tok, size_t *tok_len)
 {
+    const _cookie_name_t want = {cookie_name, cookie_name_len};
+
     if (n_auth > 1)
         return FP_CRED_AMBIGUOUS;    /* gunicorn hands Django the values joined with "," */
     if (n_auth == 1 && _bearer(auth, tok, tok_len) == FP_CRED_FOUND)
@@ -310,6 +400,36 @@ fp_cred_result_t fp_credentials(const fp_header_span_t *auth, int n_auth,
     if (n_cookie > 1)
         return FP_CRED_AMBIGUOUS;    /* joined with "," (not ";"): one pair swallows the next */
     if (n_cookie == 1)
-        return _cookie(cookie, tok, tok_len);
+        return _cookie(&want, cookie, tok, tok_len);
     return FP_CRED_NONE;
+}
+
+/* The parts of a key, joined by ':' into buf: the length, or 0 if they do not fit. */
+static size_t _join(char *buf, size_t cap, const char *const *part, const size_t *len, int n)
+{
+    size_t p = 0;
+    for (int i = 0; i < n; i++) {
+        if (p + (i > 0) + len[i] > cap)
+            return 0;
+        if (i > 0)
+            buf[p++] = ':';
+        memcpy(buf + p, part[i], len[i]);
+        p += len[i];
+    }
+    return p;
+}
+
+size_t fp_make_object_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
+                          const char *res, size_t res_len, const char *obj, size_t obj_len)
+{
+    const char *part[] = {prefix, res, obj, "o"};
+    const size_t len[] = {prefix_len, res_len, obj_len, 1};
+    return _join(buf, cap, part, len, 4);
+}
+
+size_t fp_make_marker_key(char *buf, size_t cap, const char *prefix, size_t prefix_len, const fp_token_t *t)
+{
+    const char *part[] = {prefix, "@", t->uid_str, t->epoch_str};
+    const size_t len[] = {prefix_len, 1, t->uid_len, t->epoch_len};
+    return _join(buf, cap, part, len, 4);
 }

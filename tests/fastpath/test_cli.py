@@ -69,6 +69,9 @@ def test_help_lists_every_flag(tmp_path):
     (["--memcached", "127.0.0.1:²"], "bad --memcached server '127.0.0.1:²': expected host:port"),
     (["--listen", "localhost:18001", "--admin", "127.0.0.1:18001"],
      "--admin 127.0.0.1:18001 is the address of --listen localhost:18001; give --admin another port"),
+    (["--cookie-name", "plurk token"], "bad --cookie-name 'plurk token': 1-64 RFC 6265 token characters"),
+    (["--path-prefix", "Poll/"], "bad --path-prefix 'Poll/': at most 64 characters, starting and ending with /"),
+    (["--key-prefix", "p1:x"], "bad --key-prefix 'p1:x': 1-16 letters, digits, _ or -"),
     # 107 bytes relative, more once made absolute (as it is bound)
     (["--listen", "unix:" + "s" * 107], "unix:<path of at most 107 bytes>"),
 ])

@@ -29,7 +29,7 @@ def test_murmur3(text, expected):
 def test_valid_tokens(vector):
     uid, epoch, expires, key = _server._testhelper_token(SECRET, vector["token"].encode(), NOW, "getMessages")
     assert (uid, epoch, expires) == (vector["uid"], vector["epoch"], vector["expires"])
-    assert key == f"p1:getMessages:{vector['uid']}:{vector['epoch']}"
+    assert key == vector["key"]
 
 
 @pytest.mark.parametrize("vector", VECTORS["invalid_tokens"], ids=lambda v: v["why"])
@@ -119,7 +119,7 @@ def test_hmac_for_every_key_length(key_len):
     from fastpoll import tokens
     key = bytes((i * 7 + 3) % 256 for i in range(key_len))
     tok = tokens.sign(key, 12345, 6, NOW + 10)
-    assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == (12345, 6, NOW + 10)
+    assert _server._testhelper_token(key, tok.encode(), NOW)[:3] == ("12345", 6, NOW + 10)
     assert _server._testhelper_token(key[:-1] + b"\x00", tok.encode(), NOW) == "bad signature"
 
 
@@ -139,6 +139,19 @@ def _c_expected(case):
 @pytest.mark.parametrize("case", CREDENTIALS, ids=lambda c: c["why"])
 def test_credentials(case):
     assert _server._testhelper_credentials(_header_bytes(case["headers"])) == _c_expected(case)
+
+
+@pytest.mark.parametrize("case", CREDENTIALS, ids=lambda c: c["why"])
+def test_credentials_with_another_cookie_name(case):
+    """--cookie-name: the same vectors with the project's cookie name in place of plurk_token."""
+    def rename(text):
+        return text.replace("plurk_token", "__Host-poll")
+    headers = [(name, rename(value)) for name, value in case["headers"]]
+    assert _server._testhelper_credentials(_header_bytes(headers), b"__Host-poll") == _c_expected(case)
+    if any("plurk_token" in value for _, value in case["headers"]):
+        # and plurk_token is then just another cookie
+        assert _server._testhelper_credentials(_header_bytes(case["headers"]), b"__Host-poll") in ("none", "ambiguous") \
+            or any(name.lower() == "authorization" for name, _ in case["headers"])
 
 
 def _turkish_locale(tmp_path):
@@ -391,3 +404,32 @@ def test_conditional_hold(short_hold_fastpath, vector):
     status, headers, rest = _exchange(fp, uid, vector)
     assert (status, rest) == (304, b"") and headers["etag"] == _etag(body), vector["why"]
     assert headers["preference-applied"] == f"wait={min(vector['wait'], 1)}"
+
+
+# ---- capabilities: per-object polls (docs/contract.md, section 8) ----------------------------
+
+CAPABILITIES = VECTORS["capabilities"]
+
+
+@pytest.mark.parametrize("vector", CAPABILITIES["valid"], ids=lambda v: v["capability"][:32])
+def test_valid_capabilities(vector):
+    got = _server._testhelper_capability(SECRET, vector["capability"].encode(), NOW)
+    assert got == (vector["resource"], vector["object"], vector["uid"], vector["expires"], vector["key"])
+
+
+@pytest.mark.parametrize("vector", CAPABILITIES["invalid"], ids=lambda v: v["why"])
+def test_invalid_capabilities(vector):
+    assert isinstance(_server._testhelper_capability(SECRET, vector["capability"].encode(), NOW), str)
+
+
+@pytest.mark.parametrize("vector", CAPABILITIES["marker_keys"], ids=lambda v: v["key"][:40])
+def test_marker_keys(vector):
+    assert _server._testhelper_marker_key(SECRET, vector["token"].encode(), NOW) == vector["key"]
+
+
+def test_object_and_marker_keys_take_the_key_prefix():
+    cap = CAPABILITIES["valid"][0]
+    assert _server._testhelper_capability(SECRET, cap["capability"].encode(), NOW, "fp-2")[4] == \
+        "fp-2" + cap["key"][2:]
+    marker = CAPABILITIES["marker_keys"][0]
+    assert _server._testhelper_marker_key(SECRET, marker["token"].encode(), NOW, "fp-2") == "fp-2" + marker["key"][2:]

@@ -368,11 +368,11 @@ def test_a_gap_rereads_hundreds_of_held_keys_in_one_tick(fastpath_factory, memca
             poll.close()
 
 
-@pytest.mark.parametrize("data", [
+@pytest.mark.parametrize("data", [   # a key is at most 136 bytes (FP_KEY_CAP)
     b"", b"PN1", b"PN2 0123456789abcdef 1\nk\n", b"PN1 0123456789ABCDEF 1\nk\n",
     b"PN1 0123456789abcdef 0\nk\n", b"PN1 0123456789abcdef 01\nk\n", b"PN1 0123456789abcdef 1\nk",
     b"PN1 0123456789abcdef 1\n\n", b"PN1 0123456789abcdef 1\nk y\n", b"PN1 0123456789abcde 1\nk\n",
-    b"PN1 0123456789abcdef 1\n" + b"k" * 81 + b"\n", b"PN1 0123456789abcdef 1\n" + b"k\n" * 32760,
+    b"PN1 0123456789abcdef 1\n" + b"k" * 137 + b"\n", b"PN1 0123456789abcdef 1\n" + b"k\n" * 32760,
     b"PN1 0123456789abcdef 99999999999999999999999\nk\n",
 ])
 def test_malformed_notices_are_counted_and_dropped(fastpath_factory, memcached, cache, notify_dir, data):

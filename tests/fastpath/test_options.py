@@ -26,6 +26,10 @@ SAMPLES = {
     "resources": ("getMentions",),
     "notify_dir": "/run/plurk/notify",
     "notify_udp": "10.77.0.21:9100",
+    "cookie_name": "sessionid_poll",
+    "path_prefix": "/api/v2/poll/",
+    "key_prefix": "fp-2",
+    "object_resources": ("thread", "room"),
 }
 
 
@@ -107,6 +111,7 @@ def test_every_option_round_trips_from_the_command_line_to_c(opt):
     # the options that stay in Python, where C sees them
     assert config["node_names"] == opts.node_names and config["node_addrs"] == opts.node_addrs
     assert config["resources"] == list(opts.resources)
+    assert config["object_resources"] == list(opts.object_resources or ())
     assert config["n_workers"] == opts.workers and config["secret"] == SECRET
     assert config["backend_avoid"] == opts.avoid_backends()
     assert config["notify_udp"] == (("10.77.0.21", 9100) if opt.attr == "notify_udp" else None)
@@ -265,3 +270,28 @@ def test_relative_unix_listen_is_measured_as_it_is_bound(tmp_path, monkeypatch):
         Options(listen="unix:a.sock", secret=SECRET).validate()
     with pytest.raises(fastpath.ConfigurationError, match="unix:<path of at most 107 bytes>"):
         Options(listen="unix:", secret=SECRET).validate()
+
+
+@pytest.mark.parametrize("attr, good, bad", [
+    ("cookie_name", ["plurk_token", "a", "x" * 64, "__Host-tok", "!#$%&'*+-.^_`|~"],
+     ["", "x" * 65, "a b", "a=b", "a;b", "a,b", 'a"b', "a/b", "caf\u00e9", "a\tb", "(a)"]),
+    ("path_prefix", ["/Poll/", "/", "/api/v2/poll/", "/a.b~c_d-e/", "/" + "p" * 62 + "/"],
+     ["", "Poll/", "/Poll", "//", "/a//b/", "/./", "/../", "/a/../", "/a b/", "/a?/", "/%41/",
+      "/" + "p" * 63 + "/", "/caf\u00e9/"]),
+    ("key_prefix", ["p1", "a", "x" * 16, "fp-2_b"], ["", "x" * 17, "p1:", "p 1", "p.1", "@", "caf\u00e9"]),
+])
+def test_names_a_project_chooses_are_checked(attr, good, bad):
+    flag = "--" + attr.replace("_", "-")
+    for value in good:
+        opts = Options(secret=SECRET, **{attr: value}).validate()
+        assert _server._testhelper_config(opts)[attr] == value
+    for value in bad:
+        with pytest.raises(fastpath.ConfigurationError, match=f"^bad {flag} ") as info:
+            Options(secret=SECRET, **{attr: value}).validate()
+        assert "\n" not in str(info.value)
+
+
+def test_max_headers_help_says_what_the_code_does():
+    """A head beyond --max-headers goes to Django (404 MISS), it is never refused with 431."""
+    help_text = next(opt for opt in OPTIONS if opt.attr == "max_headers").help
+    assert "431" not in help_text and "404" in help_text and "MISS" in help_text

@@ -7,7 +7,7 @@ import requests
 from pymemcache.client.hash import HashClient
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from tests.fastpath.conftest import token
+from tests.fastpath.conftest import SECRET, token
 
 
 def _get(fp, resource, tok=None, method="GET", **kwargs):
@@ -73,6 +73,26 @@ def test_never_another_users_entry(fastpath_factory, memcached):
         cache.set(f"p1:getMessages:{uid}:0", f'{{"user":{uid}}}'.encode())
     for uid in range(1, 40):
         assert _get(fp, "getMessages", token(uid)).json() == {"user": uid}
+
+
+@pytest.mark.parametrize("uid", ["3f2a9c1e-7b4d-4e8a-9c0f-5d6e7f8a9b0c", "x" * 64, "A_b-1", "42"])
+def test_text_uids_serve_their_own_key(fastpath_factory, memcached, uid):
+    """A uid is text (Django's str(pk)): fastpath copies it into the key verbatim."""
+    fp = fastpath_factory([memcached])
+    cache = HashClient([memcached.spec], default_noreply=False)
+    cache.set(f"p1:getMessages:{uid}:3", f'{{"user":"{uid}"}}'.encode())
+    if uid.upper() != uid:          # case matters: another uid's key is never served
+        cache.set(f"p1:getMessages:{uid.upper()}:3", b'{"user":"someone else"}')
+    assert _get(fp, "getMessages", token(uid, epoch=3)).json() == {"user": uid}
+    assert _get(fp, "getMessages", token(uid, epoch=4)).status_code == 404
+
+
+@pytest.mark.parametrize("bad", ["x" * 65, "a.b", "a:b", "a b"])
+def test_uids_outside_the_grammar_are_malformed(fastpath_factory, memcached, bad):
+    from tests.vectors.make_vectors import token as raw_token
+    fp = fastpath_factory([memcached])
+    tok = raw_token(bad, 0, int(time.time()) + 60, key=SECRET)
+    assert _get(fp, "getMessages", tok).json() == {"error": "malformed token"}
 
 
 def test_unknown_resource_and_bad_method(fastpath_factory, memcached):
@@ -196,3 +216,32 @@ def test_credentials_read_like_django_or_deferred(fastpath_factory, memcached):
                   [f'Cookie: plurk_token="{tok}"']):
         status, head = _raw(fp, lines)
         assert status == 404 and "X-Cache: MISS" in head, (lines, head)
+
+
+def test_names_a_project_chooses(fastpath_factory, memcached):
+    """--cookie-name, --path-prefix and --key-prefix: the custom names serve a hit; the default
+    ones then miss (404, Django's) or find no credential."""
+    fp = fastpath_factory([memcached], extra=["--cookie-name", "__Host-poll", "--path-prefix", "/api/v2/poll/",
+                                              "--key-prefix", "fp-2"])
+    cache = HashClient([memcached.spec], default_noreply=False)
+    cache.set("fp-2:getMessages:7:0", b'{"custom":true}')
+    cache.set("p1:getMessages:7:0", b'{"default":true}')
+    cache.set("p1:getMessages:8:0", b'{"default":true}')
+    tok = token(7)
+
+    def get(path, headers):
+        return requests.get(f"{fp.url}{path}", headers=headers, timeout=5)
+
+    resp = get("/api/v2/poll/getMessages", {"Cookie": f"plurk_token=x; __Host-poll={tok}"})
+    assert resp.status_code == 200 and resp.json() == {"custom": True} and resp.headers["X-Cache"] == "HIT"
+    resp = get("/api/v2/poll/getMessages", {"Authorization": f"Bearer {tok}"})
+    assert resp.status_code == 200 and resp.json() == {"custom": True}
+    # the default cookie carries no credential here
+    resp = get("/api/v2/poll/getMessages", {"Cookie": f"plurk_token={tok}"})
+    assert resp.status_code == 401 and resp.json() == {"error": "authentication required"}
+    # the default path is not a poll here: Django's
+    resp = get("/Poll/getMessages", {"Authorization": f"Bearer {tok}"})
+    assert resp.status_code == 404 and resp.headers["X-Cache"] == "MISS"
+    # the default key prefix is not read: user 8 has only a p1 key
+    resp = get("/api/v2/poll/getMessages", {"Authorization": f"Bearer {token(8)}"})
+    assert resp.status_code == 404 and resp.headers["X-Cache"] == "MISS"

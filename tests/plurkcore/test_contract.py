@@ -80,3 +80,16 @@ def test_etag_vectors(body, etag):
     from fastpoll.http import answer_etag
 
     assert answer_etag(body.encode()) == etag
+
+
+@pytest.mark.parametrize("case", VECTORS["capabilities"]["valid"], ids=lambda c: c["capability"][:32])
+def test_valid_capabilities(case):
+    expected = (case["resource"], case["object"], case["uid"], case["expires"])
+    assert tokens.verify_capability(KEY, case["capability"], VECTORS["now"]) == expected
+    assert tokens.sign_capability(KEY, *expected) == case["capability"]
+
+
+@pytest.mark.parametrize("case", VECTORS["capabilities"]["invalid"], ids=lambda c: c["why"])
+def test_invalid_capabilities(case):
+    with pytest.raises(tokens.TokenError):
+        tokens.verify_capability(KEY, case["capability"], VECTORS["now"])

@@ -15,11 +15,57 @@ from pymemcache.client.murmur3 import murmur3_32
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 NOW = 1_800_000_000
+UUID = "3f2a9c1e-7b4d-4e8a-9c0f-5d6e7f8a9b0c"       # str() of a Django UUIDField primary key
 
 
 def token(uid, epoch, expires, key=SECRET):
     payload = f"v1.{uid}.{epoch}.{expires}".encode()
     return payload.decode() + "." + hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+def capability(resource, obj, uid, expires, key=SECRET):
+    """docs/contract.md, section 8: "c1." resource "." object "." uid "." expires "." HMAC hex."""
+    payload = f"c1.{resource}.{obj}.{uid}.{expires}".encode()
+    return payload.decode() + "." + hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+def capabilities():
+    """Valid capabilities with what they name and the object's key; invalid ones with why; the
+    epoch marker keys of tokens."""
+    valid = []
+    for resource, obj, uid, expires in [("thread", "t-1", "42", NOW + 60), ("room", UUID, UUID, NOW + 1),
+                                        ("r" * 32, "o" * 64, "u" * 64, 2**63 - 1), ("x", "0", "1", NOW + 3600),
+                                        ("Chat_2", "A_b-C", "7", 9999999999)]:
+        valid.append({"capability": capability(resource, obj, uid, expires), "resource": resource, "object": obj,
+                      "uid": uid, "expires": expires, "key": f"p1:{resource}:{obj}:o"})
+    assert max(len(v["capability"]) for v in valid) == 250
+    good = capability("thread", "t-1", "42", NOW + 60)
+    sig = good.rsplit(".", 1)[1]
+    invalid = [
+        {"capability": capability("thread", "t-1", "42", NOW), "why": "expired (now == expires)"},
+        {"capability": capability("thread", "t-1", "42", NOW + 60, key=SECRET[::-1]), "why": "another key"},
+        {"capability": good[:-1] + ("0" if good[-1] != "0" else "1"), "why": "bad signature"},
+        {"capability": "v1" + good[2:], "why": "a token's version"},
+        {"capability": token(42, 3, NOW + 60), "why": "a token is no capability"},
+        {"capability": good.replace(sig, sig.upper()), "why": "uppercase hex"},
+        {"capability": capability("thr-ead", "t-1", "42", NOW + 60), "why": "a dash in the resource"},
+        {"capability": capability("r" * 33, "t-1", "42", NOW + 60), "why": "resource of 33 characters"},
+        {"capability": capability("thread", "o" * 65, "42", NOW + 60), "why": "object of 65 characters"},
+        {"capability": capability("thread", "t-1", "u" * 65, NOW + 60), "why": "uid of 65 characters"},
+        {"capability": capability("thread", "t:1", "42", NOW + 60), "why": "a colon in the object"},
+        {"capability": capability("thread", "t.1", "42", NOW + 60), "why": "a dot in the object"},
+        {"capability": capability("thread", "t 1", "42", NOW + 60), "why": "a space in the object"},
+        {"capability": capability("thread", "", "42", NOW + 60), "why": "empty object"},
+        {"capability": capability("thread", "t-1", "", NOW + 60), "why": "empty uid"},
+        {"capability": f"c1.thread.t-1.42.0{NOW + 60}." + sig, "why": "leading zero in expires"},
+        {"capability": f"c1.thread.t-1.42.9223372036854775808." + sig, "why": "expires above 2^63-1"},
+        {"capability": good + ".x", "why": "extra field"},
+        {"capability": good[:-2], "why": "short signature"},
+        {"capability": "", "why": "empty"},
+    ]
+    markers = [{"token": token(uid, epoch, NOW + 60), "key": f"p1:@:{uid}:{epoch}"}
+               for uid, epoch in [(42, 0), (42, 3), (UUID, 17), ("u" * 64, 2**63 - 1)]]
+    return {"valid": valid, "invalid": invalid, "marker_keys": markers}
 
 
 def credentials(t, u):
@@ -207,9 +253,15 @@ def conditional(body, other):
 def main():
     rng = random.Random(20091122)
     valid = []
+    # uid is text (docs/contract.md section 2): Django's str(pk), an integer's or a UUID's
     for uid, epoch, expires in [(1, 0, NOW + 1), (42, 3, NOW + 86400), (2**63 - 1, 2**63 - 1, 2**63 - 1),
-                                (1000000, 17, NOW + 3600), (9, 10, 9999999999)]:
-        valid.append({"token": token(uid, epoch, expires), "uid": uid, "epoch": epoch, "expires": expires})
+                                (1000000, 17, NOW + 3600), (9, 10, 9999999999), (UUID, 0, NOW + 60),
+                                (UUID.upper(), 2, NOW + 60), ("0", 0, NOW + 60), ("042", 0, NOW + 60),
+                                ("a", 1, NOW + 60), ("_-", 1, NOW + 60), ("x" * 64, 0, NOW + 60),
+                                ("Z9" * 32, 2**63 - 1, 2**63 - 1)]:
+        valid.append({"token": token(uid, epoch, expires), "uid": str(uid), "epoch": epoch, "expires": expires,
+                      "key": f"p1:getMessages:{uid}:{epoch}"})
+    assert max(len(v["token"]) for v in valid) == 172
     good = token(42, 3, NOW + 86400)
     sig = good.rsplit(".", 1)[1]
     invalid = [
@@ -218,8 +270,8 @@ def main():
         {"token": good[:-1] + ("0" if good[-1] != "0" else "1"), "why": "bad signature"},
         {"token": good.upper().replace("V1", "v1"), "why": "uppercase hex"},
         {"token": token(42, 3, NOW + 86400, key=SECRET[::-1]), "why": "signed with another key"},
-        {"token": f"v1.042.3.{NOW + 86400}." + sig, "why": "leading zero"},
-        {"token": f"v1.0.3.{NOW + 86400}." + sig, "why": "uid zero"},
+        {"token": f"v1.042.3.{NOW + 86400}." + sig, "why": "uid 042 is not uid 42 (text): bad signature"},
+        {"token": f"v1.0.3.{NOW + 86400}." + sig, "why": "uid 0 is text too: bad signature"},
         {"token": f"v1.42.03.{NOW + 86400}." + sig, "why": "leading zero epoch"},
         {"token": "v2" + good[2:], "why": "wrong version"},
         {"token": good[:-2], "why": "short signature"},
@@ -227,8 +279,19 @@ def main():
         {"token": good + " ", "why": "trailing space"},
         {"token": "", "why": "empty"},
         {"token": "v1...." + sig, "why": "empty fields"},
-        {"token": f"v1.9223372036854775808.0.{NOW + 86400}." + sig, "why": "uid above 2^63-1"},
-        {"token": f"v1.-1.0.{NOW + 86400}." + sig, "why": "negative"},
+        {"token": f"v1.9223372036854775808.0.{NOW + 86400}." + sig, "why": "uid above 2^63-1 is text: bad signature"},
+        {"token": f"v1.-1.0.{NOW + 86400}." + sig, "why": "uid -1 is text: bad signature"},
+        {"token": f"v1.42.-1.{NOW + 86400}." + sig, "why": "negative epoch"},
+        {"token": f"v1.42.9223372036854775808.{NOW + 86400}." + sig, "why": "epoch above 2^63-1"},
+        {"token": token("x" * 65, 0, NOW + 60), "why": "uid of 65 characters"},
+        {"token": token("a.b", 0, NOW + 60), "why": "a dot in the uid"},
+        {"token": token("a:b", 0, NOW + 60), "why": "a colon in the uid (it would split the key)"},
+        {"token": token("a b", 0, NOW + 60), "why": "a space in the uid"},
+        {"token": token("a+b", 0, NOW + 60), "why": "a plus in the uid"},
+        {"token": token("a/b", 0, NOW + 60), "why": "a slash in the uid"},
+        {"token": token("caf\u00e9", 0, NOW + 60), "why": "a non-ASCII uid"},
+        {"token": token("a\nb", 0, NOW + 60), "why": "a line feed in the uid"},
+        {"token": f"v1..0.{NOW + 60}." + sig, "why": "empty uid"},
         {"token": f"v1.42.3.{NOW + 86400}.{sig}.x", "why": "extra field"},
         {"token": f"v1.42.3.{NOW + 86400}" + sig, "why": "missing dot"},
         {"token": "v1.42.3." + "9" * 200, "why": "too long"},
@@ -274,6 +337,7 @@ def main():
         "murmur3_32": murmur,
         "server_mapping": mapping,
         "credentials": {"token": t, "other_token": u, "vectors": creds},
+        "capabilities": capabilities(),
         "etag": [[body, etag(body.encode())] for body in ETAG_BODIES],
         "conditional": [dict(vector, body=body) for body, other in [('{"count":1}', '{"count":2}'), ("", '{"count":1}')]
                         for vector in conditional(body, other)],
