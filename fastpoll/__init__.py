@@ -17,6 +17,8 @@ _EXPORTS = {
     "revoke": ("auth", "revoke"),
     "authenticate": ("auth", "authenticate"),
     "AuthError": ("auth", "AuthError"),
+    "grant": ("capability", "grant"),
+    "capability_url": ("capability", "url"),
     "dumps": ("http", "dumps"),
     "error_response": ("http", "error_response"),
     "id_filter": ("db", "id_filter"),

@@ -47,8 +47,7 @@ def state_of(user):
 def sign(uid, epoch, now=None):
     """The token of ``uid`` at ``epoch``, valid for ``TOKEN_TTL`` seconds from ``now``."""
     now = int(time.time() if now is None else now)
-    text = keys.id_text(uid)
-    return tokens.sign(signing_key(), uid if type(uid) is int else text, epoch, now + conf.get_config()["TOKEN_TTL"])
+    return tokens.sign(signing_key(), keys.id_text(uid), epoch, now + conf.get_config()["TOKEN_TTL"])
 
 
 def issue_token(user, response=None, request=None):

@@ -19,7 +19,7 @@ def test_signup_shape_and_cookies(api):
     body = resp.json()
     assert set(body) == {"token", "user"} and body["user"]["username"] == "alice"
     uid, epoch, expires = tokens.verify(signing_key(), body["token"], 0)
-    assert (uid, epoch) == (body["user"]["id"], 0)
+    assert (uid, epoch) == (str(body["user"]["id"]), 0)
     cookie = resp.cookies["plurk_token"]
     assert cookie.value == body["token"] and cookie["httponly"] and cookie["samesite"] == "Lax"
     assert cookie["path"] == "/"
