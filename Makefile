@@ -136,7 +136,7 @@ fuzz: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 # auditwheel reports for this Debian 12 build (glibc 2.36) instead of linux_x86_64
 AUDITWHEEL_PLAT ?= manylinux_2_36_x86_64
 dist: $(STAMP)
-	rm -rf dist build/wheel
+	rm -rf dist build/wheel *.egg-info  # an old egg-info's SOURCES.txt would go into the sdist
 	$(PY) -m build --outdir build/wheel .
 	mkdir -p dist && mv build/wheel/*.tar.gz dist/
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(AUDITWHEEL_PLAT) -w dist build/wheel/*.whl
