@@ -133,7 +133,8 @@ fuzz: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 
 # the library distribution (docs/install.md): the sdist, the wheel built from it, and that wheel
 # repaired by auditwheel: libevent and libcrypto copied into fastpoll.libs/ and the tag that
-# auditwheel reports for this Debian 12 build (glibc 2.36) instead of linux_x86_64
+# auditwheel reports for this Debian 12 build instead of linux_x86_64 (glibc 2.36: Debian's
+# libevent, copied in, calls arc4random)
 AUDITWHEEL_PLAT ?= manylinux_2_36_x86_64
 dist: $(STAMP)
 	rm -rf dist build/wheel *.egg-info  # an old egg-info's SOURCES.txt would go into the sdist

