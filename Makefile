@@ -25,7 +25,7 @@ FUZZ_CFLAGS  := -g -O1 -Werror=implicit-function-declaration -fsanitize=fuzzer,a
 FUZZ_SRC     := $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
                 $(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c
 
-.PHONY: drill bench-tools test-asan fuzz run cluster check test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
+.PHONY: dist drill bench-tools test-asan fuzz run cluster check test test-sqlite test-postgres load load-10k bench compile debug install migrate demo clean distclean help
 
 help:
 	@echo "make run      install what is missing, migrate, load demo data, run the whole stack"
@@ -39,6 +39,7 @@ help:
 	@echo "make compile  rebuild the fastpath extension in place"
 	@echo "make test-asan  the fastpath tests against an AddressSanitizer build"
 	@echo "make fuzz     libFuzzer on the request path and the memcached client (FUZZ_SECONDS=20 each)"
+	@echo "make dist     the fastpoll sdist and its manylinux wheel (libevent, libcrypto inside) in dist/"
 	@echo "make clean    remove build products (keeps .venv and var/)"
 
 $(APT_STAMP): deps/apt-packages.txt deps/install-apt.sh
@@ -129,6 +130,19 @@ fuzz: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
 		build/fuzz/found-request fastpath/fuzz/corpus
 	build/fuzz/fuzz_memcached -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=8192 \
 		build/fuzz/found-memcached fastpath/fuzz/corpus-memcached
+
+# the library distribution (docs/install.md): the sdist, the wheel built from it, and that wheel
+# repaired by auditwheel: libevent and libcrypto copied into fastpoll.libs/ and the tag that
+# auditwheel reports for this Debian 12 build instead of linux_x86_64 (glibc 2.36: Debian's
+# libevent, copied in, calls arc4random)
+AUDITWHEEL_PLAT ?= manylinux_2_36_x86_64
+dist: $(STAMP)
+	rm -rf dist build/wheel *.egg-info  # an old egg-info's SOURCES.txt would go into the sdist
+	$(PY) -m build --outdir build/wheel .
+	mkdir -p dist && mv build/wheel/*.tar.gz dist/
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat $(AUDITWHEEL_PLAT) -w dist build/wheel/*.whl
+	rm -rf build/wheel
+	@ls -l dist
 
 test-sqlite: install
 	$(PYTEST) $(PYTEST_ARGS) tests

