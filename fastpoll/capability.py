@@ -39,7 +39,7 @@ def check(cap, resource, obj, user, now=None):
     try:
         got = tokens.verify_capability(signing_key(), cap, int(time.time() if now is None else now))
     except tokens.TokenError as exc:
-        raise CapabilityError(str(exc).replace("token", "capability")) from None
+        raise CapabilityError(f"capability refused: {str(exc).replace('token ', '')}") from None
     cap_resource, cap_obj, cap_uid = got[0], got[1], got[2]
     if (cap_resource, cap_obj, cap_uid) != (resource, str(obj), keys.id_text(user.pk)):
         raise CapabilityError("capability is for another object")

@@ -11,6 +11,7 @@ with ``update()``, which sends no signal).
 import datetime
 
 from django.db import connection
+from django.db.models import Count
 
 import fastpoll
 
@@ -247,6 +248,13 @@ WATCH = {
     Follow: lambda follow: [follow.follower_id],
 }
 RESOURCES = ("getUnreadCount", "getMessages")
+#: the per-object resource: a plurk's responses, one key per plurk, for everyone who has it open
+THREAD = "getThread"
+THREAD_LIMIT = 100
+
+
+def thread_of(entry):
+    return [entry.parent_id or entry.pk]
 
 
 @fastpoll.resource("getUnreadCount", watch=WATCH)
@@ -271,3 +279,24 @@ def get_messages(user_ids):
             bodies[signature] = fastpoll.dumps({"count": n, "items": items}) if n else b""
         result[uid] = bodies[signature]
     return result
+
+
+def response_json(row):
+    """A response as the API and the thread answer show it (``row``: a Plurk of a response)."""
+    return {"id": row.pk, "plurk_id": row.parent_id, "author": row.author.username,
+            "content": row.content, "created": isoformat(row.created)}
+
+
+@fastpoll.resource(THREAD, per="object", watch={Plurk: thread_of, Response: thread_of})
+def get_thread(plurk_ids):
+    """{plurk id: its newest ``THREAD_LIMIT`` responses, oldest first, and their count}; ``b""``
+    for a plurk without responses, or one deleted (its key then says "nothing")."""
+    wanted = [i for i in plurk_ids if isinstance(i, int)]
+    rows = {}
+    for plurk_id in wanted:
+        rows[plurk_id] = list(Plurk.entries.filter(parent_id=plurk_id).select_related("author")
+                              .order_by("-id")[:THREAD_LIMIT])
+    counts = dict(Plurk.entries.filter(parent_id__in=wanted).values_list("parent_id").annotate(n=Count("id")))
+    return {pid: fastpoll.dumps({"plurk_id": pid, "count": counts[pid],
+                                 "responses": [response_json(r) for r in reversed(rows.get(pid, []))]})
+            if counts.get(pid) else b"" for pid in plurk_ids}

@@ -11,7 +11,7 @@ from django.middleware.csrf import get_token
 
 import fastpoll
 
-from .answers import RESOURCES, isoformat, unread_counts
+from .answers import RESOURCES, THREAD, isoformat, response_json, unread_counts
 from .http import ApiError, api_view, field, is_storable_text, json_response, no_content, read_json
 from .models import MAX_CONTENT_LENGTH, Follow, Plurk, ReadCursor
 
@@ -28,11 +28,6 @@ def _user_json(user):
 def plurk_json(plurk):
     return {"id": plurk.pk, "author": plurk.author.username, "content": plurk.content,
             "created": isoformat(plurk.created), "response_count": plurk.response_count}
-
-
-def response_json(response):
-    return {"id": response.pk, "plurk_id": response.parent_id, "author": response.author.username,
-            "content": response.content, "created": isoformat(response.created)}
 
 
 def _plurks():
@@ -209,6 +204,8 @@ def plurk_detail(request, plurk_id):
     body = plurk_json(plurk)
     body["responses"] = [response_json(r) for r in
                          Plurk.entries.filter(parent=plurk).select_related("author").order_by("id")]
+    # the thread's live answer: fastpath serves it to this user with this capability
+    body["poll"] = fastpoll.capability_url(request.plurk_user, THREAD, plurk.pk)
     return json_response(body)
 
 

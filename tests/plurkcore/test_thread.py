@@ -1,0 +1,70 @@
+"""getThread: Plurk's per-object resource (one key per plurk, read by everyone who has the plurk
+open, with a capability that GET /api/plurks/<id> hands out)."""
+import pytest
+
+from fastpoll import keys
+from plurkcore import answers
+
+from .helpers import server_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _cached(key, cache):
+    client = server_client(cache.spec)
+    try:
+        return client.get(key)
+    finally:
+        client.close()
+
+
+def _open(client, plurk_id):
+    resp = client.call("GET", f"/api/plurks/{plurk_id}")
+    assert resp.status_code == 200, resp.content
+    return resp.json()["poll"]
+
+
+def test_a_thread_is_answered_and_cached_and_follows_new_responses(signup, cache1):
+    a, b = signup("a"), signup("b")
+    plurk = a.call("POST", "/api/plurks", {"content": "thread"}).json()
+    url = _open(b, plurk["id"])
+    assert url.startswith(f"/Poll/getThread/{plurk['id']}?cap=c1.getThread.{plurk['id']}.{b.user['id']}.")
+    first = b.get(url, HTTP_AUTHORIZATION=f"Bearer {b.token}")
+    assert first.status_code == 204 and first["X-Cache"] == "MISS"          # no responses yet
+    assert _cached(keys.object_key("getThread", plurk["id"]), cache1) == b""
+    assert _cached(keys.marker_key(b.user["id"], 0), cache1) == b""          # fastpath checks it
+    assert a.call("POST", f"/api/plurks/{plurk['id']}/responses", {"content": "first!"}).status_code == 201
+    value = _cached(keys.object_key("getThread", plurk["id"]), cache1)
+    assert value == answers.get_thread([plurk["id"]])[plurk["id"]]
+    body = b.get(url, HTTP_AUTHORIZATION=f"Bearer {b.token}").json()
+    assert body["count"] == 1 and body["responses"][0]["content"] == "first!"
+
+
+@pytest.mark.parametrize("tamper", ["missing", "other user", "other plurk", "forged"])
+def test_a_capability_opens_one_thread_for_one_user(signup, cache1, tamper):
+    a, b = signup("a"), signup("b")
+    one = a.call("POST", "/api/plurks", {"content": "one"}).json()["id"]
+    two = a.call("POST", "/api/plurks", {"content": "two"}).json()["id"]
+    url = {"missing": f"/Poll/getThread/{one}",
+           "other user": _open(a, one),
+           "other plurk": _open(b, two).replace(f"/getThread/{two}?", f"/getThread/{one}?"),
+           "forged": _open(b, one)[:-1] + "0"}[tamper]
+    resp = b.get(url, HTTP_AUTHORIZATION=f"Bearer {b.token}")
+    assert resp.status_code == 403 and "capability" in resp.json()["error"], resp.json()
+
+
+def test_a_revoked_token_loses_its_marker_and_its_threads(signup, cache1):
+    a, b = signup("a"), signup("b")
+    plurk = a.call("POST", "/api/plurks", {"content": "thread"}).json()
+    url = _open(b, plurk["id"])
+    assert b.get(url, HTTP_AUTHORIZATION=f"Bearer {b.token}").status_code == 204
+    assert _cached(keys.marker_key(b.user["id"], 0), cache1) == b""
+    assert b.call("POST", "/api/logout").status_code == 204
+    assert _cached(keys.marker_key(b.user["id"], 0), cache1) is None
+    assert b.get(url, HTTP_AUTHORIZATION=f"Bearer {b.token}").status_code == 401
+
+
+def test_a_per_user_resource_is_not_an_object_one(signup):
+    a = signup("a")
+    assert a.get("/Poll/getMessages/1", HTTP_AUTHORIZATION=f"Bearer {a.token}").status_code == 404
+    assert a.get("/Poll/getThread", HTTP_AUTHORIZATION=f"Bearer {a.token}").status_code == 404
