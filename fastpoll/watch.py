@@ -40,20 +40,24 @@ class _Watcher:
         self.report(instance)
 
     def report(self, instance):
-        groups = {}                # (user ids, members, objects) -> resource names
+        """One change for the event where it can be (one outbox row): the users of the watching
+        per-user resources that named the same users, with every object named."""
+        groups, objects = {}, set()          # (user ids, members) -> resource names; (name, object)
         for resource, ids_of in self.watching:
             found = ids_of(instance)
             if found is None:
                 continue
             if resource.per == "object":
-                group = (frozenset(), frozenset(), frozenset((resource.name, o) for o in changes._object_ids(found)))
-            else:
-                users, members = changes.split_users(found)
-                group = (frozenset(users), frozenset(members), frozenset())
-            if any(group):
-                groups.setdefault(group, []).append(resource.name)
-        for (users, members, objects), names in groups.items():
+                objects.update((resource.name, o) for o in changes._object_ids(found))
+                continue
+            users, members = changes.split_users(found)
+            if users or members:
+                groups.setdefault((frozenset(users), frozenset(members)), []).append(resource.name)
+        if not groups and objects:
+            changes.record(outbox.make((), objects=objects))
+        for (users, members), names in groups.items():
             changes.record(outbox.make(names, users, objects, members))
+            objects = ()
 
 
 def _user_saved(sender, instance, created, raw=False, update_fields=None, **kwargs):

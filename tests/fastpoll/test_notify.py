@@ -65,8 +65,9 @@ def workers(tmp_path, settings):
         worker.close()
 
 
-def keys_of(datagrams):
-    return [key for _, _, keys in datagrams for key in keys]
+def keys_of(datagrams, threads=False):
+    """The keys the datagrams name (without the plurks' thread keys unless ``threads``)."""
+    return [key for _, _, keys in datagrams for key in keys if threads or ":getThread:" not in key]
 
 
 def test_batches_fit_a_datagram_and_seqs_are_consecutive_per_destination(workers):
@@ -167,10 +168,12 @@ def test_a_committed_plurk_notifies_exactly_the_followers_keys(signup, cache1, w
     d.call("POST", "/api/follow", {"username": "b"})
     first, second = workers(2)
     assert a.call("POST", "/api/plurks", {"content": "hello"}).status_code == 201
+    plurk = Plurk.objects.get(content="hello")
     expected = sorted(key_of(r, u.user["id"]) for r in RESOURCES for u in (b, c))
     for worker in (first, second):
-        [(sender, seq, keys)] = worker.datagrams()
-        assert (sender, seq, keys) == (notify.sender_id(), 1, expected)
+        # the followers' keys, then the plurk's thread (written after the users' keys)
+        assert worker.datagrams() == [(notify.sender_id(), 1, expected),
+                                      (notify.sender_id(), 2, [f"p1:getThread:{plurk.pk}:o"])]
 
 
 @pytest.mark.django_db(transaction=True)
