@@ -34,8 +34,11 @@ def start_fastpath(tmp_path, settings, memcached):
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=open(tmp_path / "fastpath.log", "ab"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
         started.append(proc)
-        host, port = ("unix", listen[5:]) if listen.startswith("unix:") else (listen.rsplit(":", 1)[0], int(listen.rsplit(":", 1)[1]))
-        wait_for_port(host, port, process=proc, name="fastpath")
+        if listen.startswith("unix:"):
+            wait_for_port("unix", listen[5:], process=proc, name="fastpath")
+        else:
+            host, _, port = listen.rpartition(":")
+            wait_for_port(host, int(port), process=proc, name="fastpath")
         return proc
 
     yield start
