@@ -52,6 +52,29 @@ DEFAULTS = {
     "NOTIFY_UDP": [],
     # dotted path of the notice backend: a class whose instances have send(keys).
     "NOTIFY_BACKEND": "fastpoll.notify.UnixDatagramNotifier",
+    # -- fastpath and nginx (rendered by fastpoll_fastpath / fastpoll_nginx)
+    # where fastpath listens and nginx sends the polls: "host:port", "[v6]:port" or "unix:/path"
+    # (fastpath --listen; the server of nginx's upstream <NGINX_NAME>_fastpath).
+    "FASTPATH_ADDRESS": "127.0.0.1:8001",
+    # fastpath's loopback stats listener, "host:port" (fastpath --admin); None: no listener.
+    "FASTPATH_ADMIN": None,
+    # fastpath worker processes (fastpath --workers; 0: one per CPU).
+    "FASTPATH_WORKERS": 0,
+    # seconds fastpath keeps an idle keep-alive connection (fastpath --idle-timeout); nginx drops
+    # its idle connections to fastpath 2 s sooner, so it never reuses one fastpath is closing.
+    "FASTPATH_IDLE_TIMEOUT": 10,
+    # longest hold of a long-poll (`Prefer: wait=N`), seconds (fastpath --max-wait; 0: never
+    # hold); nginx waits 15 s more for the answer before it answers a JSON 504 itself.
+    "LONGPOLL_MAX_WAIT": 55,
+    # how nginx reaches Django for the polls fastpath does not answer: what follows http:// in
+    # proxy_pass, an upstream name of the server block's or "host:port" / "unix:/path:".
+    "DJANGO_UPSTREAM": "127.0.0.1:8000",
+    # prefix of every name the nginx include defines (upstream <name>_fastpath, $<name>_wait,
+    # locations /_<name>_wait/, /_<name>_error/<status>, @<name>_django): 1-32 of a-z 0-9 _.
+    "NGINX_NAME": "fastpoll",
+    # idle connections to fastpath each nginx worker keeps (upstream keepalive): about the polls
+    # one worker carries at once, as an answered client polls again at once.
+    "NGINX_UPSTREAM_KEEPALIVE": 512,
 }
 
 _reset_callbacks = []

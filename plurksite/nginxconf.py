@@ -11,15 +11,18 @@ import re
 import stat
 import subprocess
 
+from fastpoll import nginx as fastpoll_nginx
+
 from .config import ROOT, format_hostport
-from .services import FASTPATH_IDLE_TIMEOUT_S, GUNICORN_KEEPALIVE_S, nginx_conf_path
+from .services import GUNICORN_KEEPALIVE_S, fastpoll_settings, nginx_conf_path
 
 MAIN_TEMPLATE = os.path.join(ROOT, "nginx", "main.conf.template")
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 BALANCER_TEMPLATE = os.path.join(ROOT, "nginx", "balancer.conf.template")
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
-LONGPOLL_READ_MARGIN_S = 15       # nginx's read timeout for a long-poll: fastpath's max wait + this
-BALANCER_READ_MARGIN_S = 20       # the balancer's: longer still, so a web host always answers first
+# a web host's read timeout for a long-poll is fastpath's max wait + fastpoll.nginx's
+# LONGPOLL_READ_MARGIN_S (15); the balancer's is longer still, so a web host always answers first
+BALANCER_READ_MARGIN_S = fastpoll_nginx.LONGPOLL_READ_MARGIN_S + 5
 # Idle client keep-alive of every nginx; the balancer's idle upstream connections to a web host's
 # nginx are dropped sooner, or it may reuse one the web host has just closed (a 502).
 KEEPALIVE_TIMEOUT_S = 65
@@ -189,16 +192,24 @@ def balancer_context(config):
     }
 
 
+def fastpoll_nginx_settings(config):
+    """The FASTPOLL values fastpoll's nginx parts are rendered from for this web host: the stack's
+    (services.fastpoll_settings) and the names of this template's own upstreams and locations."""
+    return {**fastpoll_settings(config),
+            "NGINX_NAME": "plurk",                  # plurk_fastpath, $plurk_wait, /_plurk_error/...
+            "DJANGO_UPSTREAM": "plurk_django",      # the upstream of this template
+            "NGINX_UPSTREAM_KEEPALIVE": UPSTREAM_KEEPALIVE}
+
+
 def web_context(config):
+    settings = fastpoll_nginx_settings(config)
     return {
-        "fastpath": format_hostport(*config.fastpath),
         "django": format_hostport(*config.django),
-        # below the upstreams' own idle timeouts (see services.py)
-        "fastpath_keepalive_timeout": f"{max(1, FASTPATH_IDLE_TIMEOUT_S - 2)}s",
+        # below gunicorn's own idle timeout (see services.py)
         "django_keepalive_timeout": f"{max(1, GUNICORN_KEEPALIVE_S - 15)}s",
-        # a held long-poll is answered by fastpath within max wait: nginx waits longer
-        "max_wait": str(config.longpoll_max_wait_s),
-        "longpoll_read_timeout": f"{config.longpoll_max_wait_s + LONGPOLL_READ_MARGIN_S}s",
+        # fastpoll's parts: the long-poll map and fastpath's upstream; the poll locations
+        "fastpoll_http": fastpoll_nginx.render_http(settings).rstrip("\n"),
+        "fastpoll_server": fastpoll_nginx.indent(fastpoll_nginx.render_server(settings)),
     }
 
 

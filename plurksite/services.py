@@ -117,20 +117,41 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 
 
-def fastpath_command(config, resources=None, **options):
-    """``python -m fastpath`` with the stack's settings; ``options`` (fastpath.Options names, as
-    fastpath.serve() takes them) add to or override them.  The flags come from fastpath's own
-    option table, which is pure Python: this works before the extension is built."""
-    from fastpath.options import command_line
+def fastpoll_settings(config):
+    """The FASTPOLL keys this stack's ``config`` decides that Django and fastpath must share
+    (plurksite.settings' FASTPOLL says the same): fastpath's flags and the nginx include are
+    rendered from them by fastpoll itself (fastpoll.commandline, fastpoll.nginx)."""
+    values = {
+        "MEMCACHED_SERVERS": list(config.memcached_specs),
+        "MEMCACHED_TIMEOUT": config.memcached_timeout_ms / 1000.0,
+        "SECRET_FILE": config.secret_file,
+        "NOTIFY_DIRS": [config.fastpath_notify] if config.fastpath_notify else [],
+        "FASTPATH_ADDRESS": format_hostport(*config.fastpath),
+        "FASTPATH_ADMIN": format_hostport(*config.fastpath_admin),
+        "FASTPATH_WORKERS": config.fastpath_workers,
+        "FASTPATH_IDLE_TIMEOUT": FASTPATH_IDLE_TIMEOUT_S,
+        "LONGPOLL_MAX_WAIT": config.longpoll_max_wait_s,
+    }
+    if config.fastpath_notify_udp:
+        values["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"
+        values["NOTIFY_UDP"] = list(config.notify_udp_destinations)
+    return values
 
-    values = dict(**longpoll_options(config), listen=format_hostport(*config.fastpath),
-                  admin=format_hostport(*config.fastpath_admin),
-                  memcached=config.memcached_specs, secret_file=config.secret_file,
-                  workers=config.fastpath_workers, timeout_ms=config.memcached_timeout_ms,
-                  idle_timeout=FASTPATH_IDLE_TIMEOUT_S, max_body=config.max_body_bytes,
-                  resources=resources)
+
+def fastpath_command(config, resources=None, **options):
+    """``python -m fastpath`` with the stack's settings, rendered by fastpoll's own renderer
+    (``manage.py fastpoll_fastpath`` prints the same flags); ``options`` (fastpath.Options
+    names, as fastpath.serve() takes them) add to or override them.  Pure Python: this works
+    before the extension is built."""
+    from fastpoll.commandline import CommandLineError, fastpath_argv
+    from fastpoll.nginx import RenderError
+
+    values = dict(**longpoll_options(config), max_body=config.max_body_bytes)
     values.update(options)
-    return [sys.executable, "-m", "fastpath", *command_line(**values)]
+    try:
+        return fastpath_argv(fastpoll_settings(config), resources, **values)
+    except (CommandLineError, RenderError) as exc:
+        raise ServiceError(str(exc)) from None     # runstack's one-line error, not a traceback
 
 
 def longpoll_options(config):

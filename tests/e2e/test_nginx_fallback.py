@@ -60,7 +60,7 @@ def test_rendered_config_has_no_placeholders(tmp_path):
     text = open(nginxconf.render(config)).read()
     assert "{{" not in text and "}}" not in text
     assert f"listen 127.0.0.1:{config.http[1]}" in text
-    assert "error_page 404 502 503 504 = @django;" in text
+    assert "error_page 404 502 503 504 = @plurk_django;" in text
     services.nginx_test(os.path.join(config.var_dir, "nginx.conf"), config.var_dir)
 
 

@@ -1,0 +1,113 @@
+"""fastpath's command line, built from ``settings.FASTPOLL`` (``manage.py fastpoll_fastpath``).
+
+fastpath never reads Django's settings: what both must agree on (the memcached servers, the
+secret, the resources, the notice directory, the longest hold, the listen address nginx proxies
+to) reaches it as flags, rendered here from the one configuration.  A resource missing from
+``--resources`` would silently send every poll of it to Django.
+
+:func:`fastpath_options` maps a FASTPOLL-like mapping to fastpath's option values;
+:func:`fastpath_argv` is the whole ``python -m fastpath ...`` argv.  The demo's runner
+(plurksite.services) builds its fastpath through the same two functions.
+"""
+import json
+import shlex
+import sys
+
+from fastpath.errors import ConfigurationError
+from fastpath.options import OPTIONS, command_line
+
+from . import nginx
+from . import resources as registry
+
+#: fastpath's own values of the settings that its options for them leave out when equal
+#: (docs/contract.md): the flags exist only in a newer fastpath.
+CONTRACT_DEFAULTS = {"COOKIE_NAME": "plurk_token", "PATH_PREFIX": "/Poll/", "KEY_PREFIX": "p1"}
+FORMATS = ("shell", "json", "args")
+
+
+class CommandLineError(ValueError):
+    """The settings cannot make a command line; the message is one line naming the fix."""
+
+
+def _notify_dir(config):
+    dirs = config["NOTIFY_DIRS"]
+    if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) and d for d in dirs):
+        raise CommandLineError(f"FASTPOLL['NOTIFY_DIRS'] must be a list of directories, got {dirs!r}")
+    if len(dirs) > 1:
+        raise CommandLineError(f"FASTPOLL['NOTIFY_DIRS'] lists {len(dirs)} directories; name this "
+                               f"fastpath's with --notify-dir DIR")
+    return dirs[0] if dirs else None
+
+
+def _timeout_ms(config):
+    seconds = config["MEMCACHED_TIMEOUT"]
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 60:
+        raise CommandLineError(f"FASTPOLL['MEMCACHED_TIMEOUT'] must be seconds in (0, 60], got {seconds!r}")
+    return max(1, round(seconds * 1000))
+
+
+def fastpath_options(config=None, resources=None, object_resources=(), **overrides):
+    """fastpath's option values (``fastpath.Options`` names) for the FASTPOLL-like ``config``
+    (None: the project's settings).  ``resources``: the per-user resource names, as given (None:
+    fastpath's default list); ``object_resources``: the per-object ones.  ``overrides`` (Options
+    names) replace or add values: what only the host knows (``notify_udp``, ``max_body``...).
+
+    Returns ``(values, extra)``: ``values`` for :func:`fastpath.options.command_line`, ``extra``
+    the flags of a newer fastpath, as ``[(flag, value)]``."""
+    config = nginx.settings_of(config)
+    values = {
+        "listen": nginx.fastpath_address(config),
+        "admin": config["FASTPATH_ADMIN"],
+        "memcached": list(config["MEMCACHED_SERVERS"]),
+        "secret_file": config["SECRET_FILE"],
+        "workers": config["FASTPATH_WORKERS"],
+        "timeout_ms": _timeout_ms(config),
+        "idle_timeout": config["FASTPATH_IDLE_TIMEOUT"],
+        "max_wait": config["LONGPOLL_MAX_WAIT"],
+        "resources": list(resources) if resources is not None else None,
+    }
+    if "notify_dir" not in overrides:
+        values["notify_dir"] = _notify_dir(config)
+    values.update(overrides)
+    # TODO(merge, fastpath's --cookie-name/--path-prefix/--key-prefix/--object-resources): these
+    # four are flags of the fastpath branch not merged yet; until then they are left out when
+    # they say what fastpath does anyway (the contract's values, no per-object resource), so
+    # today's fastpath starts.  Once merged, pass them to command_line() with the others.
+    extra = [(f"--{key.lower().replace('_', '-')}", config[key])
+             for key in ("COOKIE_NAME", "PATH_PREFIX", "KEY_PREFIX") if config[key] != CONTRACT_DEFAULTS[key]]
+    if object_resources:
+        extra.append(("--object-resources", ",".join(object_resources)))
+    return values, extra
+
+
+def fastpath_argv(config=None, resources=None, object_resources=(), python=None, **overrides):
+    """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`)."""
+    values, extra = fastpath_options(config, resources, object_resources, **overrides)
+    try:
+        flags = command_line(**values)
+        for opt in OPTIONS:            # the ranges of fastpath's table, before fastpath says it
+            if values.get(opt.attr) is not None:
+                opt.check(opt.coerce(values[opt.attr]))
+    except (TypeError, ConfigurationError) as exc:      # a value of the wrong type or range
+        raise CommandLineError(f"fastpath {exc}; see FASTPOLL in settings") from None
+    for flag, value in extra:
+        flags += [flag, value]
+    return [python or sys.executable, "-m", "fastpath", *flags]
+
+
+def registered(per):
+    """The registry's resource names of ``per`` ("user" or "object"), sorted: a stable text."""
+    return sorted(registry.names(per=per))
+
+
+def format_argv(argv, fmt):
+    """``argv`` as ``shell`` (one quoted line), ``json`` (an array) or ``args`` (the arguments
+    after ``-m fastpath``, one a line, for ``mapfile -t``)."""
+    if fmt == "shell":
+        return shlex.join(argv)
+    if fmt == "json":
+        return json.dumps(argv)
+    if fmt == "args":
+        return "\n".join(argv[3:])
+    raise CommandLineError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
+

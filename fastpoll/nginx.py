@@ -1,0 +1,126 @@
+"""nginx's part of fastpoll, rendered from ``settings.FASTPOLL`` (``manage.py fastpoll_nginx``).
+
+Two texts, both package data (``fastpoll/templates/fastpoll/``, read with importlib.resources, so
+an installed wheel renders them too):
+
+- :func:`render_server`: the ``location`` blocks an existing ``server {}`` block includes: the
+  poll path (fastpath first, Django on a miss), the internal long-poll location, the fallback to
+  Django and the JSON error locations they use;
+- :func:`render_http`: what nginx allows at http level only: the ``map`` of ``Prefer: wait`` and
+  the ``upstream`` of fastpath.
+
+Every function takes a FASTPOLL-like mapping (missing keys: :data:`fastpoll.conf.DEFAULTS`;
+None: the project's ``get_config()``), so a runner that is not Django (the demo's, plurksite)
+renders the very same text.  A bad value raises :class:`RenderError` with one line naming the key.
+"""
+import importlib.resources
+import re
+
+from fastpath.options import is_decimal
+
+from . import conf
+
+TEMPLATES = ("nginx-http.conf", "nginx-server.conf")
+LONGPOLL_READ_MARGIN_S = 15     # nginx's read timeout of a long-poll: fastpath's longest hold + this
+KEEPALIVE_MARGIN_S = 2          # nginx drops an idle connection to fastpath this much sooner than it
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+_NAME_RE = re.compile(r"\A[a-z0-9_]{1,32}\Z")
+# what follows http:// in proxy_pass: an upstream name, host:port, [v6]:port or unix:/path:
+_UPSTREAM_RE = re.compile(r"\A(?:unix:/[^\s;{}'\"$]+:|[A-Za-z0-9_.\-]+(?::\d{1,5})?|\[[0-9A-Fa-f:.]+\]:\d{1,5})\Z")
+# a location prefix fastpath can take (fastpoll.checks E012): starts and ends with /
+_PATH_RE = re.compile(r"\A/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]+/)*\Z")
+
+
+class RenderError(ValueError):
+    """A setting cannot be rendered; the message is one line naming the key and the fix."""
+
+
+def template_text(name):
+    """The text of the package's template ``name`` (one of :data:`TEMPLATES`)."""
+    return importlib.resources.files(__package__).joinpath("templates", "fastpoll", name).read_text("utf-8")
+
+
+def settings_of(config=None):
+    """``config`` over DEFAULTS (the project's effective FASTPOLL when None)."""
+    if config is None:
+        return conf.get_config()
+    return {**conf.DEFAULTS, **config}
+
+
+def _integer(config, key, low, high):
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RenderError(f"FASTPOLL['{key}'] must be a whole number from {low} to {high}, got {value!r}")
+    return value
+
+
+def fastpath_address(config):
+    """FASTPATH_ADDRESS as nginx's upstream server takes it: ``unix:/abs/path``, ``host:port`` or
+    ``[v6]:port``."""
+    value = config["FASTPATH_ADDRESS"]
+    if isinstance(value, str) and value.startswith("unix:"):
+        if value.startswith("unix:/") and not re.search(r"[\s;{}'\"]", value):
+            return value
+        raise RenderError(f"FASTPOLL['FASTPATH_ADDRESS'] = {value!r}: give unix:/absolute/path "
+                          f"(nginx and fastpath resolve a relative one differently)")
+    host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if (not sep or not host or not is_decimal(port) or not 0 < int(port) < 65536
+            or _UPSTREAM_RE.match(value) is None):
+        raise RenderError(f"FASTPOLL['FASTPATH_ADDRESS'] = {value!r}: expected host:port, [v6]:port "
+                          f"or unix:/path, for example 127.0.0.1:8001")
+    return value
+
+
+def context(config=None):
+    """The placeholder values of both templates, checked."""
+    config = settings_of(config)
+    name = config["NGINX_NAME"]
+    if not isinstance(name, str) or _NAME_RE.match(name) is None:
+        raise RenderError(f"FASTPOLL['NGINX_NAME'] must be 1-32 of a-z 0-9 _, got {name!r}")
+    path = config["PATH_PREFIX"]
+    if not isinstance(path, str) or _PATH_RE.match(path) is None or len(path) > 64:
+        raise RenderError(f"FASTPOLL['PATH_PREFIX'] must be a path that starts and ends with /, "
+                          f"at most 64 bytes, got {path!r}")
+    django = config["DJANGO_UPSTREAM"]
+    if not isinstance(django, str) or _UPSTREAM_RE.match(django) is None:
+        raise RenderError(f"FASTPOLL['DJANGO_UPSTREAM'] = {django!r}: give what follows http:// in "
+                          f"proxy_pass: an upstream name, host:port or unix:/path:")
+    max_wait = _integer(config, "LONGPOLL_MAX_WAIT", 0, 86400)
+    idle = _integer(config, "FASTPATH_IDLE_TIMEOUT", 1, 3600)
+    return {
+        "name": name,
+        "path_prefix": path,
+        "django": django,
+        "fastpath": fastpath_address(config),
+        "upstream_keepalive": str(_integer(config, "NGINX_UPSTREAM_KEEPALIVE", 1, 1 << 20)),
+        "fastpath_keepalive_timeout": f"{max(1, idle - KEEPALIVE_MARGIN_S)}s",
+        "max_wait": str(max_wait),
+        "longpoll_read_timeout": f"{max_wait + LONGPOLL_READ_MARGIN_S}s",
+    }
+
+
+def render_text(text, values, where="template"):
+    """``{{ name }}`` -> ``values[name]``; nginx's ``$variables`` and braces pass through."""
+    def substitute(match):
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"{where}: unknown placeholder {{{{ {key} }}}}")
+        return values[key]
+
+    return _PLACEHOLDER.sub(substitute, text)
+
+
+def render_http(config=None):
+    """The http-level part: the ``map`` of ``Prefer: wait`` and the ``upstream`` of fastpath."""
+    return render_text(template_text("nginx-http.conf"), context(config), "nginx-http.conf")
+
+
+def render_server(config=None):
+    """The server-level part: the poll locations, for an existing ``server {}`` block."""
+    return render_text(template_text("nginx-server.conf"), context(config), "nginx-server.conf")
+
+
+def indent(text, prefix="    "):
+    """``text`` with ``prefix`` before each non-empty line (to inline a part in a block)."""
+    return "\n".join(prefix + line if line else line for line in text.rstrip("\n").split("\n"))

@@ -1,0 +1,107 @@
+"""fastpoll.W010 (fastpoll/checks_fastpath.py): a real fastpath, started from the command line
+fastpoll renders, that lacks a registered resource is named; one that serves them all, or no
+fastpath at all, says nothing."""
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.core import checks
+
+from fastpoll import checks_fastpath, commandline
+from fastpoll import resources as registry
+from plurksite.services import free_port, wait_for_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def start_fastpath(tmp_path, settings, memcached):
+    """start(resources, listen) -> a fastpath run with ``python -m fastpath`` as
+    fastpoll.commandline renders it for these settings; stopped after the test."""
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(SECRET)
+    started = []
+
+    def start(resources, listen):
+        settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(secret), MEMCACHED_SERVERS=[memcached.spec],
+                                 FASTPATH_ADDRESS=listen, FASTPATH_WORKERS=1, NOTIFY_DIRS=[])
+        argv = commandline.fastpath_argv(None, resources)
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=open(tmp_path / "fastpath.log", "ab"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(proc)
+        if listen.startswith("unix:"):
+            wait_for_port("unix", listen[5:], process=proc, name="fastpath")
+        else:
+            host, _, port = listen.rpartition(":")
+            wait_for_port(host, int(port), process=proc, name="fastpath")
+        return proc
+
+    yield start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def w010():
+    return [m for m in checks.run_checks(tags=[checks_fastpath.TAG]) if m.id == "fastpoll.W010"]
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    """Registered as FastpollConfig.ready() does, for these tests only (others' run_checks()
+    must not probe whatever listens on the default address)."""
+    checks_fastpath.register_checks()
+    yield
+    checks.registry.registry.registered_checks.discard(checks_fastpath.check_running_fastpath)
+
+
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_a_registered_resource_the_running_fastpath_lacks_is_a_warning(start_fastpath, tmp_path, unix):
+    users = sorted(registry.names(per="user"))
+    assert len(users) >= 2
+    listen = f"unix:{tmp_path}/fp.sock" if unix else f"127.0.0.1:{free_port()}"
+    start_fastpath(users[:1], listen)
+    found = w010()
+    assert len(found) == 1 and found[0].level == checks.WARNING
+    assert found[0].msg == (f"fastpath at {listen} does not serve the poll resource(s) {', '.join(users[1:])}: "
+                            f"nginx sends every poll of them to Django.")
+    assert "manage.py fastpoll_fastpath" in found[0].hint
+
+
+def test_a_fastpath_that_serves_the_registry_is_no_warning(start_fastpath):
+    start_fastpath(sorted(registry.names(per="user")), f"127.0.0.1:{free_port()}")
+    assert w010() == []
+
+
+def test_a_path_prefix_fastpath_does_not_serve_names_every_resource(start_fastpath, settings):
+    start_fastpath(sorted(registry.names(per="user")), f"127.0.0.1:{free_port()}")
+    settings.FASTPOLL = dict(settings.FASTPOLL, PATH_PREFIX="/api/poll/")
+    found = w010()
+    assert len(found) == 1 and ", ".join(sorted(registry.names(per="user"))) in found[0].msg
+
+
+def test_no_fastpath_or_another_server_is_no_warning(settings, tmp_path):
+    settings.FASTPOLL = dict(settings.FASTPOLL, FASTPATH_ADDRESS=f"127.0.0.1:{free_port()}")
+    assert w010() == []
+    settings.FASTPOLL = dict(settings.FASTPOLL, FASTPATH_ADDRESS=f"unix:{tmp_path}/none.sock")
+    assert w010() == []
+    # a web server that answers 404 to everything, without fastpath's X-Cache: MISS
+    other = ThreadingHTTPServer(("127.0.0.1", free_port()), SimpleHTTPRequestHandler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        assert checks_fastpath.probe(f"127.0.0.1:{other.server_port}", "/Poll/nothing_here") is None
+        settings.FASTPOLL = dict(settings.FASTPOLL, FASTPATH_ADDRESS=f"127.0.0.1:{other.server_port}")
+        assert w010() == []
+    finally:
+        other.shutdown()
+        other.server_close()
