@@ -11,9 +11,10 @@ class FastpollConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, middleware, notify, signals, watch
+        from . import checks, checks_fastpath, middleware, notify, signals, watch
 
         checks.register()
+        checks_fastpath.register_checks()
         watch.install()
         middleware.install()
         signals.answers_stored.connect(notify.keys_stored, dispatch_uid="fastpoll.notify")

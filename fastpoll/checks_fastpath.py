@@ -96,5 +96,6 @@ def check_running_fastpath(app_configs=None, **kwargs):
 
 
 def register_checks():
-    """Register W010 (the lead's ``FastpollConfig.ready()`` calls this once)."""
-    checks.register(check_running_fastpath, TAG)
+    """Register W010 (``FastpollConfig.ready()`` calls this once).  A deployment check
+    (``manage.py check --deploy``): it asks the running fastpath over the network."""
+    checks.register(check_running_fastpath, TAG, deploy=True)

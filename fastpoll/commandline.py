@@ -19,9 +19,6 @@ from fastpath.options import OPTIONS, command_line
 from . import nginx
 from . import resources as registry
 
-#: fastpath's own values of the settings that its options for them leave out when equal
-#: (docs/contract.md): the flags exist only in a newer fastpath.
-CONTRACT_DEFAULTS = {"COOKIE_NAME": "plurk_token", "PATH_PREFIX": "/Poll/", "KEY_PREFIX": "p1"}
 FORMATS = ("shell", "json", "args")
 
 
@@ -52,8 +49,7 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
     fastpath's default list); ``object_resources``: the per-object ones.  ``overrides`` (Options
     names) replace or add values: what only the host knows (``notify_udp``, ``max_body``...).
 
-    Returns ``(values, extra)``: ``values`` for :func:`fastpath.options.command_line`, ``extra``
-    the flags of a newer fastpath, as ``[(flag, value)]``."""
+    Returns the values for :func:`fastpath.options.command_line`."""
     config = nginx.settings_of(config)
     values = {
         "listen": nginx.fastpath_address(config),
@@ -69,20 +65,17 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
     if "notify_dir" not in overrides:
         values["notify_dir"] = _notify_dir(config)
     values.update(overrides)
-    # TODO(merge, fastpath's --cookie-name/--path-prefix/--key-prefix/--object-resources): these
-    # four are flags of the fastpath branch not merged yet; until then they are left out when
-    # they say what fastpath does anyway (the contract's values, no per-object resource), so
-    # today's fastpath starts.  Once merged, pass them to command_line() with the others.
-    extra = [(f"--{key.lower().replace('_', '-')}", config[key])
-             for key in ("COOKIE_NAME", "PATH_PREFIX", "KEY_PREFIX") if config[key] != CONTRACT_DEFAULTS[key]]
+    values.setdefault("cookie_name", config["COOKIE_NAME"])
+    values.setdefault("path_prefix", config["PATH_PREFIX"])
+    values.setdefault("key_prefix", config["KEY_PREFIX"])
     if object_resources:
-        extra.append(("--object-resources", ",".join(object_resources)))
-    return values, extra
+        values.setdefault("object_resources", list(object_resources))
+    return values
 
 
 def fastpath_argv(config=None, resources=None, object_resources=(), python=None, **overrides):
     """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`)."""
-    values, extra = fastpath_options(config, resources, object_resources, **overrides)
+    values = fastpath_options(config, resources, object_resources, **overrides)
     try:
         flags = command_line(**values)
         for opt in OPTIONS:            # the ranges of fastpath's table, before fastpath says it
@@ -90,8 +83,6 @@ def fastpath_argv(config=None, resources=None, object_resources=(), python=None,
                 opt.check(opt.coerce(values[opt.attr]))
     except (TypeError, ConfigurationError) as exc:      # a value of the wrong type or range
         raise CommandLineError(f"fastpath {exc}; see FASTPOLL in settings") from None
-    for flag, value in extra:
-        flags += [flag, value]
     return [python or sys.executable, "-m", "fastpath", *flags]
 
 

@@ -138,7 +138,11 @@ def fastpoll_settings(config):
     return values
 
 
-def fastpath_command(config, resources=None, **options):
+#: the demo's per-object resources (plurkcore's getThread), served by fastpath with a capability
+OBJECT_RESOURCES = ("getThread",)
+
+
+def fastpath_command(config, resources=None, object_resources=OBJECT_RESOURCES, **options):
     """``python -m fastpath`` with the stack's settings, rendered by fastpoll's own renderer
     (``manage.py fastpoll_fastpath`` prints the same flags); ``options`` (fastpath.Options
     names, as fastpath.serve() takes them) add to or override them.  Pure Python: this works
@@ -149,7 +153,7 @@ def fastpath_command(config, resources=None, **options):
     values = dict(**longpoll_options(config), max_body=config.max_body_bytes)
     values.update(options)
     try:
-        return fastpath_argv(fastpoll_settings(config), resources, **values)
+        return fastpath_argv(fastpoll_settings(config), resources, object_resources, **values)
     except (CommandLineError, RenderError) as exc:
         raise ServiceError(str(exc)) from None     # runstack's one-line error, not a traceback
 

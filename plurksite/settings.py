@@ -6,6 +6,7 @@ from urllib.parse import unquote, urlsplit
 from fastpoll.secret import SecretFileError, ensure_secret
 
 from .config import ROOT, ConfigError, load
+from .services import fastpoll_settings
 
 STACK = load()
 
@@ -127,17 +128,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.path.join(STACK.var_dir, "static")
 
 # fastpoll's one settings dict: everything the app needs from the stack configuration.
-FASTPOLL = {
-    "MEMCACHED_SERVERS": STACK.memcached_specs,
-    "MEMCACHED_TIMEOUT": STACK.memcached_timeout_ms / 1000.0,
-    "SECRET_FILE": STACK.secret_file,
-    # fastpath's notice sockets: the writer tells held long-polls which keys it stored
-    "NOTIFY_DIRS": [STACK.fastpath_notify] if STACK.fastpath_notify else [],
-}
-# several hosts: every fastpath worker port of every web host, over UDP
-if STACK.fastpath_notify_udp:
-    FASTPOLL["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"
-    FASTPOLL["NOTIFY_UDP"] = STACK.notify_udp_destinations
+# the runner starts fastpath and renders nginx from the same dict (plurksite.services), so that
+# manage.py fastpoll_fastpath / fastpoll_nginx print what the stack runs
+FASTPOLL = fastpoll_settings(STACK)
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
 

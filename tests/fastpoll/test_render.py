@@ -227,16 +227,14 @@ def test_no_registered_resource_is_a_command_error(fastpath_settings, monkeypatc
         run("fastpoll_fastpath")
 
 
-# TODO(merge): fastpath's --cookie-name, --path-prefix, --key-prefix and --object-resources are on
-# a fastpath branch not merged yet.  Until then fastpoll leaves them out when they say what
-# fastpath does anyway (below); once merged, decide whether to emit them always, and drop the
-# xfail of the parse test (strict: it fails as soon as fastpath's parser takes them).
 NEWER = {"COOKIE_NAME": "sid", "PATH_PREFIX": "/api/poll/", "KEY_PREFIX": "myapp"}
 
 
-def test_the_contract_values_and_no_object_resource_add_no_newer_flag(fastpath_settings):   # TODO(merge)
+def test_the_names_always_reach_fastpath(fastpath_settings):
     argv = json.loads(run("fastpoll_fastpath", "--format", "json"))
-    assert not {"--cookie-name", "--path-prefix", "--key-prefix", "--object-resources"} & set(argv)
+    assert argv[argv.index("--cookie-name") + 1] == "plurk_token"
+    assert argv[argv.index("--path-prefix") + 1] == "/Poll/"
+    assert argv[argv.index("--key-prefix") + 1] == "p1"
 
 
 def _newer_argv(settings, fastpath_settings, monkeypatch):
@@ -246,22 +244,19 @@ def _newer_argv(settings, fastpath_settings, monkeypatch):
     return json.loads(run("fastpoll_fastpath", "--format", "json"))
 
 
-def test_other_names_and_object_resources_are_flags(settings, fastpath_settings, monkeypatch):   # TODO(merge)
+def test_other_names_and_object_resources_are_flags(settings, fastpath_settings, monkeypatch):
     argv = _newer_argv(settings, fastpath_settings, monkeypatch)
     assert argv[argv.index("--cookie-name") + 1] == "sid"
     assert argv[argv.index("--path-prefix") + 1] == "/api/poll/"
     assert argv[argv.index("--key-prefix") + 1] == "myapp"
-    assert argv[argv.index("--object-resources") + 1] == "room,thread"
-    assert "thread" not in argv[argv.index("--resources") + 1]
+    assert argv[argv.index("--object-resources") + 1].split(",") == ["getThread", "room", "thread"]
+    assert "thread" not in argv[argv.index("--resources") + 1].split(",")
 
 
-@pytest.mark.xfail(strict=True, raises=SystemExit,
-                   reason="TODO(merge): this fastpath's parser has no --cookie-name/--path-prefix/"
-                          "--key-prefix/--object-resources yet")
-def test_fastpaths_parser_takes_the_newer_flags(settings, fastpath_settings, monkeypatch):   # TODO(merge)
+def test_fastpaths_parser_takes_the_names_and_object_resources(settings, fastpath_settings, monkeypatch):
     opts = parse(_newer_argv(settings, fastpath_settings, monkeypatch))
     assert (opts.cookie_name, opts.path_prefix, opts.key_prefix) == ("sid", "/api/poll/", "myapp")
-    assert tuple(opts.object_resources) == ("room", "thread")
+    assert tuple(opts.object_resources) == ("getThread", "room", "thread")
 
 
 # ---- package data: the templates come with the package ----

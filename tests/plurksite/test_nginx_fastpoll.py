@@ -38,7 +38,8 @@ def test_the_demo_fastpath_argv_is_fastpolls(tmp_path):
     resources = ["getMessages", "getUnreadCount"]
     argv = services.fastpath_command(config, resources)
     assert argv == commandline.fastpath_argv(services.fastpoll_settings(config), resources,
-                                             max_body=config.max_body_bytes)
+                                             services.OBJECT_RESOURCES, max_body=config.max_body_bytes)
+    assert argv[argv.index("--object-resources") + 1] == "getThread"
     assert argv[argv.index("--timeout-ms") + 1] == "70" and argv[argv.index("--notify-dir") + 1] == "/tmp/n"
 
 

@@ -174,7 +174,7 @@ def test_renderunits_writes_what_runstack_runs(tmp_path):
                   "--role", "repair")
     assert "systemctl daemon-reload" in proc.stdout
     both = StackConfig.from_env(dict(config.to_env(), PLURK_ROLES="web,repair"))
-    resources = sorted(r.name for r in fastpoll_resources.all_resources())        # what runstack hands fastpath
+    resources = sorted(fastpoll_resources.names(per="user"))        # what runstack hands fastpath
     written = {p.name: p.read_text() for p in out.iterdir()}
     starts = {name: systemd_argv(line) for name, line in units.exec_starts(written.items()).items()}
     assert sorted(starts.values()) == sorted(c.argv for c in services.commands(both, poll_resources=resources))

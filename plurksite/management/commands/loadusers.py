@@ -84,7 +84,7 @@ class Command(BaseCommand):
             from fastpoll import publish
             from plurkcore import answers
 
-            failed = publish.write_answers({r.name: set(ids.values()) for r in fastpoll_resources.all_resources()})
+            failed = publish.write_answers({name: set(ids.values()) for name in fastpoll_resources.names(per="user")})
             if failed:
                 raise CommandError(f"{len(failed)} answers could not be written to memcached")
         json.dump(accounts, fh)

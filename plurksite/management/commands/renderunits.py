@@ -42,7 +42,7 @@ class Command(BaseCommand):
             # the poll resources runstack hands fastpath: every one registered with plurkcore
             files = units.render(config, user=user, group=group, env_file=env_file,
                                  settings_module=settings.SETTINGS_MODULE,
-                                 poll_resources=sorted(r.name for r in fastpoll_resources.all_resources()),
+                                 poll_resources=sorted(fastpoll_resources.names(per="user")),
                                  external_nginx=external_nginx)
             if external_nginx and (config.runs("web") or config.runs("balancer")):
                 from plurksite import nginxconf

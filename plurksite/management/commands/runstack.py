@@ -58,7 +58,7 @@ class Command(BaseCommand):
         from plurkcore import answers
 
         stack = Stack(config, nginx_workers=options["nginx_workers"],
-                      poll_resources=sorted(r.name for r in fastpoll_resources.all_resources()))
+                      poll_resources=sorted(fastpoll_resources.names(per="user")))
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stack.request_stop)
         try:
