@@ -53,16 +53,15 @@ def start_fastpath(tmp_path, settings, memcached):
 
 
 def w010():
-    return [m for m in checks.run_checks(tags=[checks_fastpath.TAG]) if m.id == "fastpoll.W010"]
+    """W010 as ``manage.py check --deploy`` runs it (FastpollConfig.ready() registers it as a
+    deployment check: a plain check never probes what listens on the configured address)."""
+    return [m for m in checks.run_checks(tags=[checks_fastpath.TAG], include_deployment_checks=True)
+            if m.id == "fastpoll.W010"]
 
 
-@pytest.fixture(autouse=True)
-def _registered():
-    """Registered as FastpollConfig.ready() does, for these tests only (others' run_checks()
-    must not probe whatever listens on the default address)."""
-    checks_fastpath.register_checks()
-    yield
-    checks.registry.registry.registered_checks.discard(checks_fastpath.check_running_fastpath)
+def test_w010_is_a_deployment_check_only():
+    assert checks_fastpath.check_running_fastpath in checks.registry.registry.deployment_checks
+    assert checks_fastpath.check_running_fastpath not in checks.registry.registry.registered_checks
 
 
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
