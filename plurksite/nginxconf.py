@@ -7,7 +7,6 @@ nginx's workers (another user when the runner is root) can reach a path."""
 import grp
 import os
 import pwd
-import re
 import stat
 import subprocess
 
@@ -19,7 +18,6 @@ from .services import GUNICORN_KEEPALIVE_S, fastpoll_settings, nginx_conf_path
 MAIN_TEMPLATE = os.path.join(ROOT, "nginx", "main.conf.template")
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 BALANCER_TEMPLATE = os.path.join(ROOT, "nginx", "balancer.conf.template")
-_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 # a web host's read timeout for a long-poll is fastpath's max wait + fastpoll.nginx's
 # LONGPOLL_READ_MARGIN_S (15); the balancer's is longer still, so a web host always answers first
 BALANCER_READ_MARGIN_S = fastpoll_nginx.LONGPOLL_READ_MARGIN_S + 5
@@ -214,13 +212,7 @@ def web_context(config):
 
 
 def render_text(template_text, values):
-    def substitute(match):
-        name = match.group(1)
-        if name not in values:
-            raise KeyError(f"{TEMPLATE}: unknown placeholder {{{{ {name} }}}}")
-        return values[name]
-
-    return _PLACEHOLDER.sub(substitute, template_text)
+    return fastpoll_nginx.render_text(template_text, values, TEMPLATE)
 
 
 def template(config):
