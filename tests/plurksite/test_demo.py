@@ -52,7 +52,7 @@ def test_the_first_run_seeds_into_the_running_memcached_without_a_warning(tmp_pa
         assert "demo logins: alice, bob, carol, dave" in text
         assert "WARNING" not in text and "failed" not in text, text
         # alice's answers are in memcached before anyone logged in or polled: written by the seeding
-        code = ("from fastpoll.keys import answer_key; from plurkcore.models import UserState; "
+        code = ("from fastpoll.keys import answer_key; from fastpoll.models import UserState; "
                 "s = UserState.objects.get(user__username='alice'); print(answer_key('getMessages', s.user_id, s.epoch))")
         key = manage(config, "shell", "-c", code).stdout.strip().splitlines()[-1]
         host, port = config.memcached[0]
