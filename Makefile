@@ -89,7 +89,7 @@ drill: install
 # rules, bench/report.py, the load verdict), without the browser, the cluster, the locust runs,
 # PostgreSQL, the end-to-end stacks, ASan or fuzzing.  `make test` is the full suite.
 CHECK_TESTS := tests/test_sourcecode.py tests/test_layers.py tests/plurksite tests/fastpoll tests/plurkcore tests/fastpath \
-               tests/bench/test_report.py tests/load/test_judge.py
+               tests/examples tests/bench/test_report.py tests/load/test_judge.py
 check: install
 	$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider -m "not slow and not load and not browser and not postgres" $(CHECK_TESTS)
 
