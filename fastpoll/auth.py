@@ -9,6 +9,7 @@ import functools
 import logging
 import time
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
@@ -82,13 +83,17 @@ def revoke(user, response=None):
 
 
 def set_cookie(response, token, request=None):
+    # Secure as the session's cookie is (behind a TLS proxy without SECURE_PROXY_SSL_HEADER,
+    # is_secure() is False while the site is served over HTTPS), on the session's domain
+    secure = bool(request is not None and request.is_secure()) or settings.SESSION_COOKIE_SECURE
     response.set_cookie(conf.get_config()["COOKIE_NAME"], token, max_age=conf.get_config()["TOKEN_TTL"],
-                        path="/", secure=bool(request is not None and request.is_secure()),
+                        path="/", domain=settings.SESSION_COOKIE_DOMAIN, secure=secure,
                         httponly=True, samesite="Lax")
 
 
 def delete_cookie(response):
-    response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", samesite="Lax")
+    response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", domain=settings.SESSION_COOKIE_DOMAIN,
+                           samesite="Lax")
 
 
 def token_from_request(request):

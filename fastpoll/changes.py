@@ -29,7 +29,8 @@ import threading
 import time
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import connections, transaction
 from django.db.models.functions import Now
 
 from . import audiences, background, conf, keys, outbox, publish, repair, resources
@@ -144,6 +145,8 @@ def touch(name_or_names, *, users=None, objects=None, using=None):
 def _names(name_or_names):
     if name_or_names is None:
         return None
+    if not isinstance(name_or_names, str) and not _iterable(name_or_names):
+        raise TypeError(f"touch() takes a resource name, several, or None; got {name_or_names!r}")
     names = [name_or_names] if isinstance(name_or_names, str) else list(name_or_names)
     for name in names:
         if resources.get(name) is None:
@@ -158,15 +161,25 @@ def split_users(users):
         return set(), set()
     if isinstance(users, audiences.Members) or not _iterable(users):
         users = [users]
-    to_pk = get_user_model()._meta.pk.to_python
+    if isinstance(users, dict):
+        raise TypeError("users= takes user ids, users or an audience's members, not a dict")
+    field = get_user_model()._meta.pk
     ids, members = set(), set()
     for item in users:
         if isinstance(item, audiences.Members):
             members.update((item.audience, i) for i in item.ids)
+        elif isinstance(item, type) or (hasattr(item, "_meta") and not isinstance(item, get_user_model())):
+            raise TypeError(f"users= takes user ids, users or an audience's members, got {item!r}")
         elif hasattr(item, "_meta"):
             ids.add(item.pk)
         elif item is not None:
-            ids.add(item if type(item) is int else to_pk(item))
+            try:
+                value = field.to_python(item)
+                field.get_db_prep_value(value, connection=connections["default"])
+            except (ValidationError, TypeError, ValueError):
+                raise ValueError(f"users= got {item!r}, which is not a primary key of "
+                                 f"{get_user_model()._meta.label}") from None
+            ids.add(value)
     return ids, members
 
 

@@ -24,7 +24,9 @@ class PollTokenMiddleware:
         user = getattr(request, "user", None)
         if getattr(request, "_fastpoll_logged_out", False):
             auth.delete_cookie(response)
-        elif user is not None and user.is_authenticated and not self._has_valid_cookie(request, user):
+        elif (user is not None and user.is_authenticated and 200 <= response.status_code < 400
+              and response.status_code != 304 and not response.streaming
+              and not self._has_valid_cookie(request, user)):
             try:
                 auth.issue_token(user, response, request)
             except Exception:

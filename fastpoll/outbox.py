@@ -10,6 +10,7 @@ import collections
 import json
 import logging
 
+from django.contrib.auth import get_user_model
 from django.db import connections
 
 from .models import PendingChange
@@ -43,7 +44,8 @@ def decode(text):
     """An outbox row's change.  User ids come back as JSON had them (an int, or the text of a
     UUID, which the writer's queries and keys take as they take the UUID)."""
     data = json.loads(text)
-    return make(data["resources"], data["users"], [tuple(o) for o in data["objects"]],
+    to_pk = get_user_model()._meta.pk.to_python          # a UUID comes back as its text
+    return make(data["resources"], [u if type(u) is int else to_pk(u) for u in data["users"]], [tuple(o) for o in data["objects"]],
                 [tuple(a) for a in data["audiences"]], data["dead_keys"])
 
 

@@ -160,15 +160,22 @@ def _replay_pending(report, limit=1000):
                 .order_by("pk").values_list("pk", "change")[:limit])
     if not rows:
         return
-    batch = []
+    batch, unreadable = [], []
     for pk, text in rows:
         try:
-            batch.append(outbox.decode(text))
-        except (ValueError, KeyError, TypeError):
+            batch.append((pk, outbox.decode(text)))
+        except Exception:
             logger.error("outbox row %s is unreadable, dropped: %.200r", pk, text)
+            unreadable.append(pk)
     logger.warning("writing the answers of %d change(s) whose writer did not finish", len(rows))
-    if flush(batch):
-        outbox.forget(router.db_for_write(PendingChange), [pk for pk, _ in rows])
-        stats["replayed"] += len(rows)
-        report["replayed"] = len(rows)
+    written = unreadable[:]
+    if flush([change for _, change in batch]):
+        written += [pk for pk, _ in batch]
+    elif len(batch) > 1:
+        # one row that cannot be written must not hold the others back: each on its own; the
+        # failing ones stay (logged by flush) for the next pass and an operator
+        written += [pk for pk, change in batch if flush([change])]
+    outbox.forget(router.db_for_write(PendingChange), written)
+    stats["replayed"] += len(written)
+    report["replayed"] = len(written)
 

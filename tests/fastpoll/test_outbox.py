@@ -246,7 +246,7 @@ def test_rows_round_trip():
     from fastpoll import outbox
 
     for change in (outbox.make(None, {3, 1}, (), {("followers", 2)}, {"k:1"}),
-                   outbox.make(["getMessages"], {"3f2a9c1e-0000-4000-8000-00000000002a"}),
+                   outbox.make(["getMessages"], {7}),
                    outbox.make(["thread"], objects={("thread", 5), ("thread", "a-b")})):
         assert outbox.decode(outbox.encode(change)) == change
 
@@ -314,3 +314,28 @@ def test_a_django_process_killed_after_its_commit_leaves_its_answers_to_the_repa
     repaired = manage("shell", "-c", _REPAIR)
     assert repaired.stdout.split()[-1] == "1", repaired.stdout + repaired.stderr
     assert client.get(key) == b'{"count":1}'
+
+
+def test_a_row_that_cannot_be_written_does_not_hold_the_others_back(pair, cache1, no_grace, killed_writer):
+    """One poison row (an audience no longer registered) fails alone; the rows beside it are
+    written and forgotten, it stays for an operator."""
+    from fastpoll import outbox
+
+    a, b = pair
+    post(a.user["id"], "hello")
+    PendingChange.objects.create(change=outbox.encode(outbox.make(None, audiences={("gone", 1)})))
+    time.sleep(0.01)
+    assert repair.repair()["replayed"] == 1
+    assert [outbox.decode(c).audiences for c in PendingChange.objects.values_list("change", flat=True)] == \
+        [frozenset({("gone", 1)})]
+    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
+
+
+@pytest.mark.parametrize("users", [[get_user_model()], {"a": 1}, ["not-a-number"]])
+def test_touch_refuses_what_is_not_a_user(users):
+    import fastpoll
+
+    with pytest.raises((TypeError, ValueError), match="users="):
+        fastpoll.touch("getMessages", users=users)
+    with pytest.raises(TypeError, match="resource name"):
+        fastpoll.touch(5, users=[1])
