@@ -30,10 +30,10 @@ import time
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
-from . import audiences, background, conf, keys, outbox, publish, repair, resources
+from . import audiences, background, conf, db, keys, outbox, publish, repair, resources
 from .models import PendingChange
 
 logger = logging.getLogger("fastpoll.changes")
@@ -163,23 +163,25 @@ def split_users(users):
         users = [users]
     if isinstance(users, dict):
         raise TypeError("users= takes user ids, users or an audience's members, not a dict")
-    field = get_user_model()._meta.pk
+    User = get_user_model()
+    field = User._meta.pk
+    integers = field.get_internal_type() in db.INTEGER_FIELDS     # an int is already one: no per-id call
     ids, members = set(), set()
     for item in users:
         if isinstance(item, audiences.Members):
             members.update((item.audience, i) for i in item.ids)
-        elif isinstance(item, type) or (hasattr(item, "_meta") and not isinstance(item, get_user_model())):
+        elif isinstance(item, type) or (hasattr(item, "_meta") and not isinstance(item, User)):
             raise TypeError(f"users= takes user ids, users or an audience's members, got {item!r}")
         elif hasattr(item, "_meta"):
             ids.add(item.pk)
+        elif integers and type(item) is int:
+            ids.add(item)
         elif item is not None:
             try:
-                value = field.to_python(item)
-                field.get_db_prep_value(value, connection=connections["default"])
+                ids.add(field.to_python(item))
             except (ValidationError, TypeError, ValueError):
                 raise ValueError(f"users= got {item!r}, which is not a primary key of "
-                                 f"{get_user_model()._meta.label}") from None
-            ids.add(value)
+                                 f"{User._meta.label}") from None
     return ids, members
 
 
