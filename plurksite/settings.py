@@ -141,6 +141,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
+        "fastpoll": {"level": "INFO"},
         "plurkcore": {"level": "INFO"},
         "plurksite": {"level": "INFO"},
     },

@@ -290,7 +290,7 @@ def stale_keys(cluster, pauses=STALE_PAUSES):
     return stale or {}, complete
 
 
-_REPLAY = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ WARNING plurkcore\.repair: writing the "
+_REPLAY = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ WARNING fastpoll\.repair: writing the "
                      r"answers of (\d+) change\(s\) whose writer did not finish")
 
 
