@@ -21,6 +21,7 @@ import pytest
 
 from fastpath.options import OPTIONS
 from tests.support.longpoll import Poller, etag_of, fetch, metric, metrics, polling, wait_held
+from tests.support.stack import manage
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,11 +51,14 @@ def _start(svc):
 
 @pytest.fixture
 def stack(lp_stack):
-    """The module's stack with every service running again after a test that stopped one."""
+    """The module's stack with every service running again after a test that stopped one, and
+    the debts that test left (a memcached that must be flushed before it is trusted again) paid
+    now, as the repair service would within its interval: not during the next test's holds."""
     yield lp_stack
     for svc in lp_stack.services:
         if not svc.alive():
             _start(svc)
+    manage(lp_stack.config, "repaircache")
 
 
 def _followers(stack, readers):
@@ -286,23 +290,29 @@ def test_memcached_emptied_while_held_gives_djangos_answer_never_a_stale_200(sta
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
-@pytest.mark.xfail(strict=False, reason="stop 29: since the fastpoll move, 1 run of this file in 3-8 answers a revoked token's held polls 304 MISS (Django saw the old epoch); b9956b4 passed 4 of 4; not found yet, see the closing note")
 def test_logout_while_held_gives_401_and_the_others_stay_held(stack):
     _, tokens = _followers(stack, 2)
     pollers = _pollers(stack, tokens, 5)
     out, stays = pollers[:5], pollers[5:]
+    logged_out = []
 
     async def scenario():
         async with polling(pollers):
             await wait_held(stack.config, len(pollers))
-            mark, logged_out = _seen(out), time.monotonic()
+            mark, stays_mark = _seen(out), _seen(stays)
+            logged_out.append(time.monotonic())
             resp = await asyncio.to_thread(stack.api, "POST", "/api/logout", tokens[0])
             assert resp.status_code in (200, 204), resp.text
             answers = await _answers_after(out, mark, SLACK_S, stack)
             assert all(not isinstance(a, str) and a.status == 401 and not a.held for a in answers), answers
-            assert all(a.ended - logged_out < SLACK_S for a in answers)
-            assert all(not p.answers for p in stays), "another user's hold was ended"
+            assert all(a.ended - logged_out[0] < SLACK_S for a in answers)
+            assert _seen(stays) == stays_mark, "another user's hold was ended"
             assert await asyncio.to_thread(metric, stack.config, "fastpath_held_polls") == len(stays)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
-    assert all(a.status == 401 for p in out for a in p.answers)
+    # every answer since the logout (a poll sent before the test's first hold may have been a
+    # miss that Django answered 304, the token still valid then: that one is not counted)
+    late = [(a.status, a.cache, a.held, round(a.began - logged_out[0], 3)) for p in out for a in p.answers
+            if a.ended > logged_out[0] and a.status != 401]
+    assert not late, f"the revoked token's polls were answered otherwise (status, cache, held, began): {late}"
+
