@@ -138,6 +138,35 @@ def logout():
     assert cached(key(user)) is MISSING, "the revoked epoch's answer is still in memcached"
 
 
+def board():
+    """(5) an announcement writes its board's one answer after the commit; Django's poll view
+    serves it to a member with the board page's capability URL, 403 to another user with it, and
+    the page is a 404 for a non-member (no capability is handed out)."""
+    from inbox.models import Announcement, Board
+
+    member, outsider = new_user(), new_user()
+    board = Board.objects.create(name="team")
+    board.members.add(member)
+    okey = f"p1:board:{board.pk}:o"
+    with transaction.atomic():
+        Announcement.objects.create(board=board, text="standup at ten")
+        assert cached(okey) is MISSING, "written before the commit"
+    assert cached(okey) == board_answer(board.pk) and b'"standup at ten"' in cached(okey), cached(okey)
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/boards/{board.pk}/")
+    assert page.status_code == 200
+    url = json.loads(page.content.decode().split('<script id="poll-url" type="application/json">')[1].split("</script>")[0])
+    assert url.startswith(f"/Poll/board/{board.pk}?cap=c1.board.{board.pk}.{member.pk}."), url
+    token = fastpoll.issue_token(member)
+    response = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200 and response.content == cached(okey), (response.status_code, response.content)
+    foreign = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {fastpoll.issue_token(outsider)}")
+    assert foreign.status_code == 403, (foreign.status_code, foreign.content)
+    client.force_login(outsider)
+    assert client.get(f"/boards/{board.pk}/").status_code == 404
+
+
 # -- the stack tests' driver (tests/examples/test_inbox_stack.py) ---------------------------------
 # One process of the example's settings that takes JSON commands on stdin, one a line, and answers
 # each with one JSON line: what a background job of the project would do (commit notifications

@@ -63,6 +63,10 @@ def test_logout_revokes_the_poll_tokens(inbox_env):
     scenario(inbox_env, "logout")
 
 
+def test_a_board_is_written_after_commit_and_polled_with_its_capability(inbox_env):
+    scenario(inbox_env, "board")
+
+
 # -- the example uses fastpoll's public API only ---------------------------------------------
 
 ALLOWED_STRINGS = {"fastpoll", "fastpoll.urls", "fastpoll.middleware.PollTokenMiddleware"}
