@@ -156,7 +156,8 @@ def board():
     client.force_login(member)
     page = client.get(f"/boards/{board.pk}/")
     assert page.status_code == 200
-    url = json.loads(page.content.decode().split('<script id="poll-url" type="application/json">')[1].split("</script>")[0])
+    script = page.content.decode().split('<script id="poll-url" type="application/json">')[1]
+    url = json.loads(script.split("</script>")[0])
     assert url.startswith(f"/Poll/board/{board.pk}?cap=c1.board.{board.pk}.{member.pk}."), url
     token = fastpoll.issue_token(member)
     response = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {token}")
