@@ -5,9 +5,11 @@ Environment: INBOX_VAR, INBOX_MEMCACHED (one host:port) and INBOX_SECRET_FILE, s
 tests/examples/test_inbox.py.  Exits 0 when the scenario holds; an AssertionError otherwise.
 The example is used the way its own code uses fastpoll: ``import fastpoll`` and Django.
 """
+import json
 import os
 import socket
 import sys
+import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -136,6 +138,121 @@ def logout():
     assert cached(key(user)) is MISSING, "the revoked epoch's answer is still in memcached"
 
 
+def board():
+    """(5) an announcement writes its board's one answer after the commit; Django's poll view
+    serves it to a member with the board page's capability URL, 403 to another user with it, and
+    the page is a 404 for a non-member (no capability is handed out)."""
+    from inbox.models import Announcement, Board
+
+    member, outsider = new_user(), new_user()
+    board = Board.objects.create(name="team")
+    board.members.add(member)
+    okey = f"p1:board:{board.pk}:o"
+    with transaction.atomic():
+        Announcement.objects.create(board=board, text="standup at ten")
+        assert cached(okey) is MISSING, "written before the commit"
+    assert cached(okey) == board_answer(board.pk) and b'"standup at ten"' in cached(okey), cached(okey)
+    client = Client()
+    client.force_login(member)
+    page = client.get(f"/boards/{board.pk}/")
+    assert page.status_code == 200
+    script = page.content.decode().split('<script id="poll-url" type="application/json">')[1]
+    url = json.loads(script.split("</script>")[0])
+    assert url.startswith(f"/Poll/board/{board.pk}?cap=c1.board.{board.pk}.{member.pk}."), url
+    token = fastpoll.issue_token(member)
+    response = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200 and response.content == cached(okey), (response.status_code, response.content)
+    foreign = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {fastpoll.issue_token(outsider)}")
+    assert foreign.status_code == 403, (foreign.status_code, foreign.content)
+    client.force_login(outsider)
+    assert client.get(f"/boards/{board.pk}/").status_code == 404
+
+
+# -- the stack tests' driver (tests/examples/test_inbox_stack.py) ---------------------------------
+# One process of the example's settings that takes JSON commands on stdin, one a line, and answers
+# each with one JSON line: what a background job of the project would do (commit notifications
+# and announcements; a bulk update plus touch), and what only Django knows (the database's answers).
+
+def board_answer(board):
+    """The board's answer the database holds now, built independently of the resource."""
+    from inbox.models import Announcement
+
+    rows = list(Announcement.objects.filter(board_id=board).order_by("-created"))
+    if not rows:
+        return b""
+    return fastpoll.dumps({"count": len(rows), "latest": [{"id": a.pk, "text": a.text} for a in rows[:20]]})
+
+
+def timed_commit(create):
+    """Run ``create()`` in a transaction: the monotonic time (CLOCK_MONOTONIC, the same in every
+    process of this host) just before the commit, and once the commit and its writes returned."""
+    with transaction.atomic():
+        create()
+        before = time.monotonic()
+    return {"commit_at": before, "written_at": time.monotonic()}
+
+
+def op_user(name=None):
+    user = new_user() if name is None else get_user_model().objects.create_user(name, password="pw")
+    return {"id": str(user.pk), "username": user.username, "password": "pw"}
+
+
+def op_board(members):
+    from inbox.models import Board
+
+    board = Board.objects.create(name=f"board {uuid.uuid4().hex[:6]}")
+    board.members.set(get_user_model().objects.filter(username__in=members))
+    return {"id": board.pk}
+
+
+def op_notify(username, text):
+    user = get_user_model().objects.get(username=username)
+    return timed_commit(lambda: Notification.objects.create(user=user, text=text))
+
+
+def op_announce(board, text):
+    from inbox.models import Announcement
+
+    return timed_commit(lambda: Announcement.objects.create(board_id=board, text=text))
+
+
+def op_edit_board(board, text):
+    """Every announcement of ``board`` rewritten by update() (no signal), reported with touch."""
+    from inbox.models import Announcement, Board
+
+    with transaction.atomic():
+        Announcement.objects.filter(board_id=board).update(text=text)
+        fastpoll.touch("board", objects=[Board.objects.get(pk=board)])
+    return {}
+
+
+def op_answers(username=None, board=None):
+    """What the database says (``expected``/``board_answer``) and what memcached holds."""
+    out = {}
+    if username is not None:
+        user = get_user_model().objects.get(username=username)
+        out["user"] = {"key": key(user), "database": expected(user).decode()}     # epoch 0: never revoked
+    if board is not None:
+        out["board"] = {"key": f"p1:board:{board}:o", "database": board_answer(board).decode()}
+    for part in out.values():
+        value = cached(part["key"])
+        part["cached"] = None if value is MISSING else value.decode()
+    return out
+
+
+def serve():
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            result = {"ok": globals()["op_" + command.pop("op")](**command)}
+        except Exception as exc:                     # the test shows it, with the command
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(result), flush=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve()
+        sys.exit(0)
     globals()[sys.argv[1]]()
     print("ok", sys.argv[1])

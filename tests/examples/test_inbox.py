@@ -63,6 +63,10 @@ def test_logout_revokes_the_poll_tokens(inbox_env):
     scenario(inbox_env, "logout")
 
 
+def test_a_board_is_written_after_commit_and_polled_with_its_capability(inbox_env):
+    scenario(inbox_env, "board")
+
+
 # -- the example uses fastpoll's public API only ---------------------------------------------
 
 ALLOWED_STRINGS = {"fastpoll", "fastpoll.urls", "fastpoll.middleware.PollTokenMiddleware"}
@@ -119,3 +123,16 @@ def test_the_import_rule_catches(tmp_path, line):
     path = tmp_path / "bad.py"
     path.write_text(f"import fastpoll\n{line}\n")
     assert fastpoll_uses(str(path)), line
+
+
+def test_the_walk_through_quotes_the_examples_resources():
+    """docs/integrate.md shows the example's two resources as they are in inbox/polls.py."""
+    with open(os.path.join(ROOT, "docs", "integrate.md"), encoding="utf-8") as fh:
+        blocks = [b.split("```", 1)[0] for b in fh.read().split("```python\n")[1:]]
+    with open(os.path.join(EXAMPLE, "inbox", "polls.py"), encoding="utf-8") as fh:
+        polls = fh.read()
+    quoted = [b for b in blocks if '@fastpoll.resource("inbox"' in b or '@fastpoll.resource("board"' in b]
+    assert len(quoted) == 2, "docs/integrate.md should show the inbox and the board resources"
+    for block in quoted:
+        start = block.index("@fastpoll.resource(")
+        assert block[start:] in polls, "docs/integrate.md differs from examples/inbox/inbox/polls.py:\n" + block

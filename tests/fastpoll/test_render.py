@@ -20,7 +20,8 @@ from django.core.management import CommandError, call_command
 from fastpath.options import Options, build_parser
 from fastpoll import commandline, nginx
 from fastpoll import resources as registry
-from plurksite.services import find_binary, free_port, nginx_test, wait_for_port
+from plurksite.services import free_port, nginx_test
+from tests.support.servers import nginx_conf, nginx_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -30,34 +31,6 @@ def run(command, *args):
     out = io.StringIO()
     call_command(command, *args, stdout=out)
     return out.getvalue()
-
-
-def nginx_conf(tmp_path, http_text, server_text, port, django_port):
-    """A minimal nginx.conf: the http part at http level, the server part in a server block that
-    proxies everything else to Django, as a project's own site would."""
-    (tmp_path / "fastpoll-http.conf").write_text(http_text)
-    (tmp_path / "fastpoll-server.conf").write_text(server_text)
-    for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (tmp_path / "temp" / name).mkdir(parents=True, exist_ok=True)
-    temp = "".join(f"    {name}_temp_path {tmp_path}/temp/{name};\n"
-                   for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(f"""worker_processes 1;
-pid {tmp_path}/nginx.pid;
-error_log {tmp_path}/error.log warn;
-events {{ worker_connections 64; }}
-http {{
-{temp}    access_log off;
-    include {tmp_path}/fastpoll-http.conf;
-    server {{
-        listen 127.0.0.1:{port};
-        proxy_set_header Host $http_host;
-        location / {{ proxy_pass http://127.0.0.1:{django_port}; }}
-        include {tmp_path}/fastpoll-server.conf;
-    }}
-}}
-""")
-    return str(conf)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -111,14 +84,10 @@ def nginx_with_the_include(tmp_path, settings):
     port = free_port()
     conf = nginx_conf(tmp_path, run("fastpoll_nginx", "--http"), run("fastpoll_nginx"), port,
                       django.server_port)
-    proc = subprocess.Popen([find_binary("nginx", "nginx"), "-p", str(tmp_path), "-c", conf, "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_port("127.0.0.1", port, process=proc, name="nginx")
-        yield f"http://127.0.0.1:{port}", django
+        with nginx_server(conf, tmp_path, port):
+            yield f"http://127.0.0.1:{port}", django
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
         django.shutdown()
         django.server_close()
 

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import time
 
-from plurksite.services import free_port, memcached_command, wait_for_port
+from plurksite.services import free_port, memcached_command, nginx_command, wait_for_port
 
 
 class Memcached:
@@ -80,3 +80,61 @@ def memcached_servers(count, host="127.0.0.1", memory_mb=32):
 
 def repo_root():
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@contextlib.contextmanager
+def running(argv, host, port, name, **popen):
+    """``argv`` started (``popen``: Popen's keywords; output discarded unless given) until the
+    block ends; yields the Popen once ``host:port`` accepts connections."""
+    popen.setdefault("stdout", subprocess.DEVNULL)
+    popen.setdefault("stderr", subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, **popen)
+    try:
+        wait_for_port(host, port, process=proc, name=name)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def nginx_conf(directory, http_text, server_text, port, django_port):
+    """A minimal nginx.conf in ``directory`` (also its prefix): fastpoll's http part at http level,
+    its server part in a server block that proxies everything else to Django on ``django_port``,
+    as a project's own site would.  Returns the path."""
+    directory = str(directory)
+    with open(os.path.join(directory, "fastpoll-http.conf"), "w") as fh:
+        fh.write(http_text)
+    with open(os.path.join(directory, "fastpoll-server.conf"), "w") as fh:
+        fh.write(server_text)
+    temps = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    for name in temps:
+        os.makedirs(os.path.join(directory, "temp", name), exist_ok=True)
+    temp = "".join(f"    {name}_temp_path {directory}/temp/{name};\n" for name in temps)
+    conf = os.path.join(directory, "nginx.conf")
+    with open(conf, "w") as fh:
+        fh.write(f"""worker_processes 1;
+pid {directory}/nginx.pid;
+error_log {directory}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+{temp}    access_log off;
+    include {directory}/fastpoll-http.conf;
+    server {{
+        listen 127.0.0.1:{port};
+        proxy_set_header Host $http_host;
+        location / {{ proxy_pass http://127.0.0.1:{django_port}; }}
+        include {directory}/fastpoll-server.conf;
+    }}
+}}
+""")
+    return conf
+
+
+def nginx_server(conf, prefix, port):
+    """A real nginx on ``conf`` (see :func:`nginx_conf`) listening on 127.0.0.1:``port``."""
+    return running(nginx_command(str(conf), str(prefix)), "127.0.0.1", port, "nginx")

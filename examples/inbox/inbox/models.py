@@ -17,3 +17,21 @@ class Notification(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["user", "read", "-created"])]
+
+
+class Board(models.Model):
+    """An announcement board: one answer that every member reads (the per-object resource)."""
+    name = models.CharField(max_length=100)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="boards")
+
+    def __str__(self):
+        return self.name
+
+
+class Announcement(models.Model):
+    board = models.ForeignKey(Board, models.CASCADE, related_name="announcements")
+    text = models.CharField(max_length=500)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["board", "-created"])]

@@ -1,7 +1,7 @@
 import fastpoll
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 
 
 @login_required
@@ -12,4 +12,16 @@ def index(request):
             fastpoll.touch("inbox", users=[request.user])
         return redirect("inbox")
     return render(request, "inbox/index.html",
-                  {"notifications": request.user.notifications.order_by("-created")[:20]})
+                  {"notifications": request.user.notifications.order_by("-created")[:20],
+                   "boards": request.user.boards.order_by("name")})
+
+
+@login_required
+def board(request, pk):
+    board = get_object_or_404(request.user.boards, pk=pk)      # members only read the board
+    if request.method == "POST":
+        board.announcements.create(text=request.POST["text"][:500])
+        return redirect("board", pk=pk)
+    return render(request, "inbox/board.html",
+                  {"board": board, "announcements": board.announcements.order_by("-created")[:20],
+                   "poll_url": fastpoll.capability_url(request.user, "board", board)})

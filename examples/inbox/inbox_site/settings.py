@@ -56,4 +56,11 @@ if not SECRET_FILE.exists():
 FASTPOLL = {
     "MEMCACHED_SERVERS": os.environ.get("INBOX_MEMCACHED", "127.0.0.1:11211").split(","),
     "SECRET_FILE": str(SECRET_FILE),
+    # fastpath and nginx, rendered by `manage.py fastpoll_fastpath` and `manage.py fastpoll_nginx`
+    "NOTIFY_DIRS": [os.environ.get("INBOX_NOTIFY_DIR", str(VAR / "notify"))],   # commits wake held polls
+    "FASTPATH_ADDRESS": os.environ.get("INBOX_FASTPATH", "127.0.0.1:8001"),
+    "FASTPATH_ADMIN": os.environ.get("INBOX_FASTPATH_ADMIN") or None,            # /metrics, loopback
+    "FASTPATH_WORKERS": int(os.environ.get("INBOX_FASTPATH_WORKERS", "1")),
+    "LONGPOLL_MAX_WAIT": int(os.environ.get("INBOX_LONGPOLL_MAX_WAIT", "55")),
+    "DJANGO_UPSTREAM": os.environ.get("INBOX_DJANGO", "127.0.0.1:8000"),         # gunicorn, for misses
 }
