@@ -124,10 +124,9 @@ def check_secret_file(config):
     return []
 
 
-#: what fastpath takes (fastpath/options.py): a cookie name of RFC 6265 token characters, a
-#: path that starts and ends with "/"
+#: what fastpath takes (fastpath/options.py): a cookie name of RFC 6265 token characters (the
+#: path: conf.PATH_PREFIX_RE)
 _COOKIE_RE = re.compile(r"\A[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}\Z")
-_PATH_RE = re.compile(r"\A/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]+/)*\Z")
 
 
 @_of_config
@@ -135,7 +134,7 @@ def check_names(config):
     errors = []
     for name, valid, what in (("COOKIE_NAME", _COOKIE_RE, "1-64 cookie-name characters (RFC 6265)"),
                               ("KEY_PREFIX", keys.PREFIX_RE, "1-16 of A-Z a-z 0-9 - _"),
-                              ("PATH_PREFIX", _PATH_RE, "a path that starts and ends with /, at most 64 bytes")):
+                              ("PATH_PREFIX", conf.PATH_PREFIX_RE, conf.PATH_PREFIX_RULE)):
         value = config[name]
         if not isinstance(value, str) or valid.match(value) is None or len(value) > 64:
             errors.append(checks.Error(f"FASTPOLL['{name}'] must be {what}, got {value!r}.", id="fastpoll.E012"))

@@ -8,6 +8,8 @@ from fastpoll import checks as fastpoll_checks
 from plurkcore import checks as plurk_checks
 
 GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"]}
+PATH_MSG = ("FASTPOLL['PATH_PREFIX'] must be a path of one or more segments that starts and ends with / "
+            "(such as '/Poll/'), at most 64 bytes, got {!r}.")
 SERVERS_MSG = "FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
 
 
@@ -44,8 +46,10 @@ def run(plurkcore=None, **overrides):
      [("fastpoll.E012", "FASTPOLL['COOKIE_NAME'] must be 1-64 cookie-name characters (RFC 6265), got 'to k'.")]),
     ({"KEY_PREFIX": "p:1", "PATH_PREFIX": "Poll/"},
      [("fastpoll.E012", "FASTPOLL['KEY_PREFIX'] must be 1-16 of A-Z a-z 0-9 - _, got 'p:1'."),
-      ("fastpoll.E012", "FASTPOLL['PATH_PREFIX'] must be a path that starts and ends with /, at most 64 bytes, "
-                        "got 'Poll/'.")]),
+      ("fastpoll.E012", PATH_MSG.format("Poll/"))]),
+    # "/" would route the whole site to fastpath
+    ({"PATH_PREFIX": "/"}, [("fastpoll.E012", PATH_MSG.format("/"))]),
+    ({"PATH_PREFIX": "//"}, [("fastpoll.E012", PATH_MSG.format("//"))]),
     ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "fastpoll.notify.NullNotifier"}, []),
     ({"NOTIFY_DIRS": "/run/n"},
      [("fastpoll.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
