@@ -17,6 +17,7 @@
 | E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |
+| E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
 
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -172,6 +173,46 @@ def check_notify(config):
     return errors
 
 
+POLL_MIDDLEWARE = "fastpoll.middleware.PollTokenMiddleware"
+SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+def _position(middleware, path):
+    """Index in ``middleware`` of ``path`` or of a subclass of it (as Django's admin checks), else None."""
+    wanted = import_string(path)
+    for index, entry in enumerate(middleware):
+        try:
+            found = import_string(entry)
+        except ImportError:
+            continue
+        if isinstance(found, type) and issubclass(found, wanted):
+            return index
+    return None
+
+
+def check_middleware(app_configs=None, **kwargs):
+    """PollTokenMiddleware reads ``request.user``, which only AuthenticationMiddleware (over
+    SessionMiddleware) sets: without them no session user ever gets a poll cookie, silently."""
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    poll = _position(middleware, POLL_MIDDLEWARE)
+    if poll is None:
+        return []
+    errors = []
+    for path, name in ((SESSION_MIDDLEWARE, "SessionMiddleware"), (AUTH_MIDDLEWARE, "AuthenticationMiddleware")):
+        where = _position(middleware, path)
+        if where is None:
+            errors.append(checks.Error(
+                f"{POLL_MIDDLEWARE} needs {path}, which MIDDLEWARE does not list.",
+                hint=f"Add '{path}' to MIDDLEWARE before '{POLL_MIDDLEWARE}', or remove the latter.",
+                id="fastpoll.E013"))
+        elif where > poll:
+            errors.append(checks.Error(
+                f"{POLL_MIDDLEWARE} is listed before {path} in MIDDLEWARE.",
+                hint=f"Move '{POLL_MIDDLEWARE}' after '{path}'.", id="fastpoll.E013"))
+    return errors
+
+
 def _valid_server(spec):
     try:
         parse_server(spec)
@@ -181,7 +222,7 @@ def _valid_server(spec):
 
 
 CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_secret_file,
-          check_names, check_notify)
+          check_names, check_notify, check_middleware)
 
 
 def register():

@@ -1,6 +1,7 @@
 """System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
 import pytest
 from django.conf import settings
+from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core import checks
 from django.test import override_settings
 
@@ -94,3 +95,34 @@ def test_every_check_is_registered():
     # a plain `manage.py check` (no tags) runs them
     with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1}):
         assert "fastpoll.E003" in {e.id for e in checks.run_checks()}
+
+
+SESSIONS = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
+POLL = "fastpoll.middleware.PollTokenMiddleware"
+
+
+class SiteAuthenticationMiddleware(AuthenticationMiddleware):
+    """A project's own authentication middleware, a subclass of Django's (counts as it)."""
+
+
+@pytest.mark.parametrize("middleware, expected", [
+    ([SESSIONS, AUTH, POLL], []),
+    ([SESSIONS, AUTH], []),                      # no poll middleware: nothing to check
+    ([SESSIONS, POLL, AUTH],
+     [("fastpoll.E013", f"{POLL} is listed before {AUTH} in MIDDLEWARE.", f"Move '{POLL}' after '{AUTH}'.")]),
+    ([POLL, SESSIONS, AUTH],
+     [("fastpoll.E013", f"{POLL} is listed before {AUTH} in MIDDLEWARE.", f"Move '{POLL}' after '{AUTH}'."),
+      ("fastpoll.E013", f"{POLL} is listed before {SESSIONS} in MIDDLEWARE.", f"Move '{POLL}' after '{SESSIONS}'.")]),
+    ([SESSIONS, POLL],
+     [("fastpoll.E013", f"{POLL} needs {AUTH}, which MIDDLEWARE does not list.",
+       f"Add '{AUTH}' to MIDDLEWARE before '{POLL}', or remove the latter.")]),
+    ([AUTH, POLL],
+     [("fastpoll.E013", f"{POLL} needs {SESSIONS}, which MIDDLEWARE does not list.",
+       f"Add '{SESSIONS}' to MIDDLEWARE before '{POLL}', or remove the latter.")]),
+    ([SESSIONS, "tests.fastpoll.test_checks.SiteAuthenticationMiddleware", POLL], []),
+])
+def test_the_poll_middleware_comes_after_sessions_and_authentication(middleware, expected):
+    with override_settings(MIDDLEWARE=middleware, FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS}):
+        found = [(e.id, e.msg, e.hint) for e in checks.run_checks(tags=[fastpoll_checks.TAG])]
+    assert sorted(found) == sorted(expected)
