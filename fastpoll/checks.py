@@ -18,6 +18,7 @@
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
+| E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
 
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -36,6 +37,7 @@ from .secret import SecretFileError, read_secret
 TAG = "fastpoll"
 
 DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL", "OUTBOX_GRACE")
+SWITCHES = ("REVOKE_ON_LOGOUT",)
 COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "FANOUT_IN_REQUEST", "CAPABILITY_TTL")
 MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
 
@@ -110,6 +112,12 @@ def check_counts(config):
             "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values as a "
             "Unix timestamp).", id="fastpoll.E008"))
     return errors
+
+
+@_of_config
+def check_switches(config):
+    return [checks.Error(f"FASTPOLL['{name}'] must be True or False, got {config[name]!r}.", id="fastpoll.E014")
+            for name in SWITCHES if not isinstance(config[name], bool)]
 
 
 @_of_config
@@ -221,7 +229,7 @@ def _valid_server(spec):
     return True
 
 
-CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_secret_file,
+CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_switches, check_secret_file,
           check_names, check_notify, check_middleware)
 
 

@@ -38,6 +38,10 @@ DEFAULTS = {
     "KEY_PREFIX": "p1",
     # path of the polls, before the resource name (fastpath --path-prefix; fastpoll.urls).
     "PATH_PREFIX": "/Poll/",
+    # logging out with Django (user_logged_out) revokes the user's poll tokens: every session's and
+    # API client's, as revocation is per user (fastpoll.middleware).  False: logging out only
+    # deletes this browser's poll cookie; its token stays valid until it expires (TOKEN_TTL).
+    "REVOKE_ON_LOGOUT": True,
     # lifetime of a capability for a per-object resource (fastpoll.capability), seconds.
     "CAPABILITY_TTL": 3600,
     # seconds between passes of `manage.py repaircache --loop`.

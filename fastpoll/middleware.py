@@ -4,7 +4,10 @@
 authenticated user who has no valid poll cookie a fresh one on the way out, so that a site
 logging users in with ``django.contrib.auth`` needs no code of its own.  Logging out with
 Django (``user_logged_out``) revokes the user's poll tokens (:func:`fastpoll.auth.revoke`) and
-the middleware deletes the cookie.
+the middleware deletes the cookie.  Revocation is per user (one epoch): every session's and API
+client's token goes, not only this browser's, so that a logout also ends a token copied out of
+the cookie.  ``FASTPOLL["REVOKE_ON_LOGOUT"] = False`` keeps the others (the cookie is still
+deleted; its token stays valid until it expires).
 """
 import logging
 
@@ -49,7 +52,8 @@ class PollTokenMiddleware:
 def _logged_out(sender, request, user, **kwargs):
     if user is None:
         return
-    auth.revoke(user)
+    if auth.conf.get_config()["REVOKE_ON_LOGOUT"]:
+        auth.revoke(user)
     if request is not None:
         request._fastpoll_logged_out = True
 

@@ -42,6 +42,9 @@ def run(plurkcore=None, **overrides):
      [("fastpoll.E008", "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values "
                          "as a Unix timestamp).")]),
     ({"SECRET_FILE": None}, [("fastpoll.E005", "FASTPOLL['SECRET_FILE'] is not set.")]),
+    ({"REVOKE_ON_LOGOUT": False}, []),
+    ({"REVOKE_ON_LOGOUT": "no"},
+     [("fastpoll.E014", "FASTPOLL['REVOKE_ON_LOGOUT'] must be True or False, got 'no'.")]),
     ({"COOKIE_NAME": "tok", "KEY_PREFIX": "k2", "PATH_PREFIX": "/poll/v2/"}, []),
     ({"COOKIE_NAME": "to k"},
      [("fastpoll.E012", "FASTPOLL['COOKIE_NAME'] must be 1-64 cookie-name characters (RFC 6265), got 'to k'.")]),
