@@ -10,10 +10,12 @@ the cookie.  ``FASTPOLL["REVOKE_ON_LOGOUT"] = False`` keeps the others (the cook
 deleted; its token stays valid until it expires).
 """
 import logging
+import time
 
 from django.contrib.auth.signals import user_logged_out
 
-from . import auth
+from . import auth, keys, tokens
+from .cache import get_cache
 
 logger = logging.getLogger("fastpoll.auth")
 
@@ -39,14 +41,40 @@ class PollTokenMiddleware:
 
     @staticmethod
     def _has_valid_cookie(request, user):
+        """True if the request's poll cookie is a token of ``user`` at the user's current epoch.
+
+        The common case costs no query: the signature, the expiry and the owner are checked
+        here, and the epoch by the user's epoch marker in memcached, which is there while the
+        epoch is current (:func:`fastpoll.auth.issue_token` puts it, a revocation deletes it after
+        its commit: the same check fastpath makes).  Without the marker (evicted, expired,
+        memcached away, or revoked) the database decides, and a current epoch gets its marker
+        back, so the next requests are free again."""
         token = request.COOKIES.get(auth.conf.get_config()["COOKIE_NAME"])
-        if not token:
+        if not token or not getattr(user, "is_active", True):
             return False
         try:
-            owner, _ = auth.authenticate_token(token)
-        except auth.AuthError:
+            uid, epoch, _ = tokens.verify(auth.signing_key(), token, int(time.time()))
+        except tokens.TokenError:
             return False
-        return owner.pk == user.pk
+        if uid != str(user.pk):                        # another user's cookie
+            return False
+        if _marker_present(uid, epoch):
+            return True
+        try:
+            owner, _ = auth.authenticate_token(token)
+        except auth.AuthError:                         # revoked: a fresh cookie
+            return False
+        auth._put_marker(owner.pk, epoch)
+        return True
+
+
+def _marker_present(uid, epoch):
+    key = keys.marker_key(uid, epoch)
+    try:
+        cache = get_cache()
+        return key in cache.get_many(cache.node_for(key), [key])
+    except Exception:          # CacheUnavailable, or anything else: the database decides
+        return False
 
 
 def _logged_out(sender, request, user, **kwargs):
