@@ -8,6 +8,7 @@ their epochs, in one query per ``BATCH_SIZE`` ids).
 """
 import dataclasses
 
+from django.core.exceptions import ValidationError
 from django.db import connection
 
 from . import conf, db
@@ -31,12 +32,31 @@ class Audience:
     member: str
 
     def __call__(self, *ids):
-        return Members(self.name, frozenset(ids))
+        return Members(self.name, frozenset(self.key(i) for i in ids))
+
+    @property
+    def key_field(self):
+        """The field whose values the ids are: ``by``'s (the target's, for a foreign key)."""
+        field = self.model._meta.get_field(self.by)
+        return getattr(field, "target_field", field)
+
+    def key(self, value):
+        """``value`` (an id, its text as JSON or a URL gives it, or an instance) as the Python
+        value of :attr:`key_field`: the members the writer reads are keyed by it."""
+        if hasattr(value, "_meta"):
+            value = value.pk
+        field = self.key_field
+        if type(value) is int and field.get_internal_type() in db.INTEGER_FIELDS:
+            return value
+        try:
+            return field.to_python(value)
+        except (ValidationError, TypeError, ValueError):
+            raise ValueError(f"audience {self.name!r} got {value!r}, which is not a value of "
+                             f"{self.model._meta.label}.{self.by}") from None
 
     def keys_from_db(self, values):
         """``by`` values read by raw SQL as the ids a change names (a UUID SQLite keeps as text)."""
-        field = self.model._meta.get_field(self.by)
-        field = getattr(field, "target_field", field)
+        field = self.key_field
         if field.get_internal_type() in db.INTEGER_FIELDS:
             return values
         return [field.to_python(v) for v in values]
@@ -75,7 +95,7 @@ def expand(wanted):
             table, by, member = found.columns()
             ids = list(ids)
             for start in range(0, len(ids), size):
-                where, params = db.id_filter(f"f.{by}", ids[start:start + size])
+                where, params = db.id_filter(f"f.{by}", ids[start:start + size], field=found.key_field)
                 cursor.execute(f"SELECT f.{by}, f.{member}, s.epoch FROM {table} f "
                                f"JOIN {state} s ON s.user_id = f.{member} WHERE {where}{active}",
                                params + active_params)

@@ -11,15 +11,16 @@ from .models import UserState
 __all__ = ["id_filter", "active_clause", "epochs", "user_ids_from_db"]
 
 
-def id_filter(column, ids):
+def id_filter(column, ids, field=None):
     """(sql, params) for "``column`` is one of the user ids ``ids``" with a single parameter: an
     array on PostgreSQL, a JSON list on SQLite (thousands of placeholders cost more to bind than
     the query takes to run).  Other backends get one placeholder per id.  Ids of any primary key
-    type (integers, UUIDs) are sent as the database stores them."""
+    type (integers, UUIDs) are sent as the database stores them: the values of ``field`` (the
+    user model's primary key when None)."""
     ids = list(ids)
     integers = all(type(i) is int for i in ids)
     if not integers:
-        ids = [_db_value(i) for i in ids]
+        ids = [_db_value(i, field) for i in ids]
     if connection.vendor == "postgresql":
         if integers:
             # an array literal as text: psycopg adapts a list of ints in Python, ~1.3 ms per 1000 ids
@@ -30,8 +31,8 @@ def id_filter(column, ids):
     return f"{column} IN ({', '.join(['%s'] * len(ids))})", ids
 
 
-def _db_value(value):
-    field = get_user_model()._meta.pk
+def _db_value(value, field=None):
+    field = get_user_model()._meta.pk if field is None else field
     return field.get_db_prep_value(field.to_python(value), connection)
 
 
