@@ -156,8 +156,7 @@ def _replay_pending(report, limit=1000):
     clock), then delete them.  Their writer died between its commit and its stores, or failed;
     if it is only slow, writing twice is harmless (every write reads the database afresh)."""
     grace = datetime.timedelta(seconds=conf.get_config()["OUTBOX_GRACE"])
-    using = router.db_for_write(PendingChange)       # where the rows are written and forgotten
-    rows = list(PendingChange.objects.using(using).filter(created__lt=Now() - grace)
+    rows = list(PendingChange.objects.filter(created__lt=Now() - grace)
                 .order_by("pk").values_list("pk", "change")[:limit])
     if not rows:
         return
@@ -176,7 +175,7 @@ def _replay_pending(report, limit=1000):
         # one row that cannot be written must not hold the others back: each on its own; the
         # failing ones stay (logged by flush) for the next pass and an operator
         written += [pk for pk, change in batch if flush([change])]
-    outbox.forget(using, written)
+    outbox.forget(router.db_for_write(PendingChange), written)
     stats["replayed"] += len(written)
     report["replayed"] = len(written)
 

@@ -14,7 +14,7 @@ registered.
 from django.contrib.auth import get_user_model
 from django.db.models.signals import post_save, pre_delete, pre_save
 
-from . import changes, db, keys, outbox, resources
+from . import changes, keys, outbox, resources
 from .models import UserState
 
 #: User fields that no answer shows: a save of only these publishes nothing (a login sets last_login).
@@ -61,16 +61,16 @@ class _Watcher:
 
 
 def _epoch(uid):
-    return UserState.objects.using(db.state_db()).filter(user_id=uid).values_list("epoch", flat=True).first()
+    return UserState.objects.filter(user_id=uid).values_list("epoch", flat=True).first()
 
 
 # the user's changes are written after the commit of the user's database (``using``); its poll
-# state is where the router puts fastpoll's tables (fastpoll.db.state_db)
+# state is where the router writes fastpoll's tables (UserState's manager reads there too)
 def _user_saved(sender, instance, created, raw=False, update_fields=None, using=None, **kwargs):
     if raw or (update_fields is not None and set(update_fields) <= UNSHOWN_USER_FIELDS):
         return
     if created:
-        UserState.objects.using(db.state_db()).get_or_create(user_id=instance.pk)
+        UserState.objects.get_or_create(user_id=instance.pk)
         changes.record(outbox.make(None, {instance.pk}), using)
     elif getattr(instance, "is_active", True) is False:
         epoch = _epoch(instance.pk)
