@@ -30,10 +30,10 @@ class PollTokenMiddleware:
         if getattr(request, "_fastpoll_logged_out", False):
             auth.delete_cookie(response)
         elif (user is not None and user.is_authenticated and 200 <= response.status_code < 400
-              and response.status_code != 304 and not response.streaming
-              and not self._has_valid_cookie(request, user)):
+              and response.status_code != 304 and not response.streaming):
             try:
-                auth.issue_token(user, response, request)
+                if not self._has_valid_cookie(request, user):
+                    auth.issue_token(user, response, request)
             except Exception:
                 # no cookie: the page's polls are answered by Django (401) until the next request
                 logger.exception("cannot issue a poll token for user %s", user.pk)

@@ -146,3 +146,11 @@ def test_another_users_or_a_forged_cookie_is_replaced(user):
         client.cookies[cookie_name()] = token
         resp, _ = page_queries(client)
         assert auth.authenticate_token(resp.cookies[cookie_name()].value) == (user, 0)
+
+
+def test_a_page_is_served_when_the_cookie_cannot_be_checked(user, settings, caplog):
+    client, _ = logged_in(user)
+    settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE="/nonexistent/fastpoll.key")
+    resp, _ = page_queries(client)                          # 200 "ok", no new cookie
+    assert cookie_name() not in resp.cookies
+    assert "cannot issue a poll token" in caplog.text
