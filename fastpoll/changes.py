@@ -30,7 +30,7 @@ import time
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import router, transaction
 from django.db.models.functions import Now
 
 from . import audiences, background, conf, db, keys, outbox, publish, repair, resources
@@ -42,7 +42,9 @@ _current = threading.local()       # .batches: {database alias: the open transac
 
 
 class _Batch:
-    """The changes of one transaction on one database (:class:`fastpoll.outbox.Change`)."""
+    """The changes of one transaction on one database (:class:`fastpoll.outbox.Change`); ``alias``
+    is the database of its outbox rows (:func:`outbox_db`), the transaction's when the router
+    puts fastpoll's tables there."""
 
     def __init__(self, alias):
         self.alias = alias
@@ -105,16 +107,25 @@ class _Lease:
             logger.exception("cannot renew %d outbox row(s)", len(self.pks))
 
 
+def outbox_db():
+    """The database of the outbox rows: where the router writes :class:`PendingChange`."""
+    return router.db_for_write(PendingChange)
+
+
 def record(change, using=None):
-    """After the current transaction commits, write ``change`` (an outbox Change).  Outside a
-    transaction: right away."""
+    """After the current transaction on ``using`` (the database that made the change; None: the
+    default) commits, write ``change`` (an outbox Change).  Outside a transaction: right away.
+
+    Its outbox row goes to :func:`outbox_db`: in the same transaction when that is ``using``;
+    else it is committed at once, so a rollback of ``using`` leaves a row behind, which the
+    repair pass replays once (a rewrite of answers that did not change)."""
     connection = transaction.get_connection(using)
     batches = _batches()
     batch = batches.get(connection.alias)
     if batch is not None and batch.is_pending(connection):
         batch.add(change)
         return
-    batch = batches[connection.alias] = _Batch(connection.alias)
+    batch = batches[connection.alias] = _Batch(outbox_db())
     batch.add(change)
     transaction.on_commit(batch, using=connection.alias)    # outside a transaction: runs now
 

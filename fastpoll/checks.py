@@ -17,6 +17,8 @@
 | E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |
+| E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
+| E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
 
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -35,6 +37,7 @@ from .secret import SecretFileError, read_secret
 TAG = "fastpoll"
 
 DURATIONS = ("MEMCACHED_TIMEOUT", "MEMCACHED_RETRY_INTERVAL", "REPAIR_INTERVAL", "OUTBOX_GRACE")
+SWITCHES = ("REVOKE_ON_LOGOUT",)
 COUNTS = ("TOKEN_TTL", "CACHE_TTL", "CAS_ATTEMPTS", "BATCH_SIZE", "FANOUT_IN_REQUEST", "CAPABILITY_TTL")
 MAX_CACHE_TTL = 30 * 24 * 3600     # memcached reads a larger expiry as a Unix timestamp
 
@@ -112,6 +115,12 @@ def check_counts(config):
 
 
 @_of_config
+def check_switches(config):
+    return [checks.Error(f"FASTPOLL['{name}'] must be True or False, got {config[name]!r}.", id="fastpoll.E014")
+            for name in SWITCHES if not isinstance(config[name], bool)]
+
+
+@_of_config
 def check_secret_file(config):
     path = config["SECRET_FILE"]
     if not path or not isinstance(path, str):
@@ -124,10 +133,9 @@ def check_secret_file(config):
     return []
 
 
-#: what fastpath takes (fastpath/options.py): a cookie name of RFC 6265 token characters, a
-#: path that starts and ends with "/"
+#: what fastpath takes (fastpath/options.py): a cookie name of RFC 6265 token characters (the
+#: path: conf.PATH_PREFIX_RE)
 _COOKIE_RE = re.compile(r"\A[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}\Z")
-_PATH_RE = re.compile(r"\A/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]+/)*\Z")
 
 
 @_of_config
@@ -135,7 +143,7 @@ def check_names(config):
     errors = []
     for name, valid, what in (("COOKIE_NAME", _COOKIE_RE, "1-64 cookie-name characters (RFC 6265)"),
                               ("KEY_PREFIX", keys.PREFIX_RE, "1-16 of A-Z a-z 0-9 - _"),
-                              ("PATH_PREFIX", _PATH_RE, "a path that starts and ends with /, at most 64 bytes")):
+                              ("PATH_PREFIX", conf.PATH_PREFIX_RE, conf.PATH_PREFIX_RULE)):
         value = config[name]
         if not isinstance(value, str) or valid.match(value) is None or len(value) > 64:
             errors.append(checks.Error(f"FASTPOLL['{name}'] must be {what}, got {value!r}.", id="fastpoll.E012"))
@@ -173,6 +181,46 @@ def check_notify(config):
     return errors
 
 
+POLL_MIDDLEWARE = "fastpoll.middleware.PollTokenMiddleware"
+SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+def _position(middleware, path):
+    """Index in ``middleware`` of ``path`` or of a subclass of it (as Django's admin checks), else None."""
+    wanted = import_string(path)
+    for index, entry in enumerate(middleware):
+        try:
+            found = import_string(entry)
+        except ImportError:
+            continue
+        if isinstance(found, type) and issubclass(found, wanted):
+            return index
+    return None
+
+
+def check_middleware(app_configs=None, **kwargs):
+    """PollTokenMiddleware reads ``request.user``, which only AuthenticationMiddleware (over
+    SessionMiddleware) sets: without them no session user ever gets a poll cookie, silently."""
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    poll = _position(middleware, POLL_MIDDLEWARE)
+    if poll is None:
+        return []
+    errors = []
+    for path, name in ((SESSION_MIDDLEWARE, "SessionMiddleware"), (AUTH_MIDDLEWARE, "AuthenticationMiddleware")):
+        where = _position(middleware, path)
+        if where is None:
+            errors.append(checks.Error(
+                f"{POLL_MIDDLEWARE} needs {path}, which MIDDLEWARE does not list.",
+                hint=f"Add '{path}' to MIDDLEWARE before '{POLL_MIDDLEWARE}', or remove the latter.",
+                id="fastpoll.E013"))
+        elif where > poll:
+            errors.append(checks.Error(
+                f"{POLL_MIDDLEWARE} is listed before {path} in MIDDLEWARE.",
+                hint=f"Move '{POLL_MIDDLEWARE}' after '{path}'.", id="fastpoll.E013"))
+    return errors
+
+
 def _valid_server(spec):
     try:
         parse_server(spec)
@@ -181,8 +229,8 @@ def _valid_server(spec):
     return True
 
 
-CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_secret_file,
-          check_names, check_notify)
+CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_switches, check_secret_file,
+          check_names, check_notify, check_middleware)
 
 
 def register():

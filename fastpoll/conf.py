@@ -5,6 +5,7 @@ tests); every derived object (the memcached client, the signing key) registers a
 with :func:`on_reset` and is rebuilt on next use.
 """
 import functools
+import re
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -37,6 +38,10 @@ DEFAULTS = {
     "KEY_PREFIX": "p1",
     # path of the polls, before the resource name (fastpath --path-prefix; fastpoll.urls).
     "PATH_PREFIX": "/Poll/",
+    # logging out with Django (user_logged_out) revokes the user's poll tokens: every session's and
+    # API client's, as revocation is per user (fastpoll.middleware).  False: logging out only
+    # deletes this browser's poll cookie; its token stays valid until it expires (TOKEN_TTL).
+    "REVOKE_ON_LOGOUT": True,
     # lifetime of a capability for a per-object resource (fastpoll.capability), seconds.
     "CAPABILITY_TTL": 3600,
     # seconds between passes of `manage.py repaircache --loop`.
@@ -76,6 +81,17 @@ DEFAULTS = {
     # one worker carries at once, as an answered client polls again at once.
     "NGINX_UPSTREAM_KEEPALIVE": 512,
 }
+
+#: a PATH_PREFIX fastpath can take (fastpath/options.py) and nginx can route: "/", one or more
+#: segments, "/" again.  "/" alone would send every request of the site to fastpath, which
+#: answers 404 to all but the polls.  fastpoll.E012 and the renderers (fastpoll.nginx) say so.
+PATH_PREFIX_RE = re.compile(r"\A/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]+/)+\Z")
+PATH_PREFIX_RULE = "a path of one or more segments that starts and ends with / (such as '/Poll/'), at most 64 bytes"
+
+
+def is_path_prefix(value):
+    return isinstance(value, str) and len(value) <= 64 and PATH_PREFIX_RE.match(value) is not None
+
 
 _reset_callbacks = []
 

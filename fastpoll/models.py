@@ -5,9 +5,18 @@ The debts (docs/consistency.md, "The pieces"): a memcached server a write failed
 committed change whose answers may not be written yet (:class:`PendingChange`, the outbox).
 """
 from django.conf import settings
-from django.db import models
+from django.db import models, router
 from django.db.models.functions import Now
 from django.utils import timezone
+
+
+class WhereWrittenManager(models.Manager):
+    """Reads where the router writes (``db_for_write``), never from a replica: these tables say
+    what the cache may hold (an epoch read behind a revocation would let a revoked token in and
+    have its epoch's answers written again; a debt read late would be paid late)."""
+
+    def get_queryset(self):
+        return super().get_queryset().using(router.db_for_write(self.model))
 
 
 class UserState(models.Model):
@@ -17,6 +26,8 @@ class UserState(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, primary_key=True,
                                 related_name="fastpoll_state")
     epoch = models.BigIntegerField(default=0)
+
+    objects = WhereWrittenManager()
 
     class Meta:
         verbose_name = "poll state"
@@ -35,6 +46,8 @@ class SuspectServer(models.Model):
     generation = models.BigIntegerField(default=1)
     since = models.DateTimeField(default=timezone.now)
 
+    objects = WhereWrittenManager()
+
     def __str__(self):
         return self.server
 
@@ -45,6 +58,8 @@ class StaleKey(models.Model):
     key = models.CharField(max_length=250, unique=True)
     generation = models.BigIntegerField(default=1)
     since = models.DateTimeField(default=timezone.now)
+
+    objects = WhereWrittenManager()
 
     def __str__(self):
         return self.key
@@ -61,6 +76,8 @@ class PendingChange(models.Model):
 
     change = models.TextField()            # JSON (fastpoll.outbox)
     created = models.DateTimeField(db_default=Now())
+
+    objects = WhereWrittenManager()
 
     def __str__(self):
         return f"pending change {self.pk}: {self.change[:60]}"

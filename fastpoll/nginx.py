@@ -28,8 +28,6 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 _NAME_RE = re.compile(r"\A[a-z0-9_]{1,32}\Z")
 # what follows http:// in proxy_pass: an upstream name, host:port, [v6]:port or unix:/path:
 _UPSTREAM_RE = re.compile(r"\A(?:unix:/[^\s;{}'\"$]+:|[A-Za-z0-9_.\-]+(?::\d{1,5})?|\[[0-9A-Fa-f:.]+\]:\d{1,5})\Z")
-# a location prefix fastpath can take (fastpoll.checks E012): starts and ends with /
-_PATH_RE = re.compile(r"\A/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]+/)*\Z")
 
 
 class RenderError(ValueError):
@@ -79,9 +77,8 @@ def context(config=None):
     if not isinstance(name, str) or _NAME_RE.match(name) is None:
         raise RenderError(f"FASTPOLL['NGINX_NAME'] must be 1-32 of a-z 0-9 _, got {name!r}")
     path = config["PATH_PREFIX"]
-    if not isinstance(path, str) or _PATH_RE.match(path) is None or len(path) > 64:
-        raise RenderError(f"FASTPOLL['PATH_PREFIX'] must be a path that starts and ends with /, "
-                          f"at most 64 bytes, got {path!r}")
+    if not conf.is_path_prefix(path):
+        raise RenderError(f"FASTPOLL['PATH_PREFIX'] must be {conf.PATH_PREFIX_RULE}, got {path!r}")
     django = config["DJANGO_UPSTREAM"]
     if not isinstance(django, str) or _UPSTREAM_RE.match(django) is None:
         raise RenderError(f"FASTPOLL['DJANGO_UPSTREAM'] = {django!r}: give what follows http:// in "

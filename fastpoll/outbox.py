@@ -13,6 +13,7 @@ import logging
 from django.contrib.auth import get_user_model
 from django.db import connections
 
+from . import audiences
 from .models import PendingChange
 
 logger = logging.getLogger("fastpoll.changes")
@@ -41,12 +42,18 @@ def encode(change):
 
 
 def decode(text):
-    """An outbox row's change.  User ids come back as JSON had them (an int, or the text of a
-    UUID, which the writer's queries and keys take as they take the UUID)."""
+    """An outbox row's change.  User ids and audience ids come back as the values of their
+    fields (JSON gives a UUID back as its text), as the change had them before :func:`encode`;
+    an audience that is not registered (any more) keeps its ids as JSON had them."""
     data = json.loads(text)
     to_pk = get_user_model()._meta.pk.to_python          # a UUID comes back as its text
     return make(data["resources"], [u if type(u) is int else to_pk(u) for u in data["users"]], [tuple(o) for o in data["objects"]],
-                [tuple(a) for a in data["audiences"]], data["dead_keys"])
+                [_audience_reference(name, i) for name, i in data["audiences"]], data["dead_keys"])
+
+
+def _audience_reference(name, value):
+    found = audiences.get(name)
+    return (name, value if found is None else found.key(value))
 
 
 def forget(alias, pks):

@@ -32,14 +32,14 @@ class _Watcher:
         self.model = model
         self.watching = []
 
-    def saved(self, sender, instance, raw=False, **kwargs):
+    def saved(self, sender, instance, raw=False, using=None, **kwargs):
         if not raw:
-            self.report(instance)
+            self.report(instance, using)
 
-    def deleting(self, sender, instance, **kwargs):
-        self.report(instance)
+    def deleting(self, sender, instance, using=None, **kwargs):
+        self.report(instance, using)
 
-    def report(self, instance):
+    def report(self, instance, using=None):
         """One change for the event where it can be (one outbox row): the users of the watching
         per-user resources that named the same users, with every object named."""
         groups, objects = {}, set()          # (user ids, members) -> resource names; (name, object)
@@ -54,44 +54,51 @@ class _Watcher:
             if users or members:
                 groups.setdefault((frozenset(users), frozenset(members)), []).append(resource.name)
         if not groups and objects:
-            changes.record(outbox.make((), objects=objects))
+            changes.record(outbox.make((), objects=objects), using)
         for (users, members), names in groups.items():
-            changes.record(outbox.make(names, users, objects, members))
+            changes.record(outbox.make(names, users, objects, members), using)
             objects = ()
 
 
-def _user_saved(sender, instance, created, raw=False, update_fields=None, **kwargs):
+def _epoch(uid):
+    return UserState.objects.filter(user_id=uid).values_list("epoch", flat=True).first()
+
+
+# the user's changes are written after the commit of the user's database (``using``); its poll
+# state is where the router writes fastpoll's tables (UserState's manager reads there too)
+def _user_saved(sender, instance, created, raw=False, update_fields=None, using=None, **kwargs):
     if raw or (update_fields is not None and set(update_fields) <= UNSHOWN_USER_FIELDS):
         return
     if created:
         UserState.objects.get_or_create(user_id=instance.pk)
-        changes.record(outbox.make(None, {instance.pk}))
+        changes.record(outbox.make(None, {instance.pk}), using)
     elif getattr(instance, "is_active", True) is False:
-        epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
+        epoch = _epoch(instance.pk)
         if epoch is not None:
-            changes.record(outbox.make(None, dead_keys=_all_user_keys(instance.pk, epoch)))
+            changes.record(outbox.make(None, dead_keys=_all_user_keys(instance.pk, epoch)), using)
     else:
-        changes.record(outbox.make(None, {instance.pk}))
+        changes.record(outbox.make(None, {instance.pk}), using)
 
 
-def _user_deleting(sender, instance, **kwargs):
-    epoch = UserState.objects.filter(user_id=instance.pk).values_list("epoch", flat=True).first()
+def _user_deleting(sender, instance, using=None, **kwargs):
+    epoch = _epoch(instance.pk)
     if epoch is not None:
-        changes.record(outbox.make(None, dead_keys=_all_user_keys(instance.pk, epoch)))
+        changes.record(outbox.make(None, dead_keys=_all_user_keys(instance.pk, epoch)), using)
 
 
-def _state_saving(sender, instance, raw=False, **kwargs):
+def _state_saving(sender, instance, raw=False, using=None, **kwargs):
     if raw or instance._state.adding:
         return
-    instance._fastpoll_old_epoch = UserState.objects.filter(pk=instance.pk).values_list("epoch", flat=True).first()
+    instance._fastpoll_old_epoch = (UserState.objects.using(using).filter(pk=instance.pk)
+                                    .values_list("epoch", flat=True).first())
 
 
-def _state_saved(sender, instance, created, raw=False, **kwargs):
+def _state_saved(sender, instance, created, raw=False, using=None, **kwargs):
     if raw:
         return
     old = getattr(instance, "_fastpoll_old_epoch", None)
     dead = _all_user_keys(instance.pk, old) if old is not None and old != instance.epoch else ()
-    changes.record(outbox.make(None, {instance.pk}, dead_keys=dead))
+    changes.record(outbox.make(None, {instance.pk}, dead_keys=dead), using)
 
 
 _watchers = {}                     # model -> _Watcher

@@ -1,3 +1,19 @@
 """fastpoll's tests use plurkcore's fixtures (a dead-but-fast cache by default, real memcached
 on request, API clients): the Plurk store is fastpoll's first user, and its models make changes."""
 from tests.plurkcore.conftest import _isolated_plurkcore, api, cache1, cache3, client_factory, hooks, signup  # noqa: F401
+
+#: a second database (SQLite in memory), created only for the tests that name it
+#: (``pytest.mark.django_db(databases=["default", OTHER])``: tests/fastpoll/test_multidb.py)
+OTHER = "other"
+
+
+def pytest_configure(config):
+    from django.conf import settings
+    from django.db import connections
+
+    if OTHER in settings.DATABASES:
+        return
+    settings.DATABASES[OTHER] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    if "settings" in connections.__dict__:          # the connection handler read DATABASES already
+        both = {"default": dict(connections.settings["default"]), OTHER: dict(settings.DATABASES[OTHER])}
+        connections.settings[OTHER] = connections.configure_settings(both)[OTHER]

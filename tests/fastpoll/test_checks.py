@@ -1,6 +1,7 @@
 """System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
 import pytest
 from django.conf import settings
+from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core import checks
 from django.test import override_settings
 
@@ -8,6 +9,8 @@ from fastpoll import checks as fastpoll_checks
 from plurkcore import checks as plurk_checks
 
 GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"]}
+PATH_MSG = ("FASTPOLL['PATH_PREFIX'] must be a path of one or more segments that starts and ends with / "
+            "(such as '/Poll/'), at most 64 bytes, got {!r}.")
 SERVERS_MSG = "FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
 
 
@@ -39,13 +42,18 @@ def run(plurkcore=None, **overrides):
      [("fastpoll.E008", "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values "
                          "as a Unix timestamp).")]),
     ({"SECRET_FILE": None}, [("fastpoll.E005", "FASTPOLL['SECRET_FILE'] is not set.")]),
+    ({"REVOKE_ON_LOGOUT": False}, []),
+    ({"REVOKE_ON_LOGOUT": "no"},
+     [("fastpoll.E014", "FASTPOLL['REVOKE_ON_LOGOUT'] must be True or False, got 'no'.")]),
     ({"COOKIE_NAME": "tok", "KEY_PREFIX": "k2", "PATH_PREFIX": "/poll/v2/"}, []),
     ({"COOKIE_NAME": "to k"},
      [("fastpoll.E012", "FASTPOLL['COOKIE_NAME'] must be 1-64 cookie-name characters (RFC 6265), got 'to k'.")]),
     ({"KEY_PREFIX": "p:1", "PATH_PREFIX": "Poll/"},
      [("fastpoll.E012", "FASTPOLL['KEY_PREFIX'] must be 1-16 of A-Z a-z 0-9 - _, got 'p:1'."),
-      ("fastpoll.E012", "FASTPOLL['PATH_PREFIX'] must be a path that starts and ends with /, at most 64 bytes, "
-                        "got 'Poll/'.")]),
+      ("fastpoll.E012", PATH_MSG.format("Poll/"))]),
+    # "/" would route the whole site to fastpath
+    ({"PATH_PREFIX": "/"}, [("fastpoll.E012", PATH_MSG.format("/"))]),
+    ({"PATH_PREFIX": "//"}, [("fastpoll.E012", PATH_MSG.format("//"))]),
     ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "fastpoll.notify.NullNotifier"}, []),
     ({"NOTIFY_DIRS": "/run/n"},
      [("fastpoll.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
@@ -90,3 +98,34 @@ def test_every_check_is_registered():
     # a plain `manage.py check` (no tags) runs them
     with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1}):
         assert "fastpoll.E003" in {e.id for e in checks.run_checks()}
+
+
+SESSIONS = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
+POLL = "fastpoll.middleware.PollTokenMiddleware"
+
+
+class SiteAuthenticationMiddleware(AuthenticationMiddleware):
+    """A project's own authentication middleware, a subclass of Django's (counts as it)."""
+
+
+@pytest.mark.parametrize("middleware, expected", [
+    ([SESSIONS, AUTH, POLL], []),
+    ([SESSIONS, AUTH], []),                      # no poll middleware: nothing to check
+    ([SESSIONS, POLL, AUTH],
+     [("fastpoll.E013", f"{POLL} is listed before {AUTH} in MIDDLEWARE.", f"Move '{POLL}' after '{AUTH}'.")]),
+    ([POLL, SESSIONS, AUTH],
+     [("fastpoll.E013", f"{POLL} is listed before {AUTH} in MIDDLEWARE.", f"Move '{POLL}' after '{AUTH}'."),
+      ("fastpoll.E013", f"{POLL} is listed before {SESSIONS} in MIDDLEWARE.", f"Move '{POLL}' after '{SESSIONS}'.")]),
+    ([SESSIONS, POLL],
+     [("fastpoll.E013", f"{POLL} needs {AUTH}, which MIDDLEWARE does not list.",
+       f"Add '{AUTH}' to MIDDLEWARE before '{POLL}', or remove the latter.")]),
+    ([AUTH, POLL],
+     [("fastpoll.E013", f"{POLL} needs {SESSIONS}, which MIDDLEWARE does not list.",
+       f"Add '{SESSIONS}' to MIDDLEWARE before '{POLL}', or remove the latter.")]),
+    ([SESSIONS, "tests.fastpoll.test_checks.SiteAuthenticationMiddleware", POLL], []),
+])
+def test_the_poll_middleware_comes_after_sessions_and_authentication(middleware, expected):
+    with override_settings(MIDDLEWARE=middleware, FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS}):
+        found = [(e.id, e.msg, e.hint) for e in checks.run_checks(tags=[fastpoll_checks.TAG])]
+    assert sorted(found) == sorted(expected)

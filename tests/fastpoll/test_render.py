@@ -108,7 +108,8 @@ def test_a_poll_falls_back_to_django_and_a_dead_django_answers_json(nginx_with_t
 
 @pytest.mark.parametrize("key, value, words", [
     ("NGINX_NAME", "My App", "FASTPOLL['NGINX_NAME'] must be 1-32 of a-z 0-9 _"),
-    ("PATH_PREFIX", "/Poll", "FASTPOLL['PATH_PREFIX'] must be a path that starts and ends with /"),
+    ("PATH_PREFIX", "/Poll", "FASTPOLL['PATH_PREFIX'] must be a path of one or more segments that starts and ends with /"),
+    ("PATH_PREFIX", "/", "(such as '/Poll/')"),
     ("FASTPATH_ADDRESS", "unix:run/fp.sock", "give unix:/absolute/path"),
     ("FASTPATH_ADDRESS", "localhost", "expected host:port, [v6]:port or unix:/path"),
     ("DJANGO_UPSTREAM", "127.0.0.1:8000; deny all", "FASTPOLL['DJANGO_UPSTREAM']"),
