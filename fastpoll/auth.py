@@ -11,7 +11,7 @@ import time
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import router, transaction
 
 from . import conf, keys, tokens
 from .models import UserState
@@ -73,7 +73,7 @@ def _put_marker(uid, epoch):
 def revoke(user, response=None):
     """Revoke every poll token of ``user``: its epoch moves on, and the old epoch's cached
     answers are deleted after the commit.  With ``response``, the cookie is deleted too."""
-    with transaction.atomic():
+    with transaction.atomic(using=router.db_for_write(UserState)):
         # lock the row: the keys to retire are those of the epoch this update replaces
         state, _ = UserState.objects.select_for_update().get_or_create(user_id=_pk(user))
         state.epoch += 1

@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
 
 from pymemcache.client.hash import HashClient
 from pymemcache.client.rendezvous import RendezvousHash
@@ -31,6 +32,8 @@ logger = logging.getLogger("fastpoll.cache")
 
 RECV_SIZE = 65536
 GET_CHUNK = 500      # keys per ``get`` line of get_many (pymemcache's own command)
+DUMP_TRIES = 25      # ``lru_crawler metadump`` answered BUSY: tries, 0.2 s apart
+_DUMP_REFUSALS = (b"BUSY", b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")
 
 #: Failures per server since start (exported for monitoring and tests).
 stats = {"failures": 0, "skipped": 0}
@@ -257,6 +260,31 @@ class AnswerCache:
         node = self.node_for(key)
         return self.store_many(node, [(b"add", key, value, None)], expire)[key] == b"STORED"
 
+    def keys_on(self, node):
+        """Every key ``node`` holds (``lru_crawler metadump all``), for the checker, which must
+        find per-object answers without knowing their objects.  On a connection of its own, so
+        that the dump (one line per key) never sits between a batch and its replies.  Raises
+        :class:`CacheUnavailable` when the server cannot be reached or refuses to list."""
+        server = self.client.clients[node].server
+        try:
+            family = socket.AF_UNIX if isinstance(server, str) else socket.AF_INET6 if ":" in server[0] else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.settimeout(max(self.timeout, 5.0))
+                sock.connect(server)
+                for _ in range(DUMP_TRIES):
+                    sock.sendall(b"lru_crawler metadump all\r\n")
+                    data = _read_dump(sock)
+                    if not data.startswith(b"BUSY"):
+                        break
+                    time.sleep(0.2)          # another dump is running: memcached runs one at a time
+        except (OSError, ValueError) as exc:
+            raise CacheUnavailable(node, f"cannot list its keys: {exc}") from exc
+        if not data.endswith(b"END\r\n"):
+            reason = data.split(b"\r\n", 1)[0].decode("ascii", "replace")[:200]
+            raise CacheUnavailable(node, f"cannot list its keys: {reason} (memcached >= 1.5 lists them)")
+        return [urllib.parse.unquote(line[4:].split(" ", 1)[0])
+                for line in data[:-5].decode("ascii", "replace").splitlines() if line.startswith("key=")]
+
     def close(self):
         for client in self.client.clients.values():
             client.close()
@@ -390,6 +418,19 @@ class _Wire:
             at += take
             if len(batch.lines) == batch.want:
                 self.batches.popleft()
+
+
+def _read_dump(sock):
+    """One reply to ``lru_crawler metadump``: its lines up to ``END``, or a one-line refusal."""
+    chunks, tail = [], b""
+    while True:
+        chunk = sock.recv(RECV_SIZE)
+        if not chunk:
+            raise ValueError("connection closed during the dump")
+        chunks.append(chunk)
+        tail = (tail + chunk)[-64:]
+        if tail.endswith(b"END\r\n") or (len(chunks) == 1 and chunk.startswith(_DUMP_REFUSALS) and chunk.endswith(b"\r\n")):
+            return b"".join(chunks)
 
 
 def _refuse_errors(data):

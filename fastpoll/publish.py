@@ -111,7 +111,8 @@ def _per(name):
     return resource.per if resource is not None else "user"
 
 
-def _sorted(ids):
+def sorted_ids(ids):
+    """``ids`` in a fixed order (sorted; by their text when they are of several types)."""
     try:
         return sorted(ids)
     except TypeError:                 # ids of several types: any fixed order will do
@@ -120,7 +121,7 @@ def _sorted(ids):
 
 def _write_chunks(write, by_resource, alive):
     """:func:`write_answers` for resources of one kind (users or objects)."""
-    users = _sorted(set().union(*by_resource.values())) if by_resource else []
+    users = sorted_ids(set().union(*by_resource.values())) if by_resource else []
     size = conf.get_config()["BATCH_SIZE"]
     starts = [0] + list(range(max(1, size // 4), len(users), size))
     chunks = ({name: uids & chunk for name, uids in by_resource.items() if uids & chunk}
@@ -277,7 +278,7 @@ def _compute_round(todo, failed):
     with resources.computing():
         for name, uids in wanted.items():
             try:
-                values[name] = resources.get(name).compute(_sorted(uids))
+                values[name] = resources.get(name).compute(sorted_ids(uids))
             except Exception:
                 logger.exception("computing poll resource %s failed", name)
                 broken = [key for key, (n, _) in todo.items() if n == name]

@@ -43,6 +43,28 @@ def test_checkcache_finds_and_fixes_differences(signup, cache1):
     assert run("checkcache")[0] == 0
 
 
+def test_checkcache_checks_the_object_answers_memcached_holds(signup, cache1):
+    from fastpoll import keys
+
+    a = signup("a")
+    one = a.call("POST", "/api/plurks", {"content": "x"}).json()["id"]
+    url = a.call("GET", f"/api/plurks/{one}").json()["poll"]
+    assert a.get(url, HTTP_AUTHORIZATION=f"Bearer {a.token}").status_code == 204    # Django fills it
+    a.call("POST", f"/api/plurks/{one}/responses", {"content": "first"})
+    key = keys.object_key("getThread", one)
+    assert server_client(cache1.spec).get(key) is not None
+    code, out = run("checkcache")
+    assert code == 0 and "1 cached object answer(s)" in out, out
+    server_client(cache1.spec).set(key, b'{"responses":[]}')
+    server_client(cache1.spec).set(keys.object_key("getThread", 987654), b"gone")    # no such plurk
+    code, out = run("checkcache")
+    assert code == 1 and key in out and "2 difference(s)" in out, out
+    assert run("checkcache", "--fix")[0] == 1
+    code, out = run("checkcache")
+    assert code == 0 and "0 difference(s)" in out, out
+    assert server_client(cache1.spec).get(key) not in (None, b'{"responses":[]}')
+
+
 def test_repaircache_flushes_returned_server(signup, cache1):
     signup("a")
     SuspectServer.objects.create(server=cache1.spec)

@@ -5,7 +5,8 @@ from fastpoll.models import UserState
 
 
 class Command(StoreCommand):
-    help = ("Compare every active user's cached poll answers with the database and print the "
+    help = ("Compare every active user's cached poll answers, and every per-object answer memcached "
+            "holds (listed with lru_crawler metadump), with the database and print the "
             "differences (a missing entry is not one: it is a miss).  Exit status 1 when a "
             "difference existed, 2 when a server did not answer (its entries went unchecked).  "
             "--fix repairs the differences.")
@@ -23,29 +24,21 @@ class Command(StoreCommand):
         size = conf.get_config()["BATCH_SIZE"]
         states = list(UserState.objects.filter(user__is_active=True).order_by("user_id")
                       .values_list("user_id", "epoch"))
-        differences = checked = 0
+        self.differences = self.checked = 0
         for start in range(0, len(states), size):
             chunk = dict(states[start:start + size])
-            wrong = {}
-            for resource in resources.all_resources(per="user"):
-                found, suspects = self._compare(resource, chunk)
-                checked += found
-                if suspects:
-                    # A change may have committed between our two reads: look again before
-                    # calling it a difference.
-                    _, confirmed = self._compare(resource, {uid: chunk[uid] for uid in suspects})
-                    for uid, (key, value, expected) in confirmed.items():
-                        differences += 1
-                        shown = None if expected is None else expected[:200]
-                        self.stdout.write(f"{key}: cached {value[:200]!r}, database {shown!r}")
-                        wrong.setdefault(resource.name, set()).add(uid)
-            if fix and wrong:
-                failed = publish.write_answers(wrong)
-                if failed:
-                    self.stdout.write(f"could not rewrite {len(failed)} key(s); see repaircache")
+            self._check({resource: {keys.answer_key(resource.name, uid, epoch): uid for uid, epoch in chunk.items()}
+                         for resource in resources.all_resources(per="user")}, fix)
+        objects = self._cached_objects()
+        for resource, ids in objects.items():
+            for start in range(0, len(ids), size):
+                self._check({resource: {keys.object_key(resource.name, ident): ident
+                                        for ident in ids[start:start + size]}}, fix)
+        differences = self.differences
         for node in sorted(self.unreachable):
             self.stderr.write(f"memcached {node} did not answer; its entries were not checked")
-        summary = f"{len(states)} user(s), {checked} cached answer(s), {differences} difference(s)"
+        summary = (f"{len(states)} user(s), {sum(map(len, objects.values()))} cached object answer(s), "
+                   f"{self.checked} cached answer(s), {differences} difference(s)")
         if fix and differences:
             summary += " (fixed)"
         self.stdout.write(summary)
@@ -54,10 +47,48 @@ class Command(StoreCommand):
         if self.unreachable:
             raise SystemExit(2)      # nothing wrong found, but the check is incomplete
 
-    def _compare(self, resource, epochs):
-        """(number of cached entries, {uid: (key, cached, expected)} for those that differ)."""
-        key_of = {keys.answer_key(resource.name, uid, epoch): uid for uid, epoch in epochs.items()}
-        truth = resource.compute(sorted(epochs))
+    def _check(self, key_of_by_resource, fix):
+        """Compare, then compare again what differed (a change may have committed between our
+        two reads) before calling it a difference; with ``fix``, rewrite those."""
+        wrong = {}
+        for resource, key_of in key_of_by_resource.items():
+            found, suspects = self._compare(resource, key_of)
+            self.checked += found
+            if suspects:
+                _, confirmed = self._compare(resource, {k: i for k, i in key_of.items() if i in suspects})
+                for ident, (key, value, expected) in confirmed.items():
+                    self.differences += 1
+                    shown = None if expected is None else expected[:200]
+                    self.stdout.write(f"{key}: cached {value[:200]!r}, database {shown!r}")
+                    wrong.setdefault(resource.name, set()).add(ident)
+        if fix and wrong:
+            failed = publish.write_answers(wrong)
+            if failed:
+                self.stdout.write(f"could not rewrite {len(failed)} key(s); see repaircache")
+
+    def _cached_objects(self):
+        """{per-object resource: [object id, ...]} of the answers memcached holds."""
+        by_name = {resource.name: resource for resource in resources.all_resources(per="object")}
+        found = {}
+        if not by_name:
+            return found
+        for node in self.cache.nodes:
+            try:
+                names = self.cache.keys_on(node)
+            except CacheUnavailable as exc:
+                self.stderr.write(str(exc))
+                self.unreachable.add(node)
+                continue
+            for name in names:
+                key = keys.parse_key(name)
+                if key is not None and key.kind == "object" and key.resource in by_name:
+                    found.setdefault(by_name[key.resource], []).append(keys.object_id(key.id))
+        return found
+
+    def _compare(self, resource, key_of):
+        """(number of cached entries, {id: (key, cached, expected)} for those that differ);
+        ``key_of`` is {key: user or object id}."""
+        truth = resource.compute(publish.sorted_ids(set(key_of.values())))
         cached = {}
         for node, node_keys in self.cache.group(key_of).items():
             try:
