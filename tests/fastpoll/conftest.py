@@ -1,5 +1,7 @@
 """fastpoll's tests use plurkcore's fixtures (a dead-but-fast cache by default, real memcached
 on request, API clients): the Plurk store is fastpoll's first user, and its models make changes."""
+import contextlib
+
 from tests.plurkcore.conftest import _isolated_plurkcore, api, cache1, cache3, client_factory, hooks, signup  # noqa: F401
 
 #: a second database (SQLite in memory), created only for the tests that name it
@@ -17,3 +19,32 @@ def pytest_configure(config):
     if "settings" in connections.__dict__:          # the connection handler read DATABASES already
         both = {"default": dict(connections.settings["default"]), OTHER: dict(settings.DATABASES[OTHER])}
         connections.settings[OTHER] = connections.configure_settings(both)[OTHER]
+
+
+@contextlib.contextmanager
+def subscriptions(topic_field, alias="default"):
+    """A throwaway table of (topic, reader) on ``alias`` and the audience ``test_topic_readers``
+    over it (no foreign keys: a table of its own): (the model, the audience)."""
+    from django.db import connections, models
+    from django.test.utils import isolate_apps
+
+    import fastpoll
+    from fastpoll import audiences
+
+    with isolate_apps("fastpoll"):
+        class Subscription(models.Model):
+            topic = topic_field
+            reader = models.BigIntegerField()
+
+            class Meta:
+                app_label = "fastpoll"
+                db_table = "fastpoll_test_subscription"
+
+    with connections[alias].schema_editor() as editor:
+        editor.create_model(Subscription)
+    try:
+        yield Subscription, fastpoll.audience("test_topic_readers", Subscription, by="topic", member="reader")
+    finally:
+        audiences._registry.pop("test_topic_readers", None)
+        with connections[alias].schema_editor() as editor:
+            editor.delete_model(Subscription)

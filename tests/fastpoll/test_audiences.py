@@ -7,15 +7,15 @@ import json
 import uuid
 
 import pytest
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from django.db.models.functions import Now
-from django.test.utils import isolate_apps
 
 import fastpoll
 from fastpoll import audiences, changes, outbox, publish, repair
 from fastpoll.models import PendingChange
 from plurkcore.answers import followers
 
+from tests.fastpoll.conftest import subscriptions
 from tests.plurkcore.helpers import cached, key_of, truth
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,24 +28,9 @@ def no_grace(settings):
 
 @pytest.fixture
 def topics():
-    """An audience keyed by a UUID: the readers of a topic (no foreign keys: a table of its own)."""
-    with isolate_apps("fastpoll"):
-        class Subscription(models.Model):
-            topic = models.UUIDField()
-            reader = models.BigIntegerField()
-
-            class Meta:
-                app_label = "fastpoll"
-                db_table = "fastpoll_test_subscription"
-
-    with connection.schema_editor() as editor:
-        editor.create_model(Subscription)
-    try:
-        yield Subscription, fastpoll.audience("test_topic_readers", Subscription, by="topic", member="reader")
-    finally:
-        audiences._registry.pop("test_topic_readers", None)
-        with connection.schema_editor() as editor:
-            editor.delete_model(Subscription)
+    """An audience keyed by a UUID: the readers of a topic."""
+    with subscriptions(models.UUIDField()) as made:
+        yield made
 
 
 def aged():

@@ -9,13 +9,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import connections, models, transaction
 from django.db.models.functions import Now
-from django.test.utils import isolate_apps
 
 import fastpoll
 from fastpoll import audiences, auth, db, keys, repair, resources
 from fastpoll.models import PendingChange, UserState
 
-from tests.fastpoll.conftest import OTHER
+from tests.fastpoll.conftest import OTHER, subscriptions
 from tests.plurkcore.helpers import server_client
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", OTHER])
@@ -124,23 +123,8 @@ def test_fastpolls_tables_follow_the_router(cache1, settings, watched_groups):
 def topics():
     """An audience whose relation lives on "other" only (the users and their poll states on the
     default database), read there through the router."""
-    with isolate_apps("fastpoll"):
-        class Subscription(models.Model):
-            topic = models.BigIntegerField()
-            reader = models.BigIntegerField()
-
-            class Meta:
-                app_label = "fastpoll"
-                db_table = "fastpoll_test_subscription"
-
-    with connections[OTHER].schema_editor() as editor:
-        editor.create_model(Subscription)
-    try:
-        yield Subscription, fastpoll.audience("test_topic_readers", Subscription, by="topic", member="reader")
-    finally:
-        audiences._registry.pop("test_topic_readers", None)
-        with connections[OTHER].schema_editor() as editor:
-            editor.delete_model(Subscription)
+    with subscriptions(models.BigIntegerField(), OTHER) as made:
+        yield made
 
 
 class SubscriptionsOnOther:
