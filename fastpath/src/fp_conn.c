@@ -9,7 +9,7 @@
  *
  * A connection is a small state machine (fp_conn_state_t): _conn_set_state is the only writer
  * of c->state, and debug builds check each transition against _legal below.  What a connection
- * may ask for depends on its kind (the listener it came from): _kinds below.
+ * may ask for depends on its kind (the listener it came from): fp_route.c's fp_kinds.
  *
  * Request data is only ever handled as (offset, length) into the read buffer; nothing here
  * relies on NUL termination.
@@ -34,7 +34,6 @@
 #define STATS_CAP 16384
 #define LINGER_S 2                   /* how long a closing connection's input is still read */
 #define LINGER_MAX_BYTES (1u << 20)
-#define ADMIN_MAX_CONNECTIONS 16     /* per worker: /metrics is for one scraper and an operator */
 
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
 static int _conn_after_response(fp_conn_t *c);
@@ -67,32 +66,6 @@ static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
 #endif
     c->state = (uint8_t)to;
 }
-
-typedef struct {
-    const char *name;
-    /* at the end of the head: decide the request's action (and the key or the answer) */
-    void (*route)(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
-    int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
-    uint8_t counted;                         /* answers count in fastpath_requests_total */
-} _kind_t;
-
-static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
-static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
-
-static int _poll_cap(const fp_config_t *cfg)
-{
-    return cfg->max_connections;
-}
-
-static int _admin_cap(const fp_config_t *cfg)
-{
-    return ADMIN_MAX_CONNECTIONS;
-}
-
-static const _kind_t _kinds[FP_CONN_KIND_N] = {
-    [FP_CONN_POLL] = {"poll", _route_poll, _poll_cap, 1},
-    [FP_CONN_ADMIN] = {"admin", _route_admin, _admin_cap, 0},
-};
 
 /* ---- read buffers ------------------------------------------------------------------ */
 
@@ -223,7 +196,7 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
     int read_now = kind == FP_CONN_POLL && srv->read_on_accept;
     fp_conn_t *c = NULL;
 
-    if (srv->stopping || srv->n_kind[kind] >= _kinds[kind].cap(cfg) || _set_nodelay(srv, fd, kind) != 0 ||
+    if (srv->stopping || srv->n_kind[kind] >= fp_kinds[kind].cap(cfg) || _set_nodelay(srv, fd, kind) != 0 ||
         (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
         goto reject;
     c->srv = srv;
@@ -282,91 +255,15 @@ void fp_conn_close_all(fp_server_t *srv)
         _conn_close(srv->conns);
 }
 
-/* ---- responses: building the head ---------------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-} _text_t;
-
-static void _put(_text_t *t, const char *s, size_t n)
-{
-    if (t->len + n <= t->cap) {
-        memcpy(t->p + t->len, s, n);
-        t->len += n;
-    }
-}
-
-#define PUT_LIT(t, s) _put((t), (s), sizeof(s) - 1)
-
-static void _put_str(_text_t *t, const char *s, size_t max)
-{
-    _put(t, s, strnlen(s, max));
-}
-
-static void _put_uint(_text_t *t, uint64_t v)
-{
-    char tmp[24];
-    size_t i = sizeof(tmp);
-    do {
-        tmp[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0 && i > 0);
-    _put(t, tmp + i, sizeof(tmp) - i);
-}
-
-/* Status line and headers of an answer with body_len bytes of body (0 for 204 and HEAD). */
-static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, const char *cache,
-                        const char *etag, size_t body_len)
-{
-    size_t date_len;
-    const char *date = fp_date_header(&c->srv->date, c->srv->base, &date_len);
-
-    PUT_LIT(h, "HTTP/1.1 ");
-    _put_uint(h, (uint64_t)code);
-    PUT_LIT(h, " ");
-    _put_str(h, fp_status_reason(code), 31);   /* the longest reason is 31 */
-    PUT_LIT(h, "\r\nDate: ");
-    _put(h, date, date_len);
-    PUT_LIT(h, "\r\n");
-    if (code != 204 && code != 304) {
-        PUT_LIT(h, "Content-Type: ");
-        _put_str(h, ctype, 64);
-        PUT_LIT(h, "\r\nContent-Length: ");
-        _put_uint(h, body_len);
-        PUT_LIT(h, "\r\n");
-    }
-    PUT_LIT(h, "Cache-Control: no-store\r\n");
-    if (etag != NULL) {
-        PUT_LIT(h, "ETag: ");
-        _put(h, etag, FP_ETAG_LEN);
-        PUT_LIT(h, "\r\n");
-    }
-    if (c->wait_s >= 0) {
-        PUT_LIT(h, "Preference-Applied: wait=");
-        _put_uint(h, (uint64_t)c->wait_s);
-        PUT_LIT(h, "\r\n");
-    }
-    if (cache != NULL) {
-        PUT_LIT(h, "X-Cache: ");
-        _put_str(h, cache, 8);
-        PUT_LIT(h, "\r\n");
-    }
-    if (!c->keep_alive || c->srv->stopping)
-        PUT_LIT(h, "Connection: close\r\n");
-    else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
-        PUT_LIT(h, "Connection: keep-alive\r\n");
-    PUT_LIT(h, "\r\n");
-}
-
 /* ---- responses: sending ------------------------------------------------------------ */
 
 /* Keep what the socket did not take (sent bytes of head + body so far: n) and wait until it is
  * writable.  -1: the connection was closed. */
-static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, size_t body_len, size_t n)
+static int _conn_keep_rest(fp_conn_t *c, const char *head, size_t head_len, const char *body, size_t body_len,
+                           size_t n)
 {
-    size_t total = h->len + body_len, rest = total - n;
-    size_t from_head = n < h->len ? h->len - n : 0;
+    size_t total = head_len + body_len, rest = total - n;
+    size_t from_head = n < head_len ? head_len - n : 0;
     size_t from_body = rest - from_head;
 
     c->out = malloc(rest);
@@ -374,7 +271,7 @@ static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, siz
         _conn_close(c);
         return -1;
     }
-    memcpy(c->out, h->p + (h->len - from_head), from_head);
+    memcpy(c->out, head + (head_len - from_head), from_head);
     if (from_body > 0)               /* body may be NULL when there is none (204) */
         memcpy(c->out + from_head, body + (body_len - from_body), from_body);
     c->out_len = rest;
@@ -389,9 +286,9 @@ static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, siz
 
 /* Head and body in one sendmsg in the common case.  -1: the connection was closed or is
  * closing (the caller must not touch it). */
-static int _conn_send(fp_conn_t *c, const _text_t *h, const char *body, size_t body_len)
+static int _conn_send(fp_conn_t *c, const char *head, size_t head_len, const char *body, size_t body_len)
 {
-    struct iovec iov[2] = {{h->p, h->len}, {(void *)body, body_len}};
+    struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body_len}};
     struct msghdr msg;
     ssize_t n;
 
@@ -408,82 +305,51 @@ static int _conn_send(fp_conn_t *c, const _text_t *h, const char *body, size_t b
         }
         n = 0;
     }
-    if ((size_t)n == h->len + body_len)
+    if ((size_t)n == head_len + body_len)
         return _conn_after_response(c);
-    return _conn_keep_rest(c, h, body, body_len, (size_t)n);
+    return _conn_keep_rest(c, head, head_len, body, body_len, (size_t)n);
 }
 
-/* Send status, headers (etag: FP_ETAG_LEN bytes, or NULL for none) and body.  -1: the
- * connection was closed or is closing. */
-static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *cache, const char *etag,
-                         const char *body, size_t body_len)
+/* Send a reply (fp_reply.c built it).  -1: the connection was closed or is closing. */
+static int _conn_reply(fp_conn_t *c, const fp_reply_t *a)
 {
-    char head_buf[HEAD_CAP];
-    _text_t h = {head_buf, 0, sizeof(head_buf)};
+    char head[HEAD_CAP];
+    size_t body_len = a->code == 204 || a->code == 304 ? 0 : a->body_len;
 
-    if (code == 204 || code == 304)
-        body_len = 0;
-    if (_kinds[c->kind].counted)
-        c->srv->st->status[fp_status_slot(code)]++;
-    _build_head(c, &h, code, ctype, cache, etag, body_len);
+    if (fp_kinds[c->kind].counted)
+        c->srv->st->status[fp_status_slot(a->code)]++;
+    size_t head_len = fp_reply_head(c, a, body_len, head, sizeof(head));
     /* HEAD: the head a GET would get, Content-Length included, and no content (RFC 9110 9.3.2) */
-    return _conn_send(c, &h, body, c->is_head ? 0 : body_len);
+    return _conn_send(c, head, head_len, a->body, c->is_head ? 0 : body_len);
 }
 
 static int _conn_respond_error(fp_conn_t *c, int code, const char *message, const char *cache)
 {
-    char body_buf[160];
-    _text_t b = {body_buf, 0, sizeof(body_buf)};
-    /* message is always one of our literals, never request data */
-    PUT_LIT(&b, "{\"error\":\"");
-    _put_str(&b, message, 128);
-    PUT_LIT(&b, "\"}");
-    return _conn_respond(c, code, "application/json", cache, NULL, b.p, b.len);
+    fp_reply_t a;
+    fp_reply_error(&a, code, message, cache);
+    return _conn_reply(c, &a);
 }
 
 static int _conn_respond_metrics(fp_conn_t *c)
 {
+    fp_reply_t a;
     char *text = malloc(STATS_CAP);
     if (text == NULL)
         return _conn_respond_error(c, 503, "out of memory", NULL);
     size_t n = fp_stats_render(c->srv->cfg->stats, c->srv->cfg->n_workers, text, STATS_CAP);
-    int rc = _conn_respond(c, 200, "text/plain; version=0.0.4", NULL, NULL, text, n);
+    fp_reply_set(&a, 200, "text/plain; version=0.0.4", NULL, NULL, text, n);
+    int rc = _conn_reply(c, &a);
     free(text);
     return rc;
-}
-
-/* The request's If-None-Match names the answer's ETag (weak comparison: W/ was dropped). */
-static int _conn_not_modified(const fp_conn_t *c, const char *etag)
-{
-    return c->inm == FP_INM_TAG && memcmp(c->inm_tag, etag, FP_ETAG_LEN) == 0;
 }
 
 /* Answer what memcached said (tag: the answer's ETag if known, else NULL). */
 static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
                                const char *tag)
 {
-    char etag[FP_ETAG_LEN];          /* every 200 and 204 carries the ETag of its body */
-
-    switch (r) {
-    case FP_MC_HIT:
-    case FP_MC_EMPTY:
-        if (tag == NULL) {           /* a wake computed it once for all its waiters */
-            if (fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, etag) != 0)
-                return _conn_respond_error(c, 503, "etag failed", "MISS");
-            tag = etag;
-        }
-        if (_conn_not_modified(c, tag))
-            return _conn_respond(c, 304, NULL, "HIT", tag, NULL, 0);
-        if (r == FP_MC_EMPTY)
-            return _conn_respond(c, 204, NULL, "HIT", tag, NULL, 0);
-        return _conn_respond(c, 200, "application/json", "HIT", tag, data, len);
-    case FP_MC_MISS:
-        return _conn_respond_error(c, 404, "miss", "MISS");
-    case FP_MC_OVERLOADED:
-        return _conn_respond_error(c, 503, "overloaded", "MISS");
-    default:
-        return _conn_respond_error(c, 503, "memcached unavailable", "MISS");
-    }
+    fp_reply_t a;
+    fp_reply_result(&a, c, r, data, len, tag);
+    return _conn_reply(c, &a);
 }
 
 /* ---- closing ----------------------------------------------------------------------- */
@@ -617,7 +483,9 @@ static void _conn_hold_over(fp_conn_t *c)
     fp_wait_remove(&c->srv->waits, &c->waiter);
     fp_wait_remove(&c->srv->waits, &c->marker_waiter);
     c->srv->st->hold_timeouts++;
-    if (_conn_respond(c, 304, NULL, "HIT", c->inm_tag, NULL, 0) == 0 && c->state == CONN_READING)
+    fp_reply_t a;
+    fp_reply_set(&a, 304, NULL, "HIT", c->inm_tag, NULL, 0);
+    if (_conn_reply(c, &a) == 0 && c->state == CONN_READING)
         _conn_process(c);
 }
 
@@ -681,7 +549,7 @@ static void _object_free(fp_conn_t *c)
 }
 
 /* Answer the object poll if what has come decides it: 1 while it waits for the other get, else
- * as _conn_respond (-1: the connection was closed).  data/len: the object's value at hand
+ * as _conn_reply (-1: the connection was closed).  data/len: the object's value at hand
  * (NULL: the copy, if any). */
 static int _object_decide(fp_conn_t *c, const char *data, size_t len)
 {
@@ -707,7 +575,7 @@ static int _object_decide(fp_conn_t *c, const char *data, size_t len)
         len = o->len;
     }
     if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
-        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && _conn_not_modified(c, tag))
+        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && fp_reply_not_modified(c, tag))
         rc = _conn_hold(c, o->key, o->key_len, o->marker, o->marker_len);
     else
         rc = _conn_answer_result(c, r, data, len, NULL);
@@ -775,233 +643,6 @@ static int _object_start(fp_conn_t *c)
         return 0;
     }
     return rc;
-}
-
-/* ---- deciding what a request gets ---------------------------------------------------- */
-
-static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
-{
-    fp_request_t *rq = &c->in->req;
-    rq->action = ACT_RESPOND;
-    rq->answer_code = (int16_t)code;
-    rq->answer_message = message;
-    rq->answer_cache = cache;
-}
-
-/* What a poll's URL names: a user resource, or a per-object resource and its object. */
-typedef struct {
-    const char *res, *obj;           /* obj NULL: a user poll */
-    size_t res_len, obj_len;
-    const char *query;               /* after '?', or NULL */
-    size_t query_len;
-} _target_t;
-
-/* s (len bytes) is one of names[0..n): its index, or -1 */
-static int _find_name(const char *const *names, const size_t *lens, int n, const char *s, size_t len)
-{
-    for (int i = 0; i < n; i++)
-        if (lens[i] == len && memcmp(names[i], s, len) == 0)
-            return i;
-    return -1;
-}
-
-/* url = path-prefix resource [ "/" object ] [ "?" query ]: resource one of cfg->resources, or
- * with an object one of cfg->object_resources; object = 1*64( ALPHA / DIGIT / "-" / "_" );
- * path-prefix is --path-prefix ("/Poll/").  0, or -1 for anything else (Django's). */
-static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len, _target_t *t)
-{
-    const char *q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
-    size_t len = q ? (size_t)(q - url) : url_len, plen = cfg->path_prefix_len;
-    const char *slash;
-
-    t->query = q ? q + 1 : NULL;
-    t->query_len = q ? url_len - len - 1 : 0;
-    if (len <= plen || memcmp(url, cfg->path_prefix, plen) != 0)
-        return -1;
-    t->res = url + plen;
-    t->res_len = len - plen;
-    slash = memchr(t->res, '/', t->res_len);
-    t->obj = NULL;
-    t->obj_len = 0;
-    if (slash == NULL)
-        return _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len) < 0 ? -1 : 0;
-    t->obj = slash + 1;
-    t->obj_len = t->res_len - (size_t)(t->obj - t->res);
-    t->res_len = (size_t)(slash - t->res);
-    if (!fp_is_object_name(t->obj, t->obj_len))
-        return -1;
-    return _find_name(cfg->object_resources, cfg->object_resource_len, cfg->n_object_resources, t->res,
-                      t->res_len) < 0 ? -1 : 0;
-}
-
-/* The query's one cap=<value>: 1 and *cap, or 0 if there is none or fastpath could read it
- * otherwise than Django (a repeated cap, any '%' or '+' in the query: Django decodes them). */
-static int _query_cap(const char *q, size_t len, const char **cap, size_t *cap_len)
-{
-    int found = 0;
-    if (q == NULL || memchr(q, '%', len) != NULL || memchr(q, '+', len) != NULL)
-        return 0;
-    while (len > 0) {
-        const char *amp = memchr(q, '&', len);
-        size_t pair_len = amp != NULL ? (size_t)(amp - q) : len;
-        if (pair_len >= 4 && memcmp(q, "cap=", 4) == 0) {
-            if (found++)
-                return 0;
-            *cap = q + 4;
-            *cap_len = pair_len - 4;
-        }
-        if (amp == NULL)
-            break;
-        q = amp + 1;
-        len -= pair_len + 1;
-    }
-    return found == 1 && *cap_len > 0;
-}
-
-static int _span_eq(const char *a, size_t a_len, const char *b, size_t b_len)
-{
-    return a_len == b_len && memcmp(a, b, a_len) == 0;
-}
-
-/* A per-object poll of a valid token: its capability, checked, turned into the object's key
- * and the user's epoch marker key (docs/contract.md section 8).  Anything wrong with the
- * capability is Django's to answer precisely (404 MISS), never another object's answer. */
-static void _authorize_object(fp_conn_t *c, const _target_t *t, const fp_token_t *token, int64_t now)
-{
-    const fp_config_t *cfg = c->srv->cfg;
-    fp_request_t *rq = &c->in->req;
-    const char *cap = NULL;
-    size_t cap_len = 0, key_len, marker_len;
-    fp_cap_t cp;
-
-    if (!_query_cap(t->query, t->query_len, &cap, &cap_len)) {
-        _decide(c, 404, "no capability fastpath can read", "MISS");
-        return;
-    }
-    fp_token_result_t r = fp_cap_check(&c->srv->hmac, cap, cap_len, now, &cp);
-    if (r == FP_TOKEN_INTERNAL) {
-        _decide(c, 503, fp_token_strerror(r), "MISS");
-        return;
-    }
-    if (r != FP_TOKEN_OK || !_span_eq(cp.res, cp.res_len, t->res, t->res_len) ||
-        !_span_eq(cp.obj, cp.obj_len, t->obj, t->obj_len) ||
-        !_span_eq(cp.uid, cp.uid_len, token->uid_str, token->uid_len)) {
-        _decide(c, 404, "capability refused", "MISS");
-        return;
-    }
-    key_len = fp_make_object_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
-                                 t->res, t->res_len, t->obj, t->obj_len);
-    marker_len = fp_make_marker_key(rq->marker, sizeof(rq->marker), cfg->key_prefix, cfg->key_prefix_len, token);
-    if (key_len == 0 || marker_len == 0) {
-        _decide(c, 400, "bad key", NULL);
-        return;
-    }
-    rq->key_len = (uint8_t)key_len;
-    rq->marker_len = (uint8_t)marker_len;
-    rq->action = ACT_OBJECT;
-}
-
-/* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
- * Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is Django's to read. */
-static void _conditional(fp_conn_t *c)
-{
-    const char *data = c->in->data;
-    fp_request_t *rq = &c->in->req;
-    if (rq->have_inm > 1 || rq->have_prefer > 1) {
-        _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
-        return;
-    }
-    if (rq->have_inm) {
-        c->inm = (uint8_t)fp_inm_parse(data + rq->inm_off, rq->inm_len, c->inm_tag);
-        if (c->inm == FP_INM_UNREADABLE) {
-            _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
-            return;
-        }
-    }
-    if (rq->have_prefer && c->srv->cfg->max_wait_s > 0) {
-        int32_t w = fp_prefer_wait(data + rq->prefer_off, rq->prefer_len);
-        if (w >= 0)
-            c->wait_s = w < c->srv->cfg->max_wait_s ? w : c->srv->cfg->max_wait_s;
-    }
-}
-
-/* The token of the request, checked, turned into the target's memcached key (and for an
- * object poll, its capability checked too). */
-static void _authenticate(fp_conn_t *c, const _target_t *t)
-{
-    const fp_config_t *cfg = c->srv->cfg;
-    const char *data = c->in->data, *tok = NULL;
-    size_t tok_len = 0;
-    fp_token_t token;
-    int64_t now;
-    fp_request_t *rq = &c->in->req;
-
-    /* read exactly as Django reads them (docs/contract.md, section 2) */
-    fp_header_span_t auth = {rq->have_auth ? data + rq->auth_off : NULL, rq->auth_len};
-    fp_header_span_t cookie = {rq->have_cookie ? data + rq->cookie_off : NULL, rq->cookie_len};
-    fp_cred_result_t found = fp_credentials(&auth, rq->have_auth, &cookie, rq->have_cookie,
-                                            cfg->cookie_name, cfg->cookie_name_len, &tok, &tok_len);
-    if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
-        _decide(c, 404, "ambiguous credentials", "MISS");
-        return;
-    }
-    if (found != FP_CRED_FOUND) {
-        _decide(c, 401, "authentication required", NULL);
-        return;
-    }
-    if (fp_wall_s(c->srv->base, &now) != 0) {
-        _decide(c, 503, "clock unavailable", "MISS");    /* expiry cannot be checked: fall back */
-        return;
-    }
-    fp_token_result_t tr = fp_token_check(&c->srv->hmac, tok, tok_len, now, &token);
-    if (tr == FP_TOKEN_INTERNAL) {
-        _decide(c, 503, fp_token_strerror(tr), "MISS");  /* libcrypto failed, not the client */
-        return;
-    }
-    if (tr != FP_TOKEN_OK) {
-        _decide(c, 401, fp_token_strerror(tr), NULL);
-        return;
-    }
-    if (t->obj != NULL) {
-        _authorize_object(c, t, &token, now);
-        if (rq->action == ACT_OBJECT)
-            _conditional(c);
-        return;
-    }
-    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
-                                 t->res, t->res_len, &token);
-    if (key_len == 0 || key_len > FP_KEY_CAP) {
-        _decide(c, 400, "bad key", NULL);
-        return;
-    }
-    rq->key_len = (uint8_t)key_len;
-    rq->action = ACT_MEMCACHED;
-    _conditional(c);
-}
-
-static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
-{
-    _target_t t;
-
-    if (method != HTTP_GET && method != HTTP_POST) {
-        /* HEAD (a read, contract.md 7) and the methods Django refuses, with its own 405 and
-         * Allow, or its 404 for a path that names no resource: Django's to answer */
-        _decide(c, 404, "method is Django's to answer", "MISS");
-        return;
-    }
-    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
-        _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
-        return;
-    }
-    _authenticate(c, &t);
-}
-
-static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
-{
-    if (method == HTTP_GET && url_len == 8 && memcmp(url, "/metrics", 8) == 0)
-        c->in->req.action = ACT_METRICS;
-    else
-        _decide(c, 404, "not found", NULL);
 }
 
 /* A whole request has been read: answer it, or ask memcached.  -1: connection closed. */
@@ -1196,7 +837,7 @@ static int _on_headers_complete(llhttp_t *p)
     uint8_t method = llhttp_get_method(p);
     if (c->is_head)
         c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts */
-    _kinds[c->kind].route(c, method, c->in->data + rq->url_off, rq->url_len);
+    fp_route(c, method, c->in->data + rq->url_off, rq->url_len);
     c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
     return 0;
 }

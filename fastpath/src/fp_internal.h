@@ -107,6 +107,15 @@ typedef enum {
     FP_CONN_KIND_N
 } fp_conn_kind_t;
 
+/* What a listener's connections may do: one row per kind (fp_route.c's fp_kinds). */
+typedef struct {
+    const char *name;
+    /* at the end of the head: decide the request's action (and the key or the answer) */
+    void (*route)(struct fp_conn *c, uint8_t method, const char *url, size_t url_len);
+    int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
+    uint8_t counted;                         /* answers count in fastpath_requests_total */
+} fp_kind_t;
+
 /* How the poll listener's connections get Nagle turned off (fp_server.c _tune_listener). */
 typedef enum {
     FP_NODELAY_NONE,                 /**< a unix socket: no Nagle to turn off */
@@ -185,6 +194,19 @@ typedef struct fp_server {
     struct event *sig_term, *sig_int;
 } fp_server_t;
 
+/* An answer: status, headers and body (fp_reply.c decides them and writes the head; fp_conn.c
+ * sends it).  Pointers stay valid while it is sent; tag and error hold what fp_reply.c made. */
+typedef struct fp_reply {
+    int code;
+    const char *ctype;               /* Content-Type of a 200 or an error */
+    const char *cache;               /* X-Cache, or NULL */
+    const char *etag;                /* FP_ETAG_LEN bytes, or NULL: no ETag */
+    const char *body;                /* body_len bytes (none for 204, 304) */
+    size_t body_len;
+    char tag[FP_ETAG_LEN];           /* the body's ETag, when fp_reply_result computed it */
+    char error[160];                 /* an error's JSON body */
+} fp_reply_t;
+
 /* fp_server.c */
 int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t err_len);
 void fp_server_fini(fp_server_t *srv);
@@ -198,5 +220,18 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind);   
 void fp_conn_close_idle(fp_server_t *srv);
 void fp_conn_close_all(fp_server_t *srv);
 void fp_buf_pool_free(fp_server_t *srv);
+
+/* fp_route.c: what a request gets */
+extern const fp_kind_t fp_kinds[FP_CONN_KIND_N];
+void fp_route(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+
+/* fp_reply.c: what answers a request, and the head's bytes */
+void fp_reply_set(fp_reply_t *a, int code, const char *ctype, const char *cache, const char *etag,
+                  const char *body, size_t body_len);
+void fp_reply_error(fp_reply_t *a, int code, const char *message, const char *cache);
+void fp_reply_result(fp_reply_t *a, const fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
+                     const char *tag);
+int fp_reply_not_modified(const fp_conn_t *c, const char *etag);   /* If-None-Match names etag */
+size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *buf, size_t cap);
 
 #endif
