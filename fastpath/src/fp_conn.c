@@ -669,273 +669,15 @@ static int _dispatch(fp_conn_t *c)
     return _conn_answer_result(c, r, NULL, 0, NULL);
 }
 
-/* ---- llhttp callbacks ---------------------------------------------------------------- */
-
-/* Stop parsing: answer (status, message) and close.  A request fastpath cannot take in whole
- * (a head beyond --max-headers) is handed to Django as a MISS rather than refused: fastpath
- * must never refuse what nginx forwards. */
-static int _http_fail(fp_conn_t *c, int status, const char *message, const char *cache)
-{
-    fp_request_t *rq = &c->in->req;
-    rq->error_status = (int16_t)status;
-    rq->error_message = message;
-    rq->error_cache = cache;
-    return -1;
-}
-
-static size_t _off(fp_conn_t *c, const char *at)
-{
-    return (size_t)(at - c->in->data);
-}
-
-static int _head_too_big(fp_conn_t *c, const char *at, size_t len)
-{
-    return _off(c, at) + len - c->in->req.start > c->srv->cfg->max_headers;
-}
-
-static int _head_too_big_fail(fp_conn_t *c)
-{
-    return _http_fail(c, 404, "request head too large for fastpath", "MISS");
-}
-
-/* Bytes after the head that are not body (chunk extensions, trailers) count as body: the cap
- * on what a request may make us read is --max-body, whatever the bytes are called. */
-static int _count_body(fp_conn_t *c, size_t len)
-{
-    c->body_len += len;
-    if (c->body_len > c->srv->cfg->max_body)
-        return _http_fail(c, 413, "body too large", NULL);
-    return 0;
-}
-
-static int _on_message_begin(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    size_t start = rq->start;        /* set by _conn_process before parsing began */
-
-    memset(rq, 0, sizeof(*rq));      /* nothing decided yet: ACT_RESPOND, code 0, no error */
-    rq->start = start;
-    c->in_message = 1;
-    c->in_head = 1;
-    c->inm = FP_INM_NONE;
-    c->wait_s = -1;
-    c->body_len = 0;
-    c->is_head = 0;
-    return 0;
-}
-
-static int _on_url(llhttp_t *p, const char *at, size_t len)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (_head_too_big(c, at, len))
-        return _head_too_big_fail(c);
-    if (rq->url_len == 0)
-        rq->url_off = _off(c, at);
-    rq->url_len += len;
-    c->is_head = llhttp_get_method(p) == HTTP_HEAD;   /* known from here: errors too go bodiless */
-    return 0;
-}
-
-static int _on_header_field(llhttp_t *p, const char *at, size_t len)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (!c->in_head)
-        return _count_body(c, len);  /* a trailer */
-    if (_head_too_big(c, at, len))
-        return _head_too_big_fail(c);
-    if (rq->field_len == 0)
-        rq->field_off = _off(c, at);
-    rq->field_len += len;
-    return 0;
-}
-
-/* Obsolete line folding (RFC 9112 5.2): llhttp takes a line that starts with SP or HT as more
- * of the previous header's value and hands it on as another piece of that value, which we would
- * misread.  nginx and gunicorn refuse it, and so do we.  A piece of a value begins after the
- * field's ':' and optional whitespace, or right after the end of the previous piece (a read
- * split it); a folded line's piece begins after a line feed and whitespace.  The whole head
- * stays in the buffer while it is parsed, so looking back is safe. */
-static int _is_folded(fp_conn_t *c, const char *at)
-{
-    const char *p = at, *start = c->in->data + c->in->req.start;
-    while (p > start && (p[-1] == ' ' || p[-1] == '\t'))
-        p--;
-    return p > start && p[-1] == '\n';
-}
-
-static int _on_header_value(llhttp_t *p, const char *at, size_t len)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (!c->in_head)
-        return _count_body(c, len);
-    if (_head_too_big(c, at, len))
-        return _head_too_big_fail(c);
-    if (len == 0)
-        return 0;                    /* an empty value: llhttp points it at the next line */
-    if (_is_folded(c, at))
-        return _http_fail(c, 400, "obsolete header line folding", NULL);
-    if (rq->value_len == 0)
-        rq->value_off = _off(c, at);
-    rq->value_len += len;
-    return 0;
-}
-
-/* A header is complete: keep the first Authorization and Cookie; a second one only marks the
- * request ambiguous (have_* = 2). */
-static int _on_header_value_complete(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (!c->in_head)
-        return 0;                    /* trailers carry no credentials */
-    fp_cred_header_t kind = fp_cred_header(c->in->data + rq->field_off, rq->field_len);
-    if (kind == FP_CRED_AUTHORIZATION) {
-        if (rq->have_auth++ == 0) {
-            rq->auth_off = rq->value_off;
-            rq->auth_len = rq->value_len;
-        } else {
-            rq->have_auth = 2;
-        }
-    } else if (kind == FP_CRED_COOKIE) {
-        if (rq->have_cookie++ == 0) {
-            rq->cookie_off = rq->value_off;
-            rq->cookie_len = rq->value_len;
-        } else {
-            rq->have_cookie = 2;
-        }
-    } else if (rq->field_len == 6 && fp_ascii_casecmp(c->in->data + rq->field_off, "prefer", 6) == 0) {
-        if (rq->have_prefer++ == 0) {
-            rq->prefer_off = rq->value_off;
-            rq->prefer_len = rq->value_len;
-        } else {
-            rq->have_prefer = 2;
-        }
-    } else if (rq->field_len == 13 &&
-               fp_ascii_casecmp(c->in->data + rq->field_off, "if-none-match", 13) == 0) {
-        if (rq->have_inm++ == 0) {
-            rq->inm_off = rq->value_off;
-            rq->inm_len = rq->value_len;
-        } else {
-            rq->have_inm = 2;
-        }
-    }
-    rq->field_len = rq->value_len = 0;
-    return 0;
-}
-
-static int _on_headers_complete(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->cfg->max_body)
-        return _http_fail(c, 413, "body too large", NULL);
-    c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
-    uint8_t method = llhttp_get_method(p);
-    if (c->is_head)
-        c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts */
-    fp_route(c, method, c->in->data + rq->url_off, rq->url_len);
-    c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
-    return 0;
-}
-
-static int _on_body(llhttp_t *p, const char *at, size_t len)
-{
-    return _count_body(p->data, len);    /* polls ignore the body; it is only counted */
-}
-
-static int _on_chunk_extension(llhttp_t *p, const char *at, size_t len)
-{
-    return _count_body(p->data, len);
-}
-
-static int _on_message_complete(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    c->in_message = 0;
-    if (!llhttp_should_keep_alive(p) || p->upgrade)
-        c->keep_alive = 0;
-    return HPE_PAUSED;               /* answer this one before parsing the next */
-}
-
-void fp_conn_settings_init(llhttp_settings_t *s)
-{
-    llhttp_settings_init(s);
-    s->on_message_begin = _on_message_begin;
-    s->on_url = _on_url;
-    s->on_header_field = _on_header_field;
-    s->on_header_value = _on_header_value;
-    s->on_header_value_complete = _on_header_value_complete;
-    s->on_headers_complete = _on_headers_complete;
-    s->on_body = _on_body;
-    s->on_chunk_extension_name = _on_chunk_extension;
-    s->on_chunk_extension_value = _on_chunk_extension;
-    s->on_message_complete = _on_message_complete;
-}
-
 /* ---- reading and parsing ------------------------------------------------------------- */
-
-/* Move the bytes still needed to the front of the buffer (offsets follow). */
-static void _compact(fp_conn_t *c)
-{
-    fp_buf_t *b = c->in;
-    fp_request_t *rq = &b->req;
-    size_t keep = c->in_head ? rq->start : b->pos;
-    if (keep == 0)
-        return;
-    memmove(b->data, b->data + keep, b->len - keep);
-    b->len -= keep;
-    b->pos -= keep;
-    if (c->in_head) {
-        rq->start -= keep;
-        if (rq->url_len)
-            rq->url_off -= keep;
-        if (rq->field_len)
-            rq->field_off -= keep;
-        if (rq->value_len)
-            rq->value_off -= keep;
-        if (rq->have_auth)
-            rq->auth_off -= keep;
-        if (rq->have_cookie)
-            rq->cookie_off -= keep;
-        if (rq->have_prefer && rq->prefer_len)
-            rq->prefer_off -= keep;
-        if (rq->have_inm && rq->inm_len)
-            rq->inm_off -= keep;
-    }
-}
-
-/* A control byte in a header value: llhttp refuses it, but nginx forwards it and gunicorn and
- * Django read it (Django strips some of them around a cookie), so it is Django's to answer.
- * llhttp gives field and value characters one errno; its reason tells them apart.  A bare CR
- * or LF is framing, not a value byte: that stays a 400 (nginx never forwards one). */
-static int _bad_value_char(const llhttp_t *p, llhttp_errno_t err)
-{
-    static const char reason[] = "Invalid header value char";
-    const char *r = llhttp_get_error_reason(p), *at = llhttp_get_error_pos(p);
-    return err == HPE_INVALID_HEADER_TOKEN && r != NULL && at != NULL && *at != '\r' && *at != '\n' &&
-           strnlen(r, sizeof(reason)) == sizeof(reason) - 1 && memcmp(r, reason, sizeof(reason) - 1) == 0;
-}
 
 /* A request we cannot parse or take in: answer it with the reason and close. */
 static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
 {
-    fp_request_t *rq = &c->in->req;
-    int code = rq->error_status;
-    const char *message = rq->error_message;
-    if (code == 0 && _bad_value_char(&c->parser, err))
-        (void)_http_fail(c, 404, "header value fastpath cannot read", "MISS");
-    code = rq->error_status;
-    message = rq->error_message;
-    if (code == 0) {
-        code = err == HPE_INVALID_VERSION ? 505 : 400;
-        message = "bad request";
-    }
+    fp_reply_t a;
+    fp_http_error(c, err, &a);
     c->keep_alive = 0;
-    (void)_conn_respond_error(c, code, message, rq->error_status ? rq->error_cache : NULL);
+    (void)_conn_reply(c, &a);
 }
 
 /* Parse and answer what the buffer holds.  -1: the connection was closed or is closing (the
@@ -981,7 +723,7 @@ static void _conn_readable(fp_conn_t *c)
     }
     fp_buf_t *b = c->in;
     if (b->len == srv->buf_cap)
-        _compact(c);
+        fp_http_compact(c);
     if (b->len == srv->buf_cap) {
         if (c->state == CONN_HELD) {
             _conn_close(c);          /* a held poll's client pipelines a buffer full: abusive */
@@ -993,7 +735,7 @@ static void _conn_readable(fp_conn_t *c)
                 _conn_close(c);
             return;
         }
-        (void)_head_too_big_fail(c);
+        fp_http_head_too_big(c);
         _parse_error(c, HPE_USER);
         return;
     }

@@ -40,21 +40,37 @@ typedef enum {
                                           answer if the user's epoch marker is there */
 } fp_conn_action_t;
 
-/* The request being read: where its head's parts are (offset, length into the buffer's data,
- * from start), what they decided, and why parsing failed.  A connection keeps its read buffer
+/* The request headers fastpath reads: id, name (lower case), and the fp_http.c function that
+ * keeps it.  fp_http.c's table is made from this list (nginx's ngx_http_headers_in); a header
+ * that is not in it is skipped. */
+#define FP_REQUEST_HEADERS(X)                                  \
+    X(FP_HDR_AUTHORIZATION, "authorization", _header_unique)   \
+    X(FP_HDR_COOKIE, "cookie", _header_unique)                 \
+    X(FP_HDR_PREFER, "prefer", _header_unique)                 \
+    X(FP_HDR_IF_NONE_MATCH, "if-none-match", _header_unique)
+
+typedef enum {
+#define FP_HDR_ENUM(id, name, handler) id,
+    FP_REQUEST_HEADERS(FP_HDR_ENUM)
+#undef FP_HDR_ENUM
+    FP_HDR_N
+} fp_header_id_t;
+
+/* Bytes of the read buffer's data: offset and length. */
+typedef struct {
+    size_t off, len;
+} fp_span_t;
+
+/* The request being read: where its head's parts are (spans of the buffer's data, from
+ * start), what they decided, and why parsing failed.  A connection keeps its read buffer
  * from a request's first byte until the request is dispatched, so all of this lives with the
  * buffer and not in every connection: an idle or held connection holds none of it. */
 typedef struct fp_request {
     size_t start;                    /* the head's first byte */
-    size_t url_off, url_len;
-    size_t field_off, field_len;
-    size_t value_off, value_len;
-    size_t auth_off, auth_len;
-    size_t cookie_off, cookie_len;
-    size_t prefer_off, prefer_len;
-    size_t inm_off, inm_len;
-    uint8_t have_auth, have_cookie;
-    uint8_t have_prefer, have_inm;   /* how often each came (2: repeated) */
+    fp_span_t url;
+    fp_span_t field, value;          /* the header being read */
+    fp_span_t header[FP_HDR_N];      /* the first of each header fastpath reads */
+    uint8_t have[FP_HDR_N];          /* how often each came (2: repeated) */
     uint8_t action;                  /* fp_conn_action_t */
     uint8_t key_len;
     int16_t answer_code;             /* ACT_RESPOND's status */
@@ -212,7 +228,6 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
 void fp_server_fini(fp_server_t *srv);
 
 /* fp_conn.c */
-void fp_conn_settings_init(llhttp_settings_t *s);
 /* evconnlistener callbacks: arg is the fp_server_t */
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
 void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
@@ -220,6 +235,12 @@ void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind);   
 void fp_conn_close_idle(fp_server_t *srv);
 void fp_conn_close_all(fp_server_t *srv);
 void fp_buf_pool_free(fp_server_t *srv);
+
+/* fp_http.c: reading requests */
+void fp_http_settings_init(llhttp_settings_t *s);
+void fp_http_compact(fp_conn_t *c);                      /* the read buffer's needed bytes to its front */
+void fp_http_head_too_big(fp_conn_t *c);                 /* the head outgrew the read buffer */
+void fp_http_error(fp_conn_t *c, llhttp_errno_t err, fp_reply_t *a);   /* the answer when parsing stops */
 
 /* fp_route.c: what a request gets */
 extern const fp_kind_t fp_kinds[FP_CONN_KIND_N];

@@ -169,22 +169,32 @@ static void _conditional(fp_conn_t *c)
 {
     const char *data = c->in->data;
     fp_request_t *rq = &c->in->req;
-    if (rq->have_inm > 1 || rq->have_prefer > 1) {
+    if (rq->have[FP_HDR_IF_NONE_MATCH] > 1 || rq->have[FP_HDR_PREFER] > 1) {
         _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
         return;
     }
-    if (rq->have_inm) {
-        c->inm = (uint8_t)fp_inm_parse(data + rq->inm_off, rq->inm_len, c->inm_tag);
+    if (rq->have[FP_HDR_IF_NONE_MATCH]) {
+        fp_span_t inm = rq->header[FP_HDR_IF_NONE_MATCH];
+        c->inm = (uint8_t)fp_inm_parse(data + inm.off, inm.len, c->inm_tag);
         if (c->inm == FP_INM_UNREADABLE) {
             _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
             return;
         }
     }
-    if (rq->have_prefer && c->srv->cfg->max_wait_s > 0) {
-        int32_t w = fp_prefer_wait(data + rq->prefer_off, rq->prefer_len);
+    if (rq->have[FP_HDR_PREFER] && c->srv->cfg->max_wait_s > 0) {
+        fp_span_t prefer = rq->header[FP_HDR_PREFER];
+        int32_t w = fp_prefer_wait(data + prefer.off, prefer.len);
         if (w >= 0)
             c->wait_s = w < c->srv->cfg->max_wait_s ? w : c->srv->cfg->max_wait_s;
     }
+}
+
+/* The first of a header the request carried (data NULL: none came). */
+static fp_header_span_t _header(const fp_conn_t *c, fp_header_id_t id)
+{
+    const fp_request_t *rq = &c->in->req;
+    fp_header_span_t h = {rq->have[id] ? c->in->data + rq->header[id].off : NULL, rq->header[id].len};
+    return h;
 }
 
 /* The token of the request, checked, turned into the target's memcached key (and for an
@@ -192,16 +202,15 @@ static void _conditional(fp_conn_t *c)
 static void _authenticate(fp_conn_t *c, const _target_t *t)
 {
     const fp_config_t *cfg = c->srv->cfg;
-    const char *data = c->in->data, *tok = NULL;
+    const char *tok = NULL;
     size_t tok_len = 0;
     fp_token_t token;
     int64_t now;
     fp_request_t *rq = &c->in->req;
 
     /* read exactly as Django reads them (docs/contract.md, section 2) */
-    fp_header_span_t auth = {rq->have_auth ? data + rq->auth_off : NULL, rq->auth_len};
-    fp_header_span_t cookie = {rq->have_cookie ? data + rq->cookie_off : NULL, rq->cookie_len};
-    fp_cred_result_t found = fp_credentials(&auth, rq->have_auth, &cookie, rq->have_cookie,
+    fp_header_span_t auth = _header(c, FP_HDR_AUTHORIZATION), cookie = _header(c, FP_HDR_COOKIE);
+    fp_cred_result_t found = fp_credentials(&auth, rq->have[FP_HDR_AUTHORIZATION], &cookie, rq->have[FP_HDR_COOKIE],
                                             cfg->cookie_name, cfg->cookie_name_len, &tok, &tok_len);
     if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
         _decide(c, 404, "ambiguous credentials", "MISS");

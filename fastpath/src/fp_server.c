@@ -205,7 +205,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     fp_slab_init(&srv->conn_slab, FP_CONN_EV_OFFSET + event_get_struct_event_size(), FP_CONN_SLAB_CHUNK);
     srv->drained = _on_drained;
     srv->drained_arg = srv;
-    fp_conn_settings_init(&srv->http_settings);
+    fp_http_settings_init(&srv->http_settings);
     if (!fp_clocks_work())
         return _init_fail(err, err_len, "clock_gettime: CLOCK_MONOTONIC or CLOCK_MONOTONIC_COARSE unavailable");
     if (fp_hmac_prepare(&srv->hmac, cfg->secret, cfg->secret_len) != 0)
