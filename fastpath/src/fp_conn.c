@@ -1,4 +1,9 @@
-/* HTTP connections: llhttp parses, this file decides and answers.
+/* HTTP connections: their lifecycle, their socket, their state machine, and how each answers.
+ *
+ * The jobs around it have rooms of their own, and calls go one way: this file calls fp_http.c
+ * (llhttp's callbacks, the headers fastpath reads), which calls fp_route.c (what a request gets,
+ * by the kind of its listener) at the end of a head; this file carries the decision out and
+ * sends what fp_reply.c builds.
  *
  * A connection costs its struct and one event while idle or held; a read buffer (max_headers +
  * 1 KiB) is lent from a pool only while it has unparsed bytes or a request under way, and what
@@ -8,11 +13,9 @@
  * parsing go on with any pipelined bytes.
  *
  * A connection is a small state machine (fp_conn_state_t): _conn_set_state is the only writer
- * of c->state, and debug builds check each transition against _legal below.  What a connection
- * may ask for depends on its kind (the listener it came from): fp_route.c's fp_kinds.
- *
- * Request data is only ever handled as (offset, length) into the read buffer; nothing here
- * relies on NUL termination.
+ * of c->state, and builds with FASTPATH_CHECKS (debug, ASan, fuzz) check each transition against
+ * _legal below.  How it answers a poll is its mode (fp_mode_t), one row of handlers in _modes:
+ * no other code asks which mode a connection is in.
  *
  * close()'s result is not used: Linux releases the descriptor even when close reports an error,
  * and nothing unsent could be saved by then.
@@ -30,7 +33,6 @@
 #include "fp_internal.h"
 
 #define HEAD_CAP 512                 /* our response head, always well below */
-#define BUF_SLACK 1024
 #define STATS_CAP 16384
 #define LINGER_S 2                   /* how long a closing connection's input is still read */
 #define LINGER_MAX_BYTES (1u << 20)
@@ -39,10 +41,59 @@ static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
 static int _conn_after_response(fp_conn_t *c);
 static int _conn_process(fp_conn_t *c);
 static void _conn_readable(fp_conn_t *c);
-static void _conn_hold_over(fp_conn_t *c);
 static void _object_free(fp_conn_t *c);
 
-/* ---- states and kinds ---------------------------------------------------------------- */
+/* ---- answer modes ----------------------------------------------------------------------- *
+ *
+ * How a connection answers a poll is its mode (c->mode, chosen by _dispatch): ONCE answers what
+ * memcached says now; HOLD (Prefer: wait, with an If-None-Match that may be the answer's) waits
+ * in the wait table until the answer differs from the client's or the wait runs out.  A mode is
+ * a row of handlers, each called from one place:
+ *
+ *   start        a user poll is dispatched (k: its key): ask for its answer
+ *   on_fetched   an object poll's gets are in (k: its keys; r: what answers it, the marker
+ *                checked): answer, or wait
+ *   on_change    held: the key's answer is no longer the client's, or cannot be read
+ *                (fp_wake_fn; ctx is the connection)
+ *   on_timeout   held: the connection's time is up
+ *   on_drain     held: the worker stops
+ *   after_write  the answer is out
+ *
+ * A mode that never holds has no on_change, on_timeout or on_drain.  Another way of answering
+ * (a stream) is one more row and its functions. */
+
+/* The memcached keys a poll reads: its answer's, and an object poll's epoch marker (NULL: a
+ * user poll). */
+typedef struct {
+    const char *key, *marker;
+    size_t key_len, marker_len;
+} _keys_t;
+
+typedef struct {
+    const char *name;
+    int (*start)(fp_conn_t *c, const _keys_t *k);
+    int (*on_fetched)(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+    fp_wake_fn on_change;
+    void (*on_timeout)(fp_conn_t *c);
+    void (*on_drain)(fp_conn_t *c);
+    int (*after_write)(fp_conn_t *c);
+} _mode_t;
+
+static int _once_start(fp_conn_t *c, const _keys_t *k);
+static int _once_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static int _hold_start(fp_conn_t *c, const _keys_t *k);
+static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
+static void _hold_over(fp_conn_t *c);
+static int _conn_next_request(fp_conn_t *c);
+
+static const _mode_t _modes[FP_MODE_N] = {
+    /*                name    start        on_fetched     on_change        on_timeout  on_drain    after_write */
+    [FP_MODE_ONCE] = {"once", _once_start, _once_fetched, NULL,            NULL,       NULL,       _conn_next_request},
+    [FP_MODE_HOLD] = {"hold", _hold_start, _hold_fetched, _hold_on_change, _hold_over, _hold_over, _conn_next_request},
+};
+
+/* ---- states ---------------------------------------------------------------------------- */
 
 /* (used only by debug builds' checks) */
 __attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"reading", "waiting", "writing", "lingering", "held"};
@@ -62,7 +113,7 @@ static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
     FP_ASSERT(to < CONN_STATE_N && _legal[c->state][to], "connection %d: %s -> %s", c->fd,
               _state_names[c->state], to < CONN_STATE_N ? _state_names[to] : "?");
 #if FASTPATH_DEBUG
-    fp_log("connection %d: %s -> %s", c->fd, _state_names[c->state], _state_names[to]);
+    fp_log("connection %d (%s): %s -> %s", c->fd, _modes[c->mode].name, _state_names[c->state], _state_names[to]);
 #endif
     c->state = (uint8_t)to;
 }
@@ -245,7 +296,7 @@ void fp_conn_close_idle(fp_server_t *srv)
         if (c->state == CONN_READING && !c->in_message)
             _conn_close(c);
         else if (c->state == CONN_HELD)
-            _conn_hold_over(c);      /* answered now, with "Connection: close" */
+            _modes[c->mode].on_drain(c);     /* HOLD: answered now, with "Connection: close" */
     }
 }
 
@@ -396,9 +447,9 @@ static void _conn_lingering_readable(fp_conn_t *c)
         _conn_close(c);
 }
 
-/* The answer is out: wait for the next request on this connection, or close it.  -1: the
- * connection is closed or closing (the caller must not touch it). */
-static int _conn_after_response(fp_conn_t *c)
+/* The answer is out: wait for the next request on this connection, or close it (every mode's
+ * after_write today).  -1: the connection is closed or closing (the caller must not touch it). */
+static int _conn_next_request(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
     /* WRITING watched for writes, HELD with the hold's timeout; a paused reader, or one read
@@ -424,6 +475,29 @@ static int _conn_after_response(fp_conn_t *c)
     return 0;
 }
 
+/* ---- answer modes (their table is at the top) ------------------------------------------ */
+
+/* The answer is out: what comes next is the mode's.  -1: the connection is closed or closing
+ * (the caller must not touch it). */
+static int _conn_after_response(fp_conn_t *c)
+{
+    return _modes[c->mode].after_write(c);
+}
+
+/* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
+static int _conn_wants_hold(const fp_conn_t *c)
+{
+    return c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping;
+}
+
+/* The mode of a poll about to be dispatched. */
+static fp_mode_t _conn_mode_of(const fp_conn_t *c)
+{
+    return _conn_wants_hold(c) ? FP_MODE_HOLD : FP_MODE_ONCE;
+}
+
+/* ---- ONCE: answer what memcached says now ------------------------------------------------ */
+
 /* memcached answered the get this connection waits for (fp_mc_done_fn). */
 static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_t len)
 {
@@ -433,7 +507,22 @@ static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_
         _conn_process(c);            /* pipelined requests waiting in the buffer */
 }
 
-/* ---- held polls (long-polling) --------------------------------------------------------- */
+static int _once_start(fp_conn_t *c, const _keys_t *k)
+{
+    fp_mc_result_t r = fp_mc_get(&c->srv->mc, k->key, k->key_len, _conn_on_answer, c, &c->mc_req);
+    if (r == FP_MC_QUEUED) {
+        _conn_set_state(c, CONN_WAITING);
+        return 0;
+    }
+    return _conn_answer_result(c, r, NULL, 0, NULL);
+}
+
+static int _once_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
+{
+    return _conn_answer_result(c, r, data, len, NULL);
+}
+
+/* ---- HOLD: long-polling ------------------------------------------------------------------ */
 
 /* The hold's timeout as an event timeout: what is left of it (a client's bytes re-arm a
  * persistent event's timeout, which must not extend the hold). */
@@ -457,7 +546,7 @@ static uint64_t _rand(fp_server_t *srv)
 }
 
 /* The key's answer changed, or the key is gone or unreadable (fp_wake_fn). */
-static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
+static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
 {
     fp_conn_t *c = ctx;
     fp_wait_remove(&c->srv->waits, &c->marker_waiter);
@@ -478,12 +567,12 @@ static void _conn_on_marker_wake(void *ctx, fp_mc_result_t r, const char *data, 
 }
 
 /* The wait ran out (or the worker drains): 304 with the tag the client sent. */
-static void _conn_hold_over(fp_conn_t *c)
+static void _hold_over(fp_conn_t *c)
 {
+    fp_reply_t a;
     fp_wait_remove(&c->srv->waits, &c->waiter);
     fp_wait_remove(&c->srv->waits, &c->marker_waiter);
     c->srv->st->hold_timeouts++;
-    fp_reply_t a;
     fp_reply_set(&a, 304, NULL, "HIT", c->inm_tag, NULL, 0);
     if (_conn_reply(c, &a) == 0 && c->state == CONN_READING)
         _conn_process(c);
@@ -497,19 +586,24 @@ static void _conn_hold_over(fp_conn_t *c)
 static const char _empty_tag[] = "\"e3b0c44298fc1c149afbf4c8996fb924\"";
 _Static_assert(sizeof(_empty_tag) - 1 == FP_ETAG_LEN, "an ETag is FP_ETAG_LEN bytes");
 
-/* An object poll (marker != NULL) also waits on the user's epoch marker, which must stay the
- * empty value: its deletion (a revoked epoch) ends the hold as soon as it is noticed. */
-static int _conn_hold(fp_conn_t *c, const char *key, size_t key_len, const char *marker, size_t marker_len)
+/* An object poll (k->marker != NULL) also waits on the user's epoch marker, which must stay the
+ * empty value: its deletion (a revoked epoch) ends the hold as soon as it is noticed.  The key's
+ * change goes to the mode's on_change. */
+static int _hold_start(fp_conn_t *c, const _keys_t *k)
 {
     fp_server_t *srv = c->srv;
     int64_t wait_us = (int64_t)c->wait_s * 1000000;
+    FP_ASSERT(_modes[c->mode].on_change != NULL && _modes[c->mode].on_timeout != NULL,
+              "connection %d: mode %s cannot hold", c->fd, _modes[c->mode].name);
     wait_us -= (int64_t)(_rand(srv) % (uint64_t)(wait_us / 10 + 1));
     c->hold_until_us = fp_now_us() + wait_us;
-    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, key, key_len, c->inm_tag, _conn_on_wake, c);
+    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, c->inm_tag,
+                                   _modes[c->mode].on_change, c);
     if (r != FP_MC_QUEUED)
         return _conn_answer_result(c, r, NULL, 0, NULL);
-    if (marker != NULL) {
-        r = fp_wait_add(&srv->waits, &c->marker_waiter, marker, marker_len, _empty_tag, _conn_on_marker_wake, c);
+    if (k->marker != NULL) {
+        r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, _empty_tag,
+                        _conn_on_marker_wake, c);
         if (r != FP_MC_QUEUED) {
             fp_wait_remove(&srv->waits, &c->waiter);
             return _conn_answer_result(c, r, NULL, 0, NULL);
@@ -523,10 +617,14 @@ static int _conn_hold(fp_conn_t *c, const char *key, size_t key_len, const char 
     return 0;
 }
 
-/* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
-static int _conn_wants_hold(const fp_conn_t *c)
+/* An object poll's answer is the client's: hold it (unless the worker began to drain since). */
+static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
 {
-    return c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping;
+    char tag[FP_ETAG_LEN];
+    if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
+        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && fp_reply_not_modified(c, tag))
+        return _hold_start(c, k);
+    return _conn_answer_result(c, r, data, len, NULL);
 }
 
 /* ---- object polls (docs/contract.md section 8) ------------------------------------------ *
@@ -548,15 +646,15 @@ static void _object_free(fp_conn_t *c)
     free(o);
 }
 
-/* Answer the object poll if what has come decides it: 1 while it waits for the other get, else
- * as _conn_reply (-1: the connection was closed).  data/len: the object's value at hand
+/* Answer the object poll if what has come decides it (its mode's on_fetched): 1 while it waits
+ * for the other get, else as _conn_reply (-1: the connection was closed).  data/len: the object's value at hand
  * (NULL: the copy, if any). */
 static int _object_decide(fp_conn_t *c, const char *data, size_t len)
 {
     fp_object_poll_t *o = c->obj;
     fp_mc_result_t m = (fp_mc_result_t)o->marker_r, r = (fp_mc_result_t)o->obj_r;
     int marker_known = m != FP_MC_QUEUED, obj_known = r != FP_MC_QUEUED;
-    char tag[FP_ETAG_LEN];
+    _keys_t k = {o->key, o->marker, o->key_len, o->marker_len};
     int rc;
 
     if (marker_known && m != FP_MC_EMPTY)
@@ -574,11 +672,7 @@ static int _object_decide(fp_conn_t *c, const char *data, size_t len)
         data = o->data;
         len = o->len;
     }
-    if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
-        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && fp_reply_not_modified(c, tag))
-        rc = _conn_hold(c, o->key, o->key_len, o->marker, o->marker_len);
-    else
-        rc = _conn_answer_result(c, r, data, len, NULL);
+    rc = _modes[c->mode].on_fetched(c, &k, r, data, len);
     free(o->data);
     free(o);
     return rc;
@@ -645,7 +739,8 @@ static int _object_start(fp_conn_t *c)
     return rc;
 }
 
-/* A whole request has been read: answer it, or ask memcached.  -1: connection closed. */
+/* A whole request has been read: answer it, or ask memcached in the poll's mode.  -1:
+ * connection closed. */
 static int _dispatch(fp_conn_t *c)
 {
     fp_request_t *rq = &c->in->req;
@@ -655,18 +750,14 @@ static int _dispatch(fp_conn_t *c)
     case ACT_MEMCACHED:
         break;
     case ACT_OBJECT:
+        c->mode = (uint8_t)_conn_mode_of(c);
         return _object_start(c);
     default:
         return _conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
-    if (_conn_wants_hold(c))
-        return _conn_hold(c, rq->key, rq->key_len, NULL, 0);
-    fp_mc_result_t r = fp_mc_get(&c->srv->mc, rq->key, rq->key_len, _conn_on_answer, c, &c->mc_req);
-    if (r == FP_MC_QUEUED) {
-        _conn_set_state(c, CONN_WAITING);
-        return 0;
-    }
-    return _conn_answer_result(c, r, NULL, 0, NULL);
+    _keys_t k = {rq->key, NULL, rq->key_len, 0};
+    c->mode = (uint8_t)_conn_mode_of(c);
+    return _modes[c->mode].start(c, &k);
 }
 
 /* ---- reading and parsing ------------------------------------------------------------- */
@@ -785,7 +876,7 @@ static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
     c->srv->st->loop_events++;
     if (what & EV_TIMEOUT) {
         if (c->state == CONN_HELD)
-            _conn_hold_over(c);
+            _modes[c->mode].on_timeout(c);
         else if (c->state != CONN_WAITING)
             _conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
         return;

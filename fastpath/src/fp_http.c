@@ -132,6 +132,7 @@ static int _on_message_begin(llhttp_t *p)
     c->wait_s = -1;
     c->body_len = 0;
     c->is_head = 0;
+    c->mode = FP_MODE_ONCE;
     return 0;
 }
 

@@ -116,6 +116,13 @@ typedef enum {
     CONN_STATE_N
 } fp_conn_state_t;
 
+/* How a connection answers a poll (fp_conn.c's _modes: a row of handlers per mode). */
+typedef enum {
+    FP_MODE_ONCE,                    /**< what memcached says now */
+    FP_MODE_HOLD,                    /**< held until the answer is not the client's, or the wait ends */
+    FP_MODE_N
+} fp_mode_t;
+
 /* What a listener's connections are for (fp_conn.c has a table of what each kind may do). */
 typedef enum {
     FP_CONN_POLL,                    /**< /Poll/<resource> from nginx; capped by --max-connections */
@@ -153,6 +160,7 @@ typedef struct fp_conn {
     uint8_t is_head;                 /* HEAD request: no body in the answer */
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t inm;                     /* fp_inm_t of the request */
+    uint8_t mode;                    /* fp_mode_t of the request (ONCE until it is dispatched) */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
     int64_t deadline_s;              /* READING: the request must have arrived by then;
