@@ -209,21 +209,19 @@ static int _conn_watch(fp_conn_t *c, short what)
     return _conn_arm(c, what, c->srv->idle_tv);
 }
 
-/* Nagle off, so that an answer leaves at once.  The poll listener's connections inherit it from
+/* Nagle off, so that an answer leaves at once.  A tuned listener's connections inherit it from
  * the listener (fp_server.c _tune_listener; the first one checks); a unix socket has no Nagle to
- * turn off. */
-static int _set_nodelay(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
+ * turn off; any other listener's connections get one setsockopt each. */
+static int _set_nodelay(fp_listener_t *ls, evutil_socket_t fd)
 {
     int one = 1, on = 0;
     socklen_t len = sizeof(on);
 
-    if (kind == FP_CONN_POLL) {
-        if (srv->conn_nodelay == FP_NODELAY_CHECK)
-            srv->conn_nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on
-                                    ? FP_NODELAY_INHERITED : FP_NODELAY_SET;
-        if (srv->conn_nodelay != FP_NODELAY_SET)
-            return 0;                /* inherited, or a unix socket */
-    }
+    if (ls->nodelay == FP_NODELAY_CHECK)
+        ls->nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on
+                          ? FP_NODELAY_INHERITED : FP_NODELAY_SET;
+    if (ls->nodelay != FP_NODELAY_SET)
+        return 0;                    /* inherited, or a unix socket */
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 || errno == EOPNOTSUPP)
         return 0;
     return -1;
@@ -237,17 +235,19 @@ static int _conn_unarmed(fp_conn_t *c)
 }
 
 /* Over a kind's cap (or while draining) a connection is closed at once: nginx falls back to
- * Django instead of queueing, and an operator can still read /metrics at the poll cap.  A poll
+ * Django instead of queueing, and an operator can still read /metrics at the poll cap.  A
  * connection whose listener defers accept until data came is read at once: the gets of every
  * connection accepted in this pass leave together, and one that is answered and closed before
  * it ever waits for the client costs no epoll_ctl at all. */
-void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
+void fp_conn_open(fp_listener_t *ls, evutil_socket_t fd)
 {
+    fp_server_t *srv = ls->srv;
     const fp_config_t *cfg = srv->cfg;
-    int read_now = kind == FP_CONN_POLL && srv->read_on_accept;
+    fp_conn_kind_t kind = (fp_conn_kind_t)ls->kind;
+    int read_now = ls->read_on_accept;
     fp_conn_t *c = NULL;
 
-    if (srv->stopping || srv->n_kind[kind] >= fp_kinds[kind].cap(cfg) || _set_nodelay(srv, fd, kind) != 0 ||
+    if (srv->stopping || srv->n_kind[kind] >= fp_kinds[kind].cap(cfg) || _set_nodelay(ls, fd) != 0 ||
         (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
         goto reject;
     c->srv = srv;
@@ -279,12 +279,7 @@ reject:
 
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
 {
-    fp_conn_open(arg, fd, FP_CONN_POLL);
-}
-
-void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
-{
-    fp_conn_open(arg, fd, FP_CONN_ADMIN);
+    fp_conn_open(arg, fd);
 }
 
 /* Draining: idle keep-alive connections go now; busy ones close after their answer. */

@@ -139,13 +139,29 @@ typedef struct {
     uint8_t counted;                         /* answers count in fastpath_requests_total */
 } fp_kind_t;
 
-/* How the poll listener's connections get Nagle turned off (fp_server.c _tune_listener). */
+/* How a listener's connections get Nagle turned off (fp_server.c _tune_listener). */
 typedef enum {
     FP_NODELAY_NONE,                 /**< a unix socket: no Nagle to turn off */
     FP_NODELAY_CHECK,                /**< set on the listener: the first connection checks it came along */
     FP_NODELAY_INHERITED,            /**< ... and it did: nothing to do per connection */
     FP_NODELAY_SET                   /**< one setsockopt per connection */
 } fp_nodelay_t;
+
+#define FP_LISTENERS_MAX 4
+
+/* A socket a worker accepts on, and what its connections are for (fp_server.c fills
+ * srv->listeners from the configuration; fp_conn_accept is every listener's callback). */
+typedef struct fp_listener {
+    struct fp_server *srv;
+    int fd;                          /* bound and listening (the Python supervisor's) */
+    uint8_t kind;                    /* fp_conn_kind_t */
+    uint8_t nodelay;                 /* fp_nodelay_t */
+    uint8_t read_on_accept;          /* accept is deferred until the first bytes came: a new
+                                        connection is read at once, not armed first */
+    uint8_t drains;                  /* stops accepting when the worker drains (the poll
+                                        listener; the admin one accepts and closes at once) */
+    struct evconnlistener *ev;
+} fp_listener_t;
 
 /* One client connection.  Requests on it are answered one at a time, in order (pipelined ones
  * wait in the read buffer), so responses never need reordering. */
@@ -188,7 +204,8 @@ typedef struct fp_conn {
 typedef struct fp_server {
     const fp_config_t *cfg;
     struct event_base *base;
-    struct evconnlistener *listener, *admin_listener;
+    fp_listener_t listeners[FP_LISTENERS_MAX];
+    int n_listeners;
     fp_mc_pool_t mc;                 /* the memcached servers */
     fp_wait_table_t waits;           /* held polls by key */
     fp_notify_t notify;              /* its sources: --notify-dir, --notify-udp */
@@ -208,9 +225,6 @@ typedef struct fp_server {
     /* set by fp_server.c: called when the last connection closes while stopping */
     void (*drained)(void *arg);
     void *drained_arg;
-    uint8_t conn_nodelay;            /* fp_nodelay_t: Nagle on the poll listener's connections */
-    uint8_t read_on_accept;          /* the listener defers accept until the first bytes came:
-                                        a new connection is read at once, not armed first */
     struct event *pause_accept;      /* re-enables accepting after EMFILE */
     int accept_retries;              /* failed attempts to re-enable accepting, in a row */
     int stopping;
@@ -236,10 +250,9 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
 void fp_server_fini(fp_server_t *srv);
 
 /* fp_conn.c */
-/* evconnlistener callbacks: arg is the fp_server_t */
+/* every listener's evconnlistener callback: arg is its fp_listener_t */
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
-void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
-void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind);   /* adopt a socket */
+void fp_conn_open(fp_listener_t *ls, evutil_socket_t fd);   /* adopt a socket accepted on ls */
 void fp_conn_close_idle(fp_server_t *srv);
 void fp_conn_close_all(fp_server_t *srv);
 void fp_buf_pool_free(fp_server_t *srv);
