@@ -1,7 +1,9 @@
-/* Structures shared by the parts of a worker: fp_server.c (lifecycle) calls fp_conn.c (HTTP
- * connections, llhttp), which calls fp_mc.c (the memcached client); all three use fp_util.c and
- * fp_stats.c.  Calls only go down that list: answers and events come back up through callbacks
- * with a context pointer (docs/fastpath.md draws it).  Not part of the Cython API.
+/* Structures shared by the parts of a worker: fp_server.c (lifecycle, listeners) calls fp_conn.c
+ * (HTTP connections), which calls fp_http.c (llhttp's callbacks; it calls fp_route.c, what a
+ * request gets), fp_reply.c (answers) and fp_mc.c (the memcached client); all of them use
+ * fp_util.c and fp_stats.c.  Calls only go down that list: answers and events come back up
+ * through callbacks with a context pointer (docs/fastpath.md draws it).  Each file's non-static
+ * functions are declared once, in its section at the end.  Not part of the Cython API.
  *
  * One worker = one event base = one thread: nothing here is locked.
  */
@@ -105,8 +107,9 @@ typedef struct fp_buf {
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
 
-/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and debug builds check
- * every transition against its table.  READING is 0: a new connection starts there. */
+/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and builds with
+ * FASTPATH_CHECKS (fp_debug.h) check every transition against its table.  READING is 0: a new
+ * connection starts there. */
 typedef enum {
     CONN_READING,                    /**< reading a request, or idle between requests */
     CONN_WAITING,                    /**< a request is waiting for memcached (mc_req set) */
@@ -123,7 +126,7 @@ typedef enum {
     FP_MODE_N
 } fp_mode_t;
 
-/* What a listener's connections are for (fp_conn.c has a table of what each kind may do). */
+/* What a listener's connections are for (fp_route.c's fp_kinds: what each kind may do). */
 typedef enum {
     FP_CONN_POLL,                    /**< /Poll/<resource> from nginx; capped by --max-connections */
     FP_CONN_ADMIN,                   /**< /metrics on the loopback stats listener; small fixed cap */
