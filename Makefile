@@ -20,8 +20,9 @@ LLHTTP_SRC   := /usr/share/llhttp
 LLHTTP_INC   := /usr/share/include/llhttp
 FUZZ_TARGETS := request memcached
 FUZZ_SECONDS ?= 20
+# both builds compile the debug checks in (fastpath/src/fp_debug.h: the state machine's assertions)
 FUZZ_CFLAGS  := -g -O1 -Werror=implicit-function-declaration -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-                -Ifastpath/src -I$(LLHTTP_INC)
+                -DFASTPATH_CHECKS=1 -Ifastpath/src -I$(LLHTTP_INC)
 FUZZ_SRC     := $(filter-out fastpath/src/%.h,$(wildcard fastpath/src/*.c)) \
                 $(LLHTTP_SRC)/llhttp.c $(LLHTTP_SRC)/api.c $(LLHTTP_SRC)/http.c
 
@@ -101,7 +102,7 @@ test: install bench-tools
 test-asan: install
 	rm -rf $(ASAN_ROOT) && mkdir -p $(ASAN_ROOT)/fastpath
 	cp -r fastpath/*.py fastpath/includes $(ASAN_ROOT)/fastpath/
-	FASTPATH_SANITIZE=address,undefined $(PY) setup.py -q build_ext --force --build-lib $(ASAN_ROOT) --build-temp build/asan-tmp
+	CFLAGS="$$CFLAGS -DFASTPATH_CHECKS=1" FASTPATH_SANITIZE=address,undefined $(PY) setup.py -q build_ext --force --build-lib $(ASAN_ROOT) --build-temp build/asan-tmp
 	FASTPATH_ASAN_ROOT=$(CURDIR)/$(ASAN_ROOT) FASTPATH_ASAN_RUNTIME=$(ASAN_RUNTIME) \
 		$(PYTEST) $(PYTEST_ARGS) -p no:cacheprovider tests/fastpath
 

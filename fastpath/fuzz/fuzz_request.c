@@ -91,8 +91,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (n > 0)
             sent = (size_t)n;
     }
-    srv.read_on_accept = (uint8_t)read_now;
-    fp_conn_open(&srv, sv[0], FP_CONN_POLL);
+    fp_listener_t ls = {.srv = &srv, .fd = -1, .kind = FP_CONN_POLL, .nodelay = FP_NODELAY_NONE,
+                        .read_on_accept = (uint8_t)read_now};
+    fp_conn_open(&ls, sv[0]);
     for (int round = 0; round < 100000 && srv.n_conns > 0; round++) {
         if (sent < size) {
             size_t want = size - sent < piece ? size - sent : piece;

@@ -1,4 +1,9 @@
-/* HTTP connections: llhttp parses, this file decides and answers.
+/* HTTP connections: their lifecycle, their socket, their state machine, and how each answers.
+ *
+ * The jobs around it have rooms of their own, and calls go one way: this file calls fp_http.c
+ * (llhttp's callbacks, the headers fastpath reads), which calls fp_route.c (what a request gets,
+ * by the kind of its listener) at the end of a head; this file carries the decision out and
+ * sends what fp_reply.c builds.
  *
  * A connection costs its struct and one event while idle or held; a read buffer (max_headers +
  * 1 KiB) is lent from a pool only while it has unparsed bytes or a request under way, and what
@@ -8,11 +13,9 @@
  * parsing go on with any pipelined bytes.
  *
  * A connection is a small state machine (fp_conn_state_t): _conn_set_state is the only writer
- * of c->state, and debug builds check each transition against _legal below.  What a connection
- * may ask for depends on its kind (the listener it came from): _kinds below.
- *
- * Request data is only ever handled as (offset, length) into the read buffer; nothing here
- * relies on NUL termination.
+ * of c->state, and builds with FASTPATH_CHECKS (debug, ASan, fuzz) check each transition against
+ * _legal below.  How it answers a poll is its mode (fp_mode_t), one row of handlers in _modes:
+ * no other code asks which mode a connection is in.
  *
  * close()'s result is not used: Linux releases the descriptor even when close reports an error,
  * and nothing unsent could be saved by then.
@@ -30,20 +33,67 @@
 #include "fp_internal.h"
 
 #define HEAD_CAP 512                 /* our response head, always well below */
-#define BUF_SLACK 1024
 #define STATS_CAP 16384
 #define LINGER_S 2                   /* how long a closing connection's input is still read */
 #define LINGER_MAX_BYTES (1u << 20)
-#define ADMIN_MAX_CONNECTIONS 16     /* per worker: /metrics is for one scraper and an operator */
 
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
 static int _conn_after_response(fp_conn_t *c);
 static int _conn_process(fp_conn_t *c);
 static void _conn_readable(fp_conn_t *c);
-static void _conn_hold_over(fp_conn_t *c);
 static void _object_free(fp_conn_t *c);
 
-/* ---- states and kinds ---------------------------------------------------------------- */
+/* ---- answer modes ----------------------------------------------------------------------- *
+ *
+ * How a connection answers a poll is its mode (c->mode, chosen by _dispatch): ONCE answers what
+ * memcached says now; HOLD (Prefer: wait, with an If-None-Match that may be the answer's) waits
+ * in the wait table until the answer differs from the client's or the wait runs out.  A mode is
+ * a row of handlers, each called from one place:
+ *
+ *   start        a user poll is dispatched (k: its key): ask for its answer
+ *   on_fetched   an object poll's gets are in (k: its keys; r: what answers it, the marker
+ *                checked): answer, or wait
+ *   on_change    held: the key's answer is no longer the client's, or cannot be read
+ *                (fp_wake_fn; ctx is the connection)
+ *   on_timeout   held: the connection's time is up
+ *   on_drain     held: the worker stops
+ *   after_write  the answer is out
+ *
+ * A mode that never holds has no on_change, on_timeout or on_drain.  Another way of answering
+ * (a stream) is one more row and its functions. */
+
+/* The memcached keys a poll reads: its answer's, and an object poll's epoch marker (NULL: a
+ * user poll). */
+typedef struct {
+    const char *key, *marker;
+    size_t key_len, marker_len;
+} _keys_t;
+
+typedef struct {
+    const char *name;
+    int (*start)(fp_conn_t *c, const _keys_t *k);
+    int (*on_fetched)(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+    fp_wake_fn on_change;
+    void (*on_timeout)(fp_conn_t *c);
+    void (*on_drain)(fp_conn_t *c);
+    int (*after_write)(fp_conn_t *c);
+} _mode_t;
+
+static int _once_start(fp_conn_t *c, const _keys_t *k);
+static int _once_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static int _hold_start(fp_conn_t *c, const _keys_t *k);
+static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
+static void _hold_over(fp_conn_t *c);
+static int _conn_next_request(fp_conn_t *c);
+
+static const _mode_t _modes[FP_MODE_N] = {
+    /*                name    start        on_fetched     on_change        on_timeout  on_drain    after_write */
+    [FP_MODE_ONCE] = {"once", _once_start, _once_fetched, NULL,            NULL,       NULL,       _conn_next_request},
+    [FP_MODE_HOLD] = {"hold", _hold_start, _hold_fetched, _hold_on_change, _hold_over, _hold_over, _conn_next_request},
+};
+
+/* ---- states ---------------------------------------------------------------------------- */
 
 /* (used only by debug builds' checks) */
 __attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"reading", "waiting", "writing", "lingering", "held"};
@@ -63,36 +113,10 @@ static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
     FP_ASSERT(to < CONN_STATE_N && _legal[c->state][to], "connection %d: %s -> %s", c->fd,
               _state_names[c->state], to < CONN_STATE_N ? _state_names[to] : "?");
 #if FASTPATH_DEBUG
-    fp_log("connection %d: %s -> %s", c->fd, _state_names[c->state], _state_names[to]);
+    fp_log("connection %d (%s): %s -> %s", c->fd, _modes[c->mode].name, _state_names[c->state], _state_names[to]);
 #endif
     c->state = (uint8_t)to;
 }
-
-typedef struct {
-    const char *name;
-    /* at the end of the head: decide the request's action (and the key or the answer) */
-    void (*route)(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
-    int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
-    uint8_t counted;                         /* answers count in fastpath_requests_total */
-} _kind_t;
-
-static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
-static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
-
-static int _poll_cap(const fp_config_t *cfg)
-{
-    return cfg->max_connections;
-}
-
-static int _admin_cap(const fp_config_t *cfg)
-{
-    return ADMIN_MAX_CONNECTIONS;
-}
-
-static const _kind_t _kinds[FP_CONN_KIND_N] = {
-    [FP_CONN_POLL] = {"poll", _route_poll, _poll_cap, 1},
-    [FP_CONN_ADMIN] = {"admin", _route_admin, _admin_cap, 0},
-};
 
 /* ---- read buffers ------------------------------------------------------------------ */
 
@@ -185,21 +209,19 @@ static int _conn_watch(fp_conn_t *c, short what)
     return _conn_arm(c, what, c->srv->idle_tv);
 }
 
-/* Nagle off, so that an answer leaves at once.  The poll listener's connections inherit it from
+/* Nagle off, so that an answer leaves at once.  A tuned listener's connections inherit it from
  * the listener (fp_server.c _tune_listener; the first one checks); a unix socket has no Nagle to
- * turn off. */
-static int _set_nodelay(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
+ * turn off; any other listener's connections get one setsockopt each. */
+static int _set_nodelay(fp_listener_t *ls, evutil_socket_t fd)
 {
     int one = 1, on = 0;
     socklen_t len = sizeof(on);
 
-    if (kind == FP_CONN_POLL) {
-        if (srv->conn_nodelay == FP_NODELAY_CHECK)
-            srv->conn_nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on
-                                    ? FP_NODELAY_INHERITED : FP_NODELAY_SET;
-        if (srv->conn_nodelay != FP_NODELAY_SET)
-            return 0;                /* inherited, or a unix socket */
-    }
+    if (ls->nodelay == FP_NODELAY_CHECK)
+        ls->nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on
+                          ? FP_NODELAY_INHERITED : FP_NODELAY_SET;
+    if (ls->nodelay != FP_NODELAY_SET)
+        return 0;                    /* inherited, or a unix socket */
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 || errno == EOPNOTSUPP)
         return 0;
     return -1;
@@ -213,17 +235,19 @@ static int _conn_unarmed(fp_conn_t *c)
 }
 
 /* Over a kind's cap (or while draining) a connection is closed at once: nginx falls back to
- * Django instead of queueing, and an operator can still read /metrics at the poll cap.  A poll
+ * Django instead of queueing, and an operator can still read /metrics at the poll cap.  A
  * connection whose listener defers accept until data came is read at once: the gets of every
  * connection accepted in this pass leave together, and one that is answered and closed before
  * it ever waits for the client costs no epoll_ctl at all. */
-void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind)
+void fp_conn_open(fp_listener_t *ls, evutil_socket_t fd)
 {
+    fp_server_t *srv = ls->srv;
     const fp_config_t *cfg = srv->cfg;
-    int read_now = kind == FP_CONN_POLL && srv->read_on_accept;
+    fp_conn_kind_t kind = (fp_conn_kind_t)ls->kind;
+    int read_now = ls->read_on_accept;
     fp_conn_t *c = NULL;
 
-    if (srv->stopping || srv->n_kind[kind] >= _kinds[kind].cap(cfg) || _set_nodelay(srv, fd, kind) != 0 ||
+    if (srv->stopping || srv->n_kind[kind] >= fp_kinds[kind].cap(cfg) || _set_nodelay(ls, fd) != 0 ||
         (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
         goto reject;
     c->srv = srv;
@@ -255,12 +279,7 @@ reject:
 
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
 {
-    fp_conn_open(arg, fd, FP_CONN_POLL);
-}
-
-void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
-{
-    fp_conn_open(arg, fd, FP_CONN_ADMIN);
+    fp_conn_open(arg, fd);
 }
 
 /* Draining: idle keep-alive connections go now; busy ones close after their answer. */
@@ -272,7 +291,7 @@ void fp_conn_close_idle(fp_server_t *srv)
         if (c->state == CONN_READING && !c->in_message)
             _conn_close(c);
         else if (c->state == CONN_HELD)
-            _conn_hold_over(c);      /* answered now, with "Connection: close" */
+            _modes[c->mode].on_drain(c);     /* HOLD: answered now, with "Connection: close" */
     }
 }
 
@@ -282,91 +301,15 @@ void fp_conn_close_all(fp_server_t *srv)
         _conn_close(srv->conns);
 }
 
-/* ---- responses: building the head ---------------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-} _text_t;
-
-static void _put(_text_t *t, const char *s, size_t n)
-{
-    if (t->len + n <= t->cap) {
-        memcpy(t->p + t->len, s, n);
-        t->len += n;
-    }
-}
-
-#define PUT_LIT(t, s) _put((t), (s), sizeof(s) - 1)
-
-static void _put_str(_text_t *t, const char *s, size_t max)
-{
-    _put(t, s, strnlen(s, max));
-}
-
-static void _put_uint(_text_t *t, uint64_t v)
-{
-    char tmp[24];
-    size_t i = sizeof(tmp);
-    do {
-        tmp[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0 && i > 0);
-    _put(t, tmp + i, sizeof(tmp) - i);
-}
-
-/* Status line and headers of an answer with body_len bytes of body (0 for 204 and HEAD). */
-static void _build_head(fp_conn_t *c, _text_t *h, int code, const char *ctype, const char *cache,
-                        const char *etag, size_t body_len)
-{
-    size_t date_len;
-    const char *date = fp_date_header(&c->srv->date, c->srv->base, &date_len);
-
-    PUT_LIT(h, "HTTP/1.1 ");
-    _put_uint(h, (uint64_t)code);
-    PUT_LIT(h, " ");
-    _put_str(h, fp_status_reason(code), 31);   /* the longest reason is 31 */
-    PUT_LIT(h, "\r\nDate: ");
-    _put(h, date, date_len);
-    PUT_LIT(h, "\r\n");
-    if (code != 204 && code != 304) {
-        PUT_LIT(h, "Content-Type: ");
-        _put_str(h, ctype, 64);
-        PUT_LIT(h, "\r\nContent-Length: ");
-        _put_uint(h, body_len);
-        PUT_LIT(h, "\r\n");
-    }
-    PUT_LIT(h, "Cache-Control: no-store\r\n");
-    if (etag != NULL) {
-        PUT_LIT(h, "ETag: ");
-        _put(h, etag, FP_ETAG_LEN);
-        PUT_LIT(h, "\r\n");
-    }
-    if (c->wait_s >= 0) {
-        PUT_LIT(h, "Preference-Applied: wait=");
-        _put_uint(h, (uint64_t)c->wait_s);
-        PUT_LIT(h, "\r\n");
-    }
-    if (cache != NULL) {
-        PUT_LIT(h, "X-Cache: ");
-        _put_str(h, cache, 8);
-        PUT_LIT(h, "\r\n");
-    }
-    if (!c->keep_alive || c->srv->stopping)
-        PUT_LIT(h, "Connection: close\r\n");
-    else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
-        PUT_LIT(h, "Connection: keep-alive\r\n");
-    PUT_LIT(h, "\r\n");
-}
-
 /* ---- responses: sending ------------------------------------------------------------ */
 
 /* Keep what the socket did not take (sent bytes of head + body so far: n) and wait until it is
  * writable.  -1: the connection was closed. */
-static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, size_t body_len, size_t n)
+static int _conn_keep_rest(fp_conn_t *c, const char *head, size_t head_len, const char *body, size_t body_len,
+                           size_t n)
 {
-    size_t total = h->len + body_len, rest = total - n;
-    size_t from_head = n < h->len ? h->len - n : 0;
+    size_t total = head_len + body_len, rest = total - n;
+    size_t from_head = n < head_len ? head_len - n : 0;
     size_t from_body = rest - from_head;
 
     c->out = malloc(rest);
@@ -374,7 +317,7 @@ static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, siz
         _conn_close(c);
         return -1;
     }
-    memcpy(c->out, h->p + (h->len - from_head), from_head);
+    memcpy(c->out, head + (head_len - from_head), from_head);
     if (from_body > 0)               /* body may be NULL when there is none (204) */
         memcpy(c->out + from_head, body + (body_len - from_body), from_body);
     c->out_len = rest;
@@ -389,9 +332,9 @@ static int _conn_keep_rest(fp_conn_t *c, const _text_t *h, const char *body, siz
 
 /* Head and body in one sendmsg in the common case.  -1: the connection was closed or is
  * closing (the caller must not touch it). */
-static int _conn_send(fp_conn_t *c, const _text_t *h, const char *body, size_t body_len)
+static int _conn_send(fp_conn_t *c, const char *head, size_t head_len, const char *body, size_t body_len)
 {
-    struct iovec iov[2] = {{h->p, h->len}, {(void *)body, body_len}};
+    struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body_len}};
     struct msghdr msg;
     ssize_t n;
 
@@ -408,82 +351,51 @@ static int _conn_send(fp_conn_t *c, const _text_t *h, const char *body, size_t b
         }
         n = 0;
     }
-    if ((size_t)n == h->len + body_len)
+    if ((size_t)n == head_len + body_len)
         return _conn_after_response(c);
-    return _conn_keep_rest(c, h, body, body_len, (size_t)n);
+    return _conn_keep_rest(c, head, head_len, body, body_len, (size_t)n);
 }
 
-/* Send status, headers (etag: FP_ETAG_LEN bytes, or NULL for none) and body.  -1: the
- * connection was closed or is closing. */
-static int _conn_respond(fp_conn_t *c, int code, const char *ctype, const char *cache, const char *etag,
-                         const char *body, size_t body_len)
+/* Send a reply (fp_reply.c built it).  -1: the connection was closed or is closing. */
+static int _conn_reply(fp_conn_t *c, const fp_reply_t *a)
 {
-    char head_buf[HEAD_CAP];
-    _text_t h = {head_buf, 0, sizeof(head_buf)};
+    char head[HEAD_CAP];
+    size_t body_len = a->code == 204 || a->code == 304 ? 0 : a->body_len;
 
-    if (code == 204 || code == 304)
-        body_len = 0;
-    if (_kinds[c->kind].counted)
-        c->srv->st->status[fp_status_slot(code)]++;
-    _build_head(c, &h, code, ctype, cache, etag, body_len);
+    if (fp_kinds[c->kind].counted)
+        c->srv->st->status[fp_status_slot(a->code)]++;
+    size_t head_len = fp_reply_head(c, a, body_len, head, sizeof(head));
     /* HEAD: the head a GET would get, Content-Length included, and no content (RFC 9110 9.3.2) */
-    return _conn_send(c, &h, body, c->is_head ? 0 : body_len);
+    return _conn_send(c, head, head_len, a->body, c->is_head ? 0 : body_len);
 }
 
 static int _conn_respond_error(fp_conn_t *c, int code, const char *message, const char *cache)
 {
-    char body_buf[160];
-    _text_t b = {body_buf, 0, sizeof(body_buf)};
-    /* message is always one of our literals, never request data */
-    PUT_LIT(&b, "{\"error\":\"");
-    _put_str(&b, message, 128);
-    PUT_LIT(&b, "\"}");
-    return _conn_respond(c, code, "application/json", cache, NULL, b.p, b.len);
+    fp_reply_t a;
+    fp_reply_error(&a, code, message, cache);
+    return _conn_reply(c, &a);
 }
 
 static int _conn_respond_metrics(fp_conn_t *c)
 {
+    fp_reply_t a;
     char *text = malloc(STATS_CAP);
     if (text == NULL)
         return _conn_respond_error(c, 503, "out of memory", NULL);
     size_t n = fp_stats_render(c->srv->cfg->stats, c->srv->cfg->n_workers, text, STATS_CAP);
-    int rc = _conn_respond(c, 200, "text/plain; version=0.0.4", NULL, NULL, text, n);
+    fp_reply_set(&a, 200, "text/plain; version=0.0.4", NULL, NULL, text, n);
+    int rc = _conn_reply(c, &a);
     free(text);
     return rc;
-}
-
-/* The request's If-None-Match names the answer's ETag (weak comparison: W/ was dropped). */
-static int _conn_not_modified(const fp_conn_t *c, const char *etag)
-{
-    return c->inm == FP_INM_TAG && memcmp(c->inm_tag, etag, FP_ETAG_LEN) == 0;
 }
 
 /* Answer what memcached said (tag: the answer's ETag if known, else NULL). */
 static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
                                const char *tag)
 {
-    char etag[FP_ETAG_LEN];          /* every 200 and 204 carries the ETag of its body */
-
-    switch (r) {
-    case FP_MC_HIT:
-    case FP_MC_EMPTY:
-        if (tag == NULL) {           /* a wake computed it once for all its waiters */
-            if (fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, etag) != 0)
-                return _conn_respond_error(c, 503, "etag failed", "MISS");
-            tag = etag;
-        }
-        if (_conn_not_modified(c, tag))
-            return _conn_respond(c, 304, NULL, "HIT", tag, NULL, 0);
-        if (r == FP_MC_EMPTY)
-            return _conn_respond(c, 204, NULL, "HIT", tag, NULL, 0);
-        return _conn_respond(c, 200, "application/json", "HIT", tag, data, len);
-    case FP_MC_MISS:
-        return _conn_respond_error(c, 404, "miss", "MISS");
-    case FP_MC_OVERLOADED:
-        return _conn_respond_error(c, 503, "overloaded", "MISS");
-    default:
-        return _conn_respond_error(c, 503, "memcached unavailable", "MISS");
-    }
+    fp_reply_t a;
+    fp_reply_result(&a, c, r, data, len, tag);
+    return _conn_reply(c, &a);
 }
 
 /* ---- closing ----------------------------------------------------------------------- */
@@ -530,9 +442,9 @@ static void _conn_lingering_readable(fp_conn_t *c)
         _conn_close(c);
 }
 
-/* The answer is out: wait for the next request on this connection, or close it.  -1: the
- * connection is closed or closing (the caller must not touch it). */
-static int _conn_after_response(fp_conn_t *c)
+/* The answer is out: wait for the next request on this connection, or close it (every mode's
+ * after_write today).  -1: the connection is closed or closing (the caller must not touch it). */
+static int _conn_next_request(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
     /* WRITING watched for writes, HELD with the hold's timeout; a paused reader, or one read
@@ -558,6 +470,29 @@ static int _conn_after_response(fp_conn_t *c)
     return 0;
 }
 
+/* ---- answer modes (their table is at the top) ------------------------------------------ */
+
+/* The answer is out: what comes next is the mode's.  -1: the connection is closed or closing
+ * (the caller must not touch it). */
+static int _conn_after_response(fp_conn_t *c)
+{
+    return _modes[c->mode].after_write(c);
+}
+
+/* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
+static int _conn_wants_hold(const fp_conn_t *c)
+{
+    return c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping;
+}
+
+/* The mode of a poll about to be dispatched. */
+static fp_mode_t _conn_mode_of(const fp_conn_t *c)
+{
+    return _conn_wants_hold(c) ? FP_MODE_HOLD : FP_MODE_ONCE;
+}
+
+/* ---- ONCE: answer what memcached says now ------------------------------------------------ */
+
 /* memcached answered the get this connection waits for (fp_mc_done_fn). */
 static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_t len)
 {
@@ -567,7 +502,22 @@ static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_
         _conn_process(c);            /* pipelined requests waiting in the buffer */
 }
 
-/* ---- held polls (long-polling) --------------------------------------------------------- */
+static int _once_start(fp_conn_t *c, const _keys_t *k)
+{
+    fp_mc_result_t r = fp_mc_get(&c->srv->mc, k->key, k->key_len, _conn_on_answer, c, &c->mc_req);
+    if (r == FP_MC_QUEUED) {
+        _conn_set_state(c, CONN_WAITING);
+        return 0;
+    }
+    return _conn_answer_result(c, r, NULL, 0, NULL);
+}
+
+static int _once_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
+{
+    return _conn_answer_result(c, r, data, len, NULL);
+}
+
+/* ---- HOLD: long-polling ------------------------------------------------------------------ */
 
 /* The hold's timeout as an event timeout: what is left of it (a client's bytes re-arm a
  * persistent event's timeout, which must not extend the hold). */
@@ -591,7 +541,7 @@ static uint64_t _rand(fp_server_t *srv)
 }
 
 /* The key's answer changed, or the key is gone or unreadable (fp_wake_fn). */
-static void _conn_on_wake(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
+static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
 {
     fp_conn_t *c = ctx;
     fp_wait_remove(&c->srv->waits, &c->marker_waiter);
@@ -612,12 +562,14 @@ static void _conn_on_marker_wake(void *ctx, fp_mc_result_t r, const char *data, 
 }
 
 /* The wait ran out (or the worker drains): 304 with the tag the client sent. */
-static void _conn_hold_over(fp_conn_t *c)
+static void _hold_over(fp_conn_t *c)
 {
+    fp_reply_t a;
     fp_wait_remove(&c->srv->waits, &c->waiter);
     fp_wait_remove(&c->srv->waits, &c->marker_waiter);
     c->srv->st->hold_timeouts++;
-    if (_conn_respond(c, 304, NULL, "HIT", c->inm_tag, NULL, 0) == 0 && c->state == CONN_READING)
+    fp_reply_set(&a, 304, NULL, "HIT", c->inm_tag, NULL, 0);
+    if (_conn_reply(c, &a) == 0 && c->state == CONN_READING)
         _conn_process(c);
 }
 
@@ -629,19 +581,24 @@ static void _conn_hold_over(fp_conn_t *c)
 static const char _empty_tag[] = "\"e3b0c44298fc1c149afbf4c8996fb924\"";
 _Static_assert(sizeof(_empty_tag) - 1 == FP_ETAG_LEN, "an ETag is FP_ETAG_LEN bytes");
 
-/* An object poll (marker != NULL) also waits on the user's epoch marker, which must stay the
- * empty value: its deletion (a revoked epoch) ends the hold as soon as it is noticed. */
-static int _conn_hold(fp_conn_t *c, const char *key, size_t key_len, const char *marker, size_t marker_len)
+/* An object poll (k->marker != NULL) also waits on the user's epoch marker, which must stay the
+ * empty value: its deletion (a revoked epoch) ends the hold as soon as it is noticed.  The key's
+ * change goes to the mode's on_change. */
+static int _hold_start(fp_conn_t *c, const _keys_t *k)
 {
     fp_server_t *srv = c->srv;
     int64_t wait_us = (int64_t)c->wait_s * 1000000;
+    FP_ASSERT(_modes[c->mode].on_change != NULL && _modes[c->mode].on_timeout != NULL,
+              "connection %d: mode %s cannot hold", c->fd, _modes[c->mode].name);
     wait_us -= (int64_t)(_rand(srv) % (uint64_t)(wait_us / 10 + 1));
     c->hold_until_us = fp_now_us() + wait_us;
-    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, key, key_len, c->inm_tag, _conn_on_wake, c);
+    fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, c->inm_tag,
+                                   _modes[c->mode].on_change, c);
     if (r != FP_MC_QUEUED)
         return _conn_answer_result(c, r, NULL, 0, NULL);
-    if (marker != NULL) {
-        r = fp_wait_add(&srv->waits, &c->marker_waiter, marker, marker_len, _empty_tag, _conn_on_marker_wake, c);
+    if (k->marker != NULL) {
+        r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, _empty_tag,
+                        _conn_on_marker_wake, c);
         if (r != FP_MC_QUEUED) {
             fp_wait_remove(&srv->waits, &c->waiter);
             return _conn_answer_result(c, r, NULL, 0, NULL);
@@ -655,10 +612,14 @@ static int _conn_hold(fp_conn_t *c, const char *key, size_t key_len, const char 
     return 0;
 }
 
-/* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
-static int _conn_wants_hold(const fp_conn_t *c)
+/* An object poll's answer is the client's: hold it (unless the worker began to drain since). */
+static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
 {
-    return c->wait_s > 0 && c->inm == FP_INM_TAG && !c->srv->stopping;
+    char tag[FP_ETAG_LEN];
+    if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
+        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && fp_reply_not_modified(c, tag))
+        return _hold_start(c, k);
+    return _conn_answer_result(c, r, data, len, NULL);
 }
 
 /* ---- object polls (docs/contract.md section 8) ------------------------------------------ *
@@ -680,15 +641,15 @@ static void _object_free(fp_conn_t *c)
     free(o);
 }
 
-/* Answer the object poll if what has come decides it: 1 while it waits for the other get, else
- * as _conn_respond (-1: the connection was closed).  data/len: the object's value at hand
+/* Answer the object poll if what has come decides it (its mode's on_fetched): 1 while it waits
+ * for the other get, else as _conn_reply (-1: the connection was closed).  data/len: the object's value at hand
  * (NULL: the copy, if any). */
 static int _object_decide(fp_conn_t *c, const char *data, size_t len)
 {
     fp_object_poll_t *o = c->obj;
     fp_mc_result_t m = (fp_mc_result_t)o->marker_r, r = (fp_mc_result_t)o->obj_r;
     int marker_known = m != FP_MC_QUEUED, obj_known = r != FP_MC_QUEUED;
-    char tag[FP_ETAG_LEN];
+    _keys_t k = {o->key, o->marker, o->key_len, o->marker_len};
     int rc;
 
     if (marker_known && m != FP_MC_EMPTY)
@@ -706,11 +667,7 @@ static int _object_decide(fp_conn_t *c, const char *data, size_t len)
         data = o->data;
         len = o->len;
     }
-    if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
-        fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && _conn_not_modified(c, tag))
-        rc = _conn_hold(c, o->key, o->key_len, o->marker, o->marker_len);
-    else
-        rc = _conn_answer_result(c, r, data, len, NULL);
+    rc = _modes[c->mode].on_fetched(c, &k, r, data, len);
     free(o->data);
     free(o);
     return rc;
@@ -777,234 +734,8 @@ static int _object_start(fp_conn_t *c)
     return rc;
 }
 
-/* ---- deciding what a request gets ---------------------------------------------------- */
-
-static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
-{
-    fp_request_t *rq = &c->in->req;
-    rq->action = ACT_RESPOND;
-    rq->answer_code = (int16_t)code;
-    rq->answer_message = message;
-    rq->answer_cache = cache;
-}
-
-/* What a poll's URL names: a user resource, or a per-object resource and its object. */
-typedef struct {
-    const char *res, *obj;           /* obj NULL: a user poll */
-    size_t res_len, obj_len;
-    const char *query;               /* after '?', or NULL */
-    size_t query_len;
-} _target_t;
-
-/* s (len bytes) is one of names[0..n): its index, or -1 */
-static int _find_name(const char *const *names, const size_t *lens, int n, const char *s, size_t len)
-{
-    for (int i = 0; i < n; i++)
-        if (lens[i] == len && memcmp(names[i], s, len) == 0)
-            return i;
-    return -1;
-}
-
-/* url = path-prefix resource [ "/" object ] [ "?" query ]: resource one of cfg->resources, or
- * with an object one of cfg->object_resources; object = 1*64( ALPHA / DIGIT / "-" / "_" );
- * path-prefix is --path-prefix ("/Poll/").  0, or -1 for anything else (Django's). */
-static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len, _target_t *t)
-{
-    const char *q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
-    size_t len = q ? (size_t)(q - url) : url_len, plen = cfg->path_prefix_len;
-    const char *slash;
-
-    t->query = q ? q + 1 : NULL;
-    t->query_len = q ? url_len - len - 1 : 0;
-    if (len <= plen || memcmp(url, cfg->path_prefix, plen) != 0)
-        return -1;
-    t->res = url + plen;
-    t->res_len = len - plen;
-    slash = memchr(t->res, '/', t->res_len);
-    t->obj = NULL;
-    t->obj_len = 0;
-    if (slash == NULL)
-        return _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len) < 0 ? -1 : 0;
-    t->obj = slash + 1;
-    t->obj_len = t->res_len - (size_t)(t->obj - t->res);
-    t->res_len = (size_t)(slash - t->res);
-    if (!fp_is_object_name(t->obj, t->obj_len))
-        return -1;
-    return _find_name(cfg->object_resources, cfg->object_resource_len, cfg->n_object_resources, t->res,
-                      t->res_len) < 0 ? -1 : 0;
-}
-
-/* The query's one cap=<value>: 1 and *cap, or 0 if there is none or fastpath could read it
- * otherwise than Django (a repeated cap, any '%' or '+' in the query: Django decodes them). */
-static int _query_cap(const char *q, size_t len, const char **cap, size_t *cap_len)
-{
-    int found = 0;
-    if (q == NULL || memchr(q, '%', len) != NULL || memchr(q, '+', len) != NULL)
-        return 0;
-    while (len > 0) {
-        const char *amp = memchr(q, '&', len);
-        size_t pair_len = amp != NULL ? (size_t)(amp - q) : len;
-        if (pair_len >= 4 && memcmp(q, "cap=", 4) == 0) {
-            if (found++)
-                return 0;
-            *cap = q + 4;
-            *cap_len = pair_len - 4;
-        }
-        if (amp == NULL)
-            break;
-        q = amp + 1;
-        len -= pair_len + 1;
-    }
-    return found == 1 && *cap_len > 0;
-}
-
-static int _span_eq(const char *a, size_t a_len, const char *b, size_t b_len)
-{
-    return a_len == b_len && memcmp(a, b, a_len) == 0;
-}
-
-/* A per-object poll of a valid token: its capability, checked, turned into the object's key
- * and the user's epoch marker key (docs/contract.md section 8).  Anything wrong with the
- * capability is Django's to answer precisely (404 MISS), never another object's answer. */
-static void _authorize_object(fp_conn_t *c, const _target_t *t, const fp_token_t *token, int64_t now)
-{
-    const fp_config_t *cfg = c->srv->cfg;
-    fp_request_t *rq = &c->in->req;
-    const char *cap = NULL;
-    size_t cap_len = 0, key_len, marker_len;
-    fp_cap_t cp;
-
-    if (!_query_cap(t->query, t->query_len, &cap, &cap_len)) {
-        _decide(c, 404, "no capability fastpath can read", "MISS");
-        return;
-    }
-    fp_token_result_t r = fp_cap_check(&c->srv->hmac, cap, cap_len, now, &cp);
-    if (r == FP_TOKEN_INTERNAL) {
-        _decide(c, 503, fp_token_strerror(r), "MISS");
-        return;
-    }
-    if (r != FP_TOKEN_OK || !_span_eq(cp.res, cp.res_len, t->res, t->res_len) ||
-        !_span_eq(cp.obj, cp.obj_len, t->obj, t->obj_len) ||
-        !_span_eq(cp.uid, cp.uid_len, token->uid_str, token->uid_len)) {
-        _decide(c, 404, "capability refused", "MISS");
-        return;
-    }
-    key_len = fp_make_object_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
-                                 t->res, t->res_len, t->obj, t->obj_len);
-    marker_len = fp_make_marker_key(rq->marker, sizeof(rq->marker), cfg->key_prefix, cfg->key_prefix_len, token);
-    if (key_len == 0 || marker_len == 0) {
-        _decide(c, 400, "bad key", NULL);
-        return;
-    }
-    rq->key_len = (uint8_t)key_len;
-    rq->marker_len = (uint8_t)marker_len;
-    rq->action = ACT_OBJECT;
-}
-
-/* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
- * Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is Django's to read. */
-static void _conditional(fp_conn_t *c)
-{
-    const char *data = c->in->data;
-    fp_request_t *rq = &c->in->req;
-    if (rq->have_inm > 1 || rq->have_prefer > 1) {
-        _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
-        return;
-    }
-    if (rq->have_inm) {
-        c->inm = (uint8_t)fp_inm_parse(data + rq->inm_off, rq->inm_len, c->inm_tag);
-        if (c->inm == FP_INM_UNREADABLE) {
-            _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
-            return;
-        }
-    }
-    if (rq->have_prefer && c->srv->cfg->max_wait_s > 0) {
-        int32_t w = fp_prefer_wait(data + rq->prefer_off, rq->prefer_len);
-        if (w >= 0)
-            c->wait_s = w < c->srv->cfg->max_wait_s ? w : c->srv->cfg->max_wait_s;
-    }
-}
-
-/* The token of the request, checked, turned into the target's memcached key (and for an
- * object poll, its capability checked too). */
-static void _authenticate(fp_conn_t *c, const _target_t *t)
-{
-    const fp_config_t *cfg = c->srv->cfg;
-    const char *data = c->in->data, *tok = NULL;
-    size_t tok_len = 0;
-    fp_token_t token;
-    int64_t now;
-    fp_request_t *rq = &c->in->req;
-
-    /* read exactly as Django reads them (docs/contract.md, section 2) */
-    fp_header_span_t auth = {rq->have_auth ? data + rq->auth_off : NULL, rq->auth_len};
-    fp_header_span_t cookie = {rq->have_cookie ? data + rq->cookie_off : NULL, rq->cookie_len};
-    fp_cred_result_t found = fp_credentials(&auth, rq->have_auth, &cookie, rq->have_cookie,
-                                            cfg->cookie_name, cfg->cookie_name_len, &tok, &tok_len);
-    if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
-        _decide(c, 404, "ambiguous credentials", "MISS");
-        return;
-    }
-    if (found != FP_CRED_FOUND) {
-        _decide(c, 401, "authentication required", NULL);
-        return;
-    }
-    if (fp_wall_s(c->srv->base, &now) != 0) {
-        _decide(c, 503, "clock unavailable", "MISS");    /* expiry cannot be checked: fall back */
-        return;
-    }
-    fp_token_result_t tr = fp_token_check(&c->srv->hmac, tok, tok_len, now, &token);
-    if (tr == FP_TOKEN_INTERNAL) {
-        _decide(c, 503, fp_token_strerror(tr), "MISS");  /* libcrypto failed, not the client */
-        return;
-    }
-    if (tr != FP_TOKEN_OK) {
-        _decide(c, 401, fp_token_strerror(tr), NULL);
-        return;
-    }
-    if (t->obj != NULL) {
-        _authorize_object(c, t, &token, now);
-        if (rq->action == ACT_OBJECT)
-            _conditional(c);
-        return;
-    }
-    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
-                                 t->res, t->res_len, &token);
-    if (key_len == 0 || key_len > FP_KEY_CAP) {
-        _decide(c, 400, "bad key", NULL);
-        return;
-    }
-    rq->key_len = (uint8_t)key_len;
-    rq->action = ACT_MEMCACHED;
-    _conditional(c);
-}
-
-static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
-{
-    _target_t t;
-
-    if (method != HTTP_GET && method != HTTP_POST) {
-        /* HEAD (a read, contract.md 7) and the methods Django refuses, with its own 405 and
-         * Allow, or its 404 for a path that names no resource: Django's to answer */
-        _decide(c, 404, "method is Django's to answer", "MISS");
-        return;
-    }
-    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
-        _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
-        return;
-    }
-    _authenticate(c, &t);
-}
-
-static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
-{
-    if (method == HTTP_GET && url_len == 8 && memcmp(url, "/metrics", 8) == 0)
-        c->in->req.action = ACT_METRICS;
-    else
-        _decide(c, 404, "not found", NULL);
-}
-
-/* A whole request has been read: answer it, or ask memcached.  -1: connection closed. */
+/* A whole request has been read: answer it, or ask memcached in the poll's mode.  -1:
+ * connection closed. */
 static int _dispatch(fp_conn_t *c)
 {
     fp_request_t *rq = &c->in->req;
@@ -1014,287 +745,25 @@ static int _dispatch(fp_conn_t *c)
     case ACT_MEMCACHED:
         break;
     case ACT_OBJECT:
+        c->mode = (uint8_t)_conn_mode_of(c);
         return _object_start(c);
     default:
         return _conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
-    if (_conn_wants_hold(c))
-        return _conn_hold(c, rq->key, rq->key_len, NULL, 0);
-    fp_mc_result_t r = fp_mc_get(&c->srv->mc, rq->key, rq->key_len, _conn_on_answer, c, &c->mc_req);
-    if (r == FP_MC_QUEUED) {
-        _conn_set_state(c, CONN_WAITING);
-        return 0;
-    }
-    return _conn_answer_result(c, r, NULL, 0, NULL);
-}
-
-/* ---- llhttp callbacks ---------------------------------------------------------------- */
-
-/* Stop parsing: answer (status, message) and close.  A request fastpath cannot take in whole
- * (a head beyond --max-headers) is handed to Django as a MISS rather than refused: fastpath
- * must never refuse what nginx forwards. */
-static int _http_fail(fp_conn_t *c, int status, const char *message, const char *cache)
-{
-    fp_request_t *rq = &c->in->req;
-    rq->error_status = (int16_t)status;
-    rq->error_message = message;
-    rq->error_cache = cache;
-    return -1;
-}
-
-static size_t _off(fp_conn_t *c, const char *at)
-{
-    return (size_t)(at - c->in->data);
-}
-
-static int _head_too_big(fp_conn_t *c, const char *at, size_t len)
-{
-    return _off(c, at) + len - c->in->req.start > c->srv->cfg->max_headers;
-}
-
-static int _head_too_big_fail(fp_conn_t *c)
-{
-    return _http_fail(c, 404, "request head too large for fastpath", "MISS");
-}
-
-/* Bytes after the head that are not body (chunk extensions, trailers) count as body: the cap
- * on what a request may make us read is --max-body, whatever the bytes are called. */
-static int _count_body(fp_conn_t *c, size_t len)
-{
-    c->body_len += len;
-    if (c->body_len > c->srv->cfg->max_body)
-        return _http_fail(c, 413, "body too large", NULL);
-    return 0;
-}
-
-static int _on_message_begin(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    size_t start = rq->start;        /* set by _conn_process before parsing began */
-
-    memset(rq, 0, sizeof(*rq));      /* nothing decided yet: ACT_RESPOND, code 0, no error */
-    rq->start = start;
-    c->in_message = 1;
-    c->in_head = 1;
-    c->inm = FP_INM_NONE;
-    c->wait_s = -1;
-    c->body_len = 0;
-    c->is_head = 0;
-    return 0;
-}
-
-static int _on_url(llhttp_t *p, const char *at, size_t len)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (_head_too_big(c, at, len))
-        return _head_too_big_fail(c);
-    if (rq->url_len == 0)
-        rq->url_off = _off(c, at);
-    rq->url_len += len;
-    c->is_head = llhttp_get_method(p) == HTTP_HEAD;   /* known from here: errors too go bodiless */
-    return 0;
-}
-
-static int _on_header_field(llhttp_t *p, const char *at, size_t len)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (!c->in_head)
-        return _count_body(c, len);  /* a trailer */
-    if (_head_too_big(c, at, len))
-        return _head_too_big_fail(c);
-    if (rq->field_len == 0)
-        rq->field_off = _off(c, at);
-    rq->field_len += len;
-    return 0;
-}
-
-/* Obsolete line folding (RFC 9112 5.2): llhttp takes a line that starts with SP or HT as more
- * of the previous header's value and hands it on as another piece of that value, which we would
- * misread.  nginx and gunicorn refuse it, and so do we.  A piece of a value begins after the
- * field's ':' and optional whitespace, or right after the end of the previous piece (a read
- * split it); a folded line's piece begins after a line feed and whitespace.  The whole head
- * stays in the buffer while it is parsed, so looking back is safe. */
-static int _is_folded(fp_conn_t *c, const char *at)
-{
-    const char *p = at, *start = c->in->data + c->in->req.start;
-    while (p > start && (p[-1] == ' ' || p[-1] == '\t'))
-        p--;
-    return p > start && p[-1] == '\n';
-}
-
-static int _on_header_value(llhttp_t *p, const char *at, size_t len)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (!c->in_head)
-        return _count_body(c, len);
-    if (_head_too_big(c, at, len))
-        return _head_too_big_fail(c);
-    if (len == 0)
-        return 0;                    /* an empty value: llhttp points it at the next line */
-    if (_is_folded(c, at))
-        return _http_fail(c, 400, "obsolete header line folding", NULL);
-    if (rq->value_len == 0)
-        rq->value_off = _off(c, at);
-    rq->value_len += len;
-    return 0;
-}
-
-/* A header is complete: keep the first Authorization and Cookie; a second one only marks the
- * request ambiguous (have_* = 2). */
-static int _on_header_value_complete(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if (!c->in_head)
-        return 0;                    /* trailers carry no credentials */
-    fp_cred_header_t kind = fp_cred_header(c->in->data + rq->field_off, rq->field_len);
-    if (kind == FP_CRED_AUTHORIZATION) {
-        if (rq->have_auth++ == 0) {
-            rq->auth_off = rq->value_off;
-            rq->auth_len = rq->value_len;
-        } else {
-            rq->have_auth = 2;
-        }
-    } else if (kind == FP_CRED_COOKIE) {
-        if (rq->have_cookie++ == 0) {
-            rq->cookie_off = rq->value_off;
-            rq->cookie_len = rq->value_len;
-        } else {
-            rq->have_cookie = 2;
-        }
-    } else if (rq->field_len == 6 && fp_ascii_casecmp(c->in->data + rq->field_off, "prefer", 6) == 0) {
-        if (rq->have_prefer++ == 0) {
-            rq->prefer_off = rq->value_off;
-            rq->prefer_len = rq->value_len;
-        } else {
-            rq->have_prefer = 2;
-        }
-    } else if (rq->field_len == 13 &&
-               fp_ascii_casecmp(c->in->data + rq->field_off, "if-none-match", 13) == 0) {
-        if (rq->have_inm++ == 0) {
-            rq->inm_off = rq->value_off;
-            rq->inm_len = rq->value_len;
-        } else {
-            rq->have_inm = 2;
-        }
-    }
-    rq->field_len = rq->value_len = 0;
-    return 0;
-}
-
-static int _on_headers_complete(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    fp_request_t *rq = &c->in->req;
-    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->cfg->max_body)
-        return _http_fail(c, 413, "body too large", NULL);
-    c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
-    uint8_t method = llhttp_get_method(p);
-    if (c->is_head)
-        c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts */
-    _kinds[c->kind].route(c, method, c->in->data + rq->url_off, rq->url_len);
-    c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
-    return 0;
-}
-
-static int _on_body(llhttp_t *p, const char *at, size_t len)
-{
-    return _count_body(p->data, len);    /* polls ignore the body; it is only counted */
-}
-
-static int _on_chunk_extension(llhttp_t *p, const char *at, size_t len)
-{
-    return _count_body(p->data, len);
-}
-
-static int _on_message_complete(llhttp_t *p)
-{
-    fp_conn_t *c = p->data;
-    c->in_message = 0;
-    if (!llhttp_should_keep_alive(p) || p->upgrade)
-        c->keep_alive = 0;
-    return HPE_PAUSED;               /* answer this one before parsing the next */
-}
-
-void fp_conn_settings_init(llhttp_settings_t *s)
-{
-    llhttp_settings_init(s);
-    s->on_message_begin = _on_message_begin;
-    s->on_url = _on_url;
-    s->on_header_field = _on_header_field;
-    s->on_header_value = _on_header_value;
-    s->on_header_value_complete = _on_header_value_complete;
-    s->on_headers_complete = _on_headers_complete;
-    s->on_body = _on_body;
-    s->on_chunk_extension_name = _on_chunk_extension;
-    s->on_chunk_extension_value = _on_chunk_extension;
-    s->on_message_complete = _on_message_complete;
+    _keys_t k = {rq->key, NULL, rq->key_len, 0};
+    c->mode = (uint8_t)_conn_mode_of(c);
+    return _modes[c->mode].start(c, &k);
 }
 
 /* ---- reading and parsing ------------------------------------------------------------- */
 
-/* Move the bytes still needed to the front of the buffer (offsets follow). */
-static void _compact(fp_conn_t *c)
-{
-    fp_buf_t *b = c->in;
-    fp_request_t *rq = &b->req;
-    size_t keep = c->in_head ? rq->start : b->pos;
-    if (keep == 0)
-        return;
-    memmove(b->data, b->data + keep, b->len - keep);
-    b->len -= keep;
-    b->pos -= keep;
-    if (c->in_head) {
-        rq->start -= keep;
-        if (rq->url_len)
-            rq->url_off -= keep;
-        if (rq->field_len)
-            rq->field_off -= keep;
-        if (rq->value_len)
-            rq->value_off -= keep;
-        if (rq->have_auth)
-            rq->auth_off -= keep;
-        if (rq->have_cookie)
-            rq->cookie_off -= keep;
-        if (rq->have_prefer && rq->prefer_len)
-            rq->prefer_off -= keep;
-        if (rq->have_inm && rq->inm_len)
-            rq->inm_off -= keep;
-    }
-}
-
-/* A control byte in a header value: llhttp refuses it, but nginx forwards it and gunicorn and
- * Django read it (Django strips some of them around a cookie), so it is Django's to answer.
- * llhttp gives field and value characters one errno; its reason tells them apart.  A bare CR
- * or LF is framing, not a value byte: that stays a 400 (nginx never forwards one). */
-static int _bad_value_char(const llhttp_t *p, llhttp_errno_t err)
-{
-    static const char reason[] = "Invalid header value char";
-    const char *r = llhttp_get_error_reason(p), *at = llhttp_get_error_pos(p);
-    return err == HPE_INVALID_HEADER_TOKEN && r != NULL && at != NULL && *at != '\r' && *at != '\n' &&
-           strnlen(r, sizeof(reason)) == sizeof(reason) - 1 && memcmp(r, reason, sizeof(reason) - 1) == 0;
-}
-
 /* A request we cannot parse or take in: answer it with the reason and close. */
 static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
 {
-    fp_request_t *rq = &c->in->req;
-    int code = rq->error_status;
-    const char *message = rq->error_message;
-    if (code == 0 && _bad_value_char(&c->parser, err))
-        (void)_http_fail(c, 404, "header value fastpath cannot read", "MISS");
-    code = rq->error_status;
-    message = rq->error_message;
-    if (code == 0) {
-        code = err == HPE_INVALID_VERSION ? 505 : 400;
-        message = "bad request";
-    }
+    fp_reply_t a;
+    fp_http_error(c, err, &a);
     c->keep_alive = 0;
-    (void)_conn_respond_error(c, code, message, rq->error_status ? rq->error_cache : NULL);
+    (void)_conn_reply(c, &a);
 }
 
 /* Parse and answer what the buffer holds.  -1: the connection was closed or is closing (the
@@ -1340,7 +809,7 @@ static void _conn_readable(fp_conn_t *c)
     }
     fp_buf_t *b = c->in;
     if (b->len == srv->buf_cap)
-        _compact(c);
+        fp_http_compact(c);
     if (b->len == srv->buf_cap) {
         if (c->state == CONN_HELD) {
             _conn_close(c);          /* a held poll's client pipelines a buffer full: abusive */
@@ -1352,7 +821,7 @@ static void _conn_readable(fp_conn_t *c)
                 _conn_close(c);
             return;
         }
-        (void)_head_too_big_fail(c);
+        fp_http_head_too_big(c);
         _parse_error(c, HPE_USER);
         return;
     }
@@ -1402,7 +871,7 @@ static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
     c->srv->st->loop_events++;
     if (what & EV_TIMEOUT) {
         if (c->state == CONN_HELD)
-            _conn_hold_over(c);
+            _modes[c->mode].on_timeout(c);
         else if (c->state != CONN_WAITING)
             _conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
         return;

@@ -1,7 +1,9 @@
-/* Structures shared by the parts of a worker: fp_server.c (lifecycle) calls fp_conn.c (HTTP
- * connections, llhttp), which calls fp_mc.c (the memcached client); all three use fp_util.c and
- * fp_stats.c.  Calls only go down that list: answers and events come back up through callbacks
- * with a context pointer (docs/fastpath.md draws it).  Not part of the Cython API.
+/* Structures shared by the parts of a worker: fp_server.c (lifecycle, listeners) calls fp_conn.c
+ * (HTTP connections), which calls fp_http.c (llhttp's callbacks; it calls fp_route.c, what a
+ * request gets), fp_reply.c (answers) and fp_mc.c (the memcached client); all of them use
+ * fp_util.c and fp_stats.c.  Calls only go down that list: answers and events come back up
+ * through callbacks with a context pointer (docs/fastpath.md draws it).  Each file's non-static
+ * functions are declared once, in its section at the end.  Not part of the Cython API.
  *
  * One worker = one event base = one thread: nothing here is locked.
  */
@@ -40,21 +42,37 @@ typedef enum {
                                           answer if the user's epoch marker is there */
 } fp_conn_action_t;
 
-/* The request being read: where its head's parts are (offset, length into the buffer's data,
- * from start), what they decided, and why parsing failed.  A connection keeps its read buffer
+/* The request headers fastpath reads: id, name (lower case), and the fp_http.c function that
+ * keeps it.  fp_http.c's table is made from this list (nginx's ngx_http_headers_in); a header
+ * that is not in it is skipped. */
+#define FP_REQUEST_HEADERS(X)                                  \
+    X(FP_HDR_AUTHORIZATION, "authorization", _header_unique)   \
+    X(FP_HDR_COOKIE, "cookie", _header_unique)                 \
+    X(FP_HDR_PREFER, "prefer", _header_unique)                 \
+    X(FP_HDR_IF_NONE_MATCH, "if-none-match", _header_unique)
+
+typedef enum {
+#define FP_HDR_ENUM(id, name, handler) id,
+    FP_REQUEST_HEADERS(FP_HDR_ENUM)
+#undef FP_HDR_ENUM
+    FP_HDR_N
+} fp_header_id_t;
+
+/* Bytes of the read buffer's data: offset and length. */
+typedef struct {
+    size_t off, len;
+} fp_span_t;
+
+/* The request being read: where its head's parts are (spans of the buffer's data, from
+ * start), what they decided, and why parsing failed.  A connection keeps its read buffer
  * from a request's first byte until the request is dispatched, so all of this lives with the
  * buffer and not in every connection: an idle or held connection holds none of it. */
 typedef struct fp_request {
     size_t start;                    /* the head's first byte */
-    size_t url_off, url_len;
-    size_t field_off, field_len;
-    size_t value_off, value_len;
-    size_t auth_off, auth_len;
-    size_t cookie_off, cookie_len;
-    size_t prefer_off, prefer_len;
-    size_t inm_off, inm_len;
-    uint8_t have_auth, have_cookie;
-    uint8_t have_prefer, have_inm;   /* how often each came (2: repeated) */
+    fp_span_t url;
+    fp_span_t field, value;          /* the header being read */
+    fp_span_t header[FP_HDR_N];      /* the first of each header fastpath reads */
+    uint8_t have[FP_HDR_N];          /* how often each came (2: repeated) */
     uint8_t action;                  /* fp_conn_action_t */
     uint8_t key_len;
     int16_t answer_code;             /* ACT_RESPOND's status */
@@ -89,8 +107,9 @@ typedef struct fp_buf {
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
 
-/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and debug builds check
- * every transition against its table.  READING is 0: a new connection starts there. */
+/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and builds with
+ * FASTPATH_CHECKS (fp_debug.h) check every transition against its table.  READING is 0: a new
+ * connection starts there. */
 typedef enum {
     CONN_READING,                    /**< reading a request, or idle between requests */
     CONN_WAITING,                    /**< a request is waiting for memcached (mc_req set) */
@@ -100,20 +119,52 @@ typedef enum {
     CONN_STATE_N
 } fp_conn_state_t;
 
-/* What a listener's connections are for (fp_conn.c has a table of what each kind may do). */
+/* How a connection answers a poll (fp_conn.c's _modes: a row of handlers per mode). */
+typedef enum {
+    FP_MODE_ONCE,                    /**< what memcached says now */
+    FP_MODE_HOLD,                    /**< held until the answer is not the client's, or the wait ends */
+    FP_MODE_N
+} fp_mode_t;
+
+/* What a listener's connections are for (fp_route.c's fp_kinds: what each kind may do). */
 typedef enum {
     FP_CONN_POLL,                    /**< /Poll/<resource> from nginx; capped by --max-connections */
     FP_CONN_ADMIN,                   /**< /metrics on the loopback stats listener; small fixed cap */
     FP_CONN_KIND_N
 } fp_conn_kind_t;
 
-/* How the poll listener's connections get Nagle turned off (fp_server.c _tune_listener). */
+/* What a listener's connections may do: one row per kind (fp_route.c's fp_kinds). */
+typedef struct {
+    const char *name;
+    /* at the end of the head: decide the request's action (and the key or the answer) */
+    void (*route)(struct fp_conn *c, uint8_t method, const char *url, size_t url_len);
+    int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
+    uint8_t counted;                         /* answers count in fastpath_requests_total */
+} fp_kind_t;
+
+/* How a listener's connections get Nagle turned off (fp_server.c _tune_listener). */
 typedef enum {
     FP_NODELAY_NONE,                 /**< a unix socket: no Nagle to turn off */
     FP_NODELAY_CHECK,                /**< set on the listener: the first connection checks it came along */
     FP_NODELAY_INHERITED,            /**< ... and it did: nothing to do per connection */
     FP_NODELAY_SET                   /**< one setsockopt per connection */
 } fp_nodelay_t;
+
+#define FP_LISTENERS_MAX 4
+
+/* A socket a worker accepts on, and what its connections are for (fp_server.c fills
+ * srv->listeners from the configuration; fp_conn_accept is every listener's callback). */
+typedef struct fp_listener {
+    struct fp_server *srv;
+    int fd;                          /* bound and listening (the Python supervisor's) */
+    uint8_t kind;                    /* fp_conn_kind_t */
+    uint8_t nodelay;                 /* fp_nodelay_t */
+    uint8_t read_on_accept;          /* accept is deferred until the first bytes came: a new
+                                        connection is read at once, not armed first */
+    uint8_t drains;                  /* stops accepting when the worker drains (the poll
+                                        listener; the admin one accepts and closes at once) */
+    struct evconnlistener *ev;
+} fp_listener_t;
 
 /* One client connection.  Requests on it are answered one at a time, in order (pipelined ones
  * wait in the read buffer), so responses never need reordering. */
@@ -128,6 +179,7 @@ typedef struct fp_conn {
     uint8_t is_head;                 /* HEAD request: no body in the answer */
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t inm;                     /* fp_inm_t of the request */
+    uint8_t mode;                    /* fp_mode_t of the request (ONCE until it is dispatched) */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
     int64_t deadline_s;              /* READING: the request must have arrived by then;
@@ -155,7 +207,8 @@ typedef struct fp_conn {
 typedef struct fp_server {
     const fp_config_t *cfg;
     struct event_base *base;
-    struct evconnlistener *listener, *admin_listener;
+    fp_listener_t listeners[FP_LISTENERS_MAX];
+    int n_listeners;
     fp_mc_pool_t mc;                 /* the memcached servers */
     fp_wait_table_t waits;           /* held polls by key */
     fp_notify_t notify;              /* its sources: --notify-dir, --notify-udp */
@@ -175,9 +228,6 @@ typedef struct fp_server {
     /* set by fp_server.c: called when the last connection closes while stopping */
     void (*drained)(void *arg);
     void *drained_arg;
-    uint8_t conn_nodelay;            /* fp_nodelay_t: Nagle on the poll listener's connections */
-    uint8_t read_on_accept;          /* the listener defers accept until the first bytes came:
-                                        a new connection is read at once, not armed first */
     struct event *pause_accept;      /* re-enables accepting after EMFILE */
     int accept_retries;              /* failed attempts to re-enable accepting, in a row */
     int stopping;
@@ -185,18 +235,48 @@ typedef struct fp_server {
     struct event *sig_term, *sig_int;
 } fp_server_t;
 
+/* An answer: status, headers and body (fp_reply.c decides them and writes the head; fp_conn.c
+ * sends it).  Pointers stay valid while it is sent; tag and error hold what fp_reply.c made. */
+typedef struct fp_reply {
+    int code;
+    const char *ctype;               /* Content-Type of a 200 or an error */
+    const char *cache;               /* X-Cache, or NULL */
+    const char *etag;                /* FP_ETAG_LEN bytes, or NULL: no ETag */
+    const char *body;                /* body_len bytes (none for 204, 304) */
+    size_t body_len;
+    char tag[FP_ETAG_LEN];           /* the body's ETag, when fp_reply_result computed it */
+    char error[160];                 /* an error's JSON body */
+} fp_reply_t;
+
 /* fp_server.c */
 int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t err_len);
 void fp_server_fini(fp_server_t *srv);
 
 /* fp_conn.c */
-void fp_conn_settings_init(llhttp_settings_t *s);
-/* evconnlistener callbacks: arg is the fp_server_t */
+/* every listener's evconnlistener callback: arg is its fp_listener_t */
 void fp_conn_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
-void fp_conn_admin_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg);
-void fp_conn_open(fp_server_t *srv, evutil_socket_t fd, fp_conn_kind_t kind);   /* adopt a socket */
+void fp_conn_open(fp_listener_t *ls, evutil_socket_t fd);   /* adopt a socket accepted on ls */
 void fp_conn_close_idle(fp_server_t *srv);
 void fp_conn_close_all(fp_server_t *srv);
 void fp_buf_pool_free(fp_server_t *srv);
+
+/* fp_http.c: reading requests */
+void fp_http_settings_init(llhttp_settings_t *s);
+void fp_http_compact(fp_conn_t *c);                      /* the read buffer's needed bytes to its front */
+void fp_http_head_too_big(fp_conn_t *c);                 /* the head outgrew the read buffer */
+void fp_http_error(fp_conn_t *c, llhttp_errno_t err, fp_reply_t *a);   /* the answer when parsing stops */
+
+/* fp_route.c: what a request gets */
+extern const fp_kind_t fp_kinds[FP_CONN_KIND_N];
+void fp_route(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+
+/* fp_reply.c: what answers a request, and the head's bytes */
+void fp_reply_set(fp_reply_t *a, int code, const char *ctype, const char *cache, const char *etag,
+                  const char *body, size_t body_len);
+void fp_reply_error(fp_reply_t *a, int code, const char *message, const char *cache);
+void fp_reply_result(fp_reply_t *a, const fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
+                     const char *tag);
+int fp_reply_not_modified(const fp_conn_t *c, const char *etag);   /* If-None-Match names etag */
+size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *buf, size_t cap);
 
 #endif

@@ -1,7 +1,9 @@
 /* fastpath worker lifecycle: event base, listeners, signals, draining.
  *
- * The request path lives in fp_conn.c (HTTP, llhttp) and fp_mc.c (memcached); this file calls
- * into them and they call nothing here: the end of a drain comes back through srv->drained.
+ * The request path lives in fp_conn.c (connections; fp_http.c, fp_route.c and fp_reply.c below
+ * it) and fp_mc.c (memcached); this file calls into them and they call nothing here: the end of
+ * a drain comes back through srv->drained.  A worker accepts on a table of listeners
+ * (srv->listeners: a descriptor and the kind of its connections), one row per configured socket.
  * Everything runs on one event base per worker process, without the GIL.
  */
 #include <errno.h>
@@ -48,8 +50,9 @@ static void _begin_drain(fp_server_t *srv)
     struct timeval grace = {srv->cfg->drain_timeout_s, 0};
 
     srv->stopping = 1;
-    if (srv->listener != NULL && evconnlistener_disable(srv->listener) != 0)
-        fp_log("cannot stop accepting; connections that still arrive are closed at once");
+    for (int i = 0; i < srv->n_listeners; i++)
+        if (srv->listeners[i].drains && evconnlistener_disable(srv->listeners[i].ev) != 0)
+            fp_log("cannot stop accepting; connections that still arrive are closed at once");
     if (event_base_loopexit(srv->base, &grace) != 0) {
         /* no deadline for the drain: stop now; fp_server_fini answers waiting requests 503 */
         fp_log("cannot schedule the end of the drain; stopping without draining");
@@ -86,7 +89,8 @@ static int _add_pause_timer(fp_server_t *srv)
  * spinning (_on_accept_pause_over resumes it). */
 static void _on_accept_error(struct evconnlistener *l, void *arg)
 {
-    fp_server_t *srv = arg;
+    fp_listener_t *ls = arg;
+    fp_server_t *srv = ls->srv;
     int err = EVUTIL_SOCKET_ERROR();
     srv->st->conn_rejected++;
     if (_add_pause_timer(srv) != 0) {
@@ -100,9 +104,14 @@ static void _on_accept_error(struct evconnlistener *l, void *arg)
         fp_log("accept failed (%s); accepting again in %d ms", strerror(err), ACCEPT_PAUSE_US / 1000);
 }
 
-static int _enable(struct evconnlistener *l)
+/* Every listener accepts (again).  -1 if one cannot. */
+static int _enable_all(fp_server_t *srv)
 {
-    return l == NULL ? 0 : evconnlistener_enable(l);
+    int rc = 0;
+    for (int i = 0; i < srv->n_listeners; i++)
+        if (evconnlistener_enable(srv->listeners[i].ev) != 0)
+            rc = -1;
+    return rc;
 }
 
 /* A worker that never accepts again would sit idle while the kernel still queues connections
@@ -113,7 +122,7 @@ static void _on_accept_pause_over(evutil_socket_t fd, short what, void *arg)
     fp_server_t *srv = arg;
     if (srv->stopping)
         return;
-    if (_enable(srv->listener) == 0 && _enable(srv->admin_listener) == 0) {
+    if (_enable_all(srv) == 0) {
         srv->accept_retries = 0;
         return;
     }
@@ -139,40 +148,62 @@ static int _init_fail(char *err, size_t err_len, const char *what)
  * what is already known.  A connection that sends nothing is accepted when the deferral runs
  * out, and the idle timeout applies from then.  A unix socket has neither (no Nagle; a
  * connection is read when epoll reports it).  Any failure keeps the per-connection way. */
-static void _tune_listener(fp_server_t *srv, int fd)
+static void _tune_listener(fp_listener_t *ls)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
     int one = 1, defer_s = 1;
 
-    srv->conn_nodelay = FP_NODELAY_SET;  /* unless known otherwise below */
-    srv->read_on_accept = 0;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+    ls->nodelay = FP_NODELAY_SET;    /* unless known otherwise below */
+    ls->read_on_accept = 0;
+    if (getsockname(ls->fd, (struct sockaddr *)&ss, &len) != 0)
         return;
     if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) {
-        srv->conn_nodelay = FP_NODELAY_NONE;
+        ls->nodelay = FP_NODELAY_NONE;
         return;
     }
-    srv->conn_nodelay = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 ? FP_NODELAY_CHECK
-                                                                                          : FP_NODELAY_SET;
-    srv->read_on_accept = setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof(defer_s)) == 0;
+    ls->nodelay = setsockopt(ls->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0 ? FP_NODELAY_CHECK
+                                                                                         : FP_NODELAY_SET;
+    ls->read_on_accept = setsockopt(ls->fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof(defer_s)) == 0;
 }
 
-static struct evconnlistener *_listen(fp_server_t *srv, int fd, evconnlistener_cb cb)
+/* A listener's options */
+enum {
+    _LISTEN_TUNED = 1,               /* _tune_listener: Nagle off once, accept deferred */
+    _LISTEN_DRAINS = 2               /* stops accepting when the worker drains */
+};
+
+/* Accept on fd, for connections of kind: a new row of srv->listeners.  -1 on failure. */
+static int _listen(fp_server_t *srv, int fd, fp_conn_kind_t kind, int options)
 {
+    fp_listener_t *ls;
+
+    if (srv->n_listeners >= FP_LISTENERS_MAX)
+        return -1;
+    ls = &srv->listeners[srv->n_listeners];
+    ls->srv = srv;
+    ls->fd = fd;
+    ls->kind = (uint8_t)kind;
+    ls->nodelay = FP_NODELAY_SET;    /* one setsockopt per connection, unless tuned */
+    ls->read_on_accept = 0;
+    ls->drains = (options & _LISTEN_DRAINS) != 0;
+    if (options & _LISTEN_TUNED)
+        _tune_listener(ls);
     /* the socket is Python's (bound, listening): no LEV_OPT_CLOSE_ON_FREE.  Created disabled
      * and enabled here, because evconnlistener_new ignores a failure to enable it.  Backlog 0:
      * "already listening" -- -1 would call listen(fd, 128) again and shrink Python's 4096, and a
      * burst of new upstream connections from nginx would then fail (EAGAIN on a unix socket). */
-    struct evconnlistener *l = evconnlistener_new(srv->base, cb, srv, LEV_OPT_REUSEABLE | LEV_OPT_DISABLED, 0, fd);
-    if (l == NULL)
-        return NULL;
-    evconnlistener_set_error_cb(l, _on_accept_error);
-    if (evconnlistener_enable(l) != 0) {
-        evconnlistener_free(l);
-        return NULL;
+    ls->ev = evconnlistener_new(srv->base, fp_conn_accept, ls, LEV_OPT_REUSEABLE | LEV_OPT_DISABLED, 0, fd);
+    if (ls->ev == NULL)
+        return -1;
+    evconnlistener_set_error_cb(ls->ev, _on_accept_error);
+    if (evconnlistener_enable(ls->ev) != 0) {
+        evconnlistener_free(ls->ev);
+        ls->ev = NULL;
+        return -1;
     }
-    return l;
+    srv->n_listeners++;
+    return 0;
 }
 
 /* Check one well-formed token and hash one body now, so that each worker faults in the code a
@@ -205,7 +236,7 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     fp_slab_init(&srv->conn_slab, FP_CONN_EV_OFFSET + event_get_struct_event_size(), FP_CONN_SLAB_CHUNK);
     srv->drained = _on_drained;
     srv->drained_arg = srv;
-    fp_conn_settings_init(&srv->http_settings);
+    fp_http_settings_init(&srv->http_settings);
     if (!fp_clocks_work())
         return _init_fail(err, err_len, "clock_gettime: CLOCK_MONOTONIC or CLOCK_MONOTONIC_COARSE unavailable");
     if (fp_hmac_prepare(&srv->hmac, cfg->secret, cfg->secret_len) != 0)
@@ -248,27 +279,19 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
         fp_notify_listen_udp(&srv->notify, srv->base, cfg->notify_udp_host,
                              cfg->notify_udp_port + cfg->worker_index, err, err_len) < 0)
         return -1;
-    if (cfg->listen_fd >= 0) {
-        _tune_listener(srv, cfg->listen_fd);
-        srv->listener = _listen(srv, cfg->listen_fd, fp_conn_accept);
-        if (srv->listener == NULL)
-            return _init_fail(err, err_len, "cannot accept on the listening socket");
-    }
-    if (cfg->admin_fd >= 0) {
-        srv->admin_listener = _listen(srv, cfg->admin_fd, fp_conn_admin_accept);
-        if (srv->admin_listener == NULL)
-            return _init_fail(err, err_len, "cannot accept on the admin socket");
-    }
+    /* the listeners: polls (which stop accepting when the worker drains), and /metrics */
+    if (cfg->listen_fd >= 0 && _listen(srv, cfg->listen_fd, FP_CONN_POLL, _LISTEN_TUNED | _LISTEN_DRAINS) < 0)
+        return _init_fail(err, err_len, "cannot accept on the listening socket");
+    if (cfg->admin_fd >= 0 && _listen(srv, cfg->admin_fd, FP_CONN_ADMIN, 0) < 0)
+        return _init_fail(err, err_len, "cannot accept on the admin socket");
     return 0;
 }
 
 void fp_server_fini(fp_server_t *srv)
 {
-    if (srv->listener != NULL)
-        evconnlistener_free(srv->listener);
-    if (srv->admin_listener != NULL)
-        evconnlistener_free(srv->admin_listener);
-    srv->listener = srv->admin_listener = NULL;
+    for (int i = 0; i < srv->n_listeners; i++)
+        evconnlistener_free(srv->listeners[i].ev);
+    srv->n_listeners = 0;
     srv->stopping = 1;
     fp_mc_pool_fini(&srv->mc);       /* waiting requests get 503 ("Connection: close") */
     fp_notify_fini(&srv->notify);

@@ -28,8 +28,9 @@ def fastpath_env(tmp_path, preload=(), env=None):
     if ASAN_ROOT:
         cwd = ASAN_ROOT
         preloads.insert(0, ASAN_RUNTIME)
-        # Python itself is not instrumented and keeps memory to exit: leaks are not ours
-        env["ASAN_OPTIONS"] = f"detect_leaks=0:log_path={tmp_path / 'asan'}"
+        # Python itself is not instrumented and keeps memory to exit: leaks are not ours.  A
+        # failed debug check (FP_ASSERT, compiled into this build) aborts: that is a report too.
+        env["ASAN_OPTIONS"] = f"detect_leaks=0:handle_abort=1:log_path={tmp_path / 'asan'}"
         env["UBSAN_OPTIONS"] = f"print_stacktrace=1:log_path={tmp_path / 'asan'}"
     if preloads:
         env["LD_PRELOAD"] = " ".join(preloads)

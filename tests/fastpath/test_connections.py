@@ -1,6 +1,7 @@
 """The connection layer (fastpath/src/fp_conn.c) over raw sockets: keep-alive rules, request
 framing, pipelining past the read buffer, slow readers, clients that leave mid-request, the
 connection cap and lingering close."""
+import os
 import socket
 import time
 import urllib.request
@@ -332,3 +333,14 @@ def test_sigterm_drains_a_request_in_flight(fastpath_factory, memcached, cache):
     assert fp.proc.wait(timeout=10) == 0
     busy.close()
     idle.close()
+
+
+@pytest.mark.skipif(not os.environ.get("FASTPATH_ASAN_ROOT"), reason="checks the `make test-asan` build")
+def test_sanitizer_build_has_the_state_checks():
+    """`make test-asan` compiles the debug checks in (fp_debug.h: a connection state transition
+    that its table forbids aborts, and the abort is a sanitizer report that fails the test that
+    caused it), so that every test of this directory runs them."""
+    import glob
+    [lib] = glob.glob(os.path.join(os.environ["FASTPATH_ASAN_ROOT"], "fastpath", "_server*.so"))
+    with open(lib, "rb") as fh:
+        assert b"assertion %s failed" in fh.read()

@@ -1,0 +1,276 @@
+/* Routing: what a request gets, decided at the end of its head from its kind (the listener it
+ * came from), method, URL and the headers fp_http.c kept.  The decision is written into the
+ * request (fp_request_t: its action, and the memcached keys or the answer); fp_conn.c carries
+ * it out.  Nothing here sends or waits.
+ *
+ * A poll (docs/contract.md): path -> resource (and object), token -> key, capability -> object
+ * key and epoch marker, If-None-Match and Prefer -> how it is answered.  Whatever fastpath
+ * could read otherwise than Django is Django's to answer (404 MISS: nginx hands it over).
+ */
+#include <string.h>
+
+#include "fp_internal.h"
+
+#define ADMIN_MAX_CONNECTIONS 16     /* per worker: /metrics is for one scraper and an operator */
+
+static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+
+/* ---- kinds ------------------------------------------------------------------------------ */
+
+static int _poll_cap(const fp_config_t *cfg)
+{
+    return cfg->max_connections;
+}
+
+static int _admin_cap(const fp_config_t *cfg)
+{
+    return ADMIN_MAX_CONNECTIONS;
+}
+
+const fp_kind_t fp_kinds[FP_CONN_KIND_N] = {
+    [FP_CONN_POLL] = {"poll", _route_poll, _poll_cap, 1},
+    [FP_CONN_ADMIN] = {"admin", _route_admin, _admin_cap, 0},
+};
+
+/* At the end of a request's head: decide what it gets (its kind's route). */
+void fp_route(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
+{
+    fp_kinds[c->kind].route(c, method, url, url_len);
+}
+
+/* ---- deciding what a request gets ------------------------------------------------------- */
+
+static void _decide(fp_conn_t *c, int code, const char *message, const char *cache)
+{
+    fp_request_t *rq = &c->in->req;
+    rq->action = ACT_RESPOND;
+    rq->answer_code = (int16_t)code;
+    rq->answer_message = message;
+    rq->answer_cache = cache;
+}
+
+/* What a poll's URL names: a user resource, or a per-object resource and its object. */
+typedef struct {
+    const char *res, *obj;           /* obj NULL: a user poll */
+    size_t res_len, obj_len;
+    const char *query;               /* after '?', or NULL */
+    size_t query_len;
+} _target_t;
+
+/* s (len bytes) is one of names[0..n): its index, or -1 */
+static int _find_name(const char *const *names, const size_t *lens, int n, const char *s, size_t len)
+{
+    for (int i = 0; i < n; i++)
+        if (lens[i] == len && memcmp(names[i], s, len) == 0)
+            return i;
+    return -1;
+}
+
+/* url = path-prefix resource [ "/" object ] [ "?" query ]: resource one of cfg->resources, or
+ * with an object one of cfg->object_resources; object = 1*64( ALPHA / DIGIT / "-" / "_" );
+ * path-prefix is --path-prefix ("/Poll/").  0, or -1 for anything else (Django's). */
+static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len, _target_t *t)
+{
+    const char *q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
+    size_t len = q ? (size_t)(q - url) : url_len, plen = cfg->path_prefix_len;
+    const char *slash;
+
+    t->query = q ? q + 1 : NULL;
+    t->query_len = q ? url_len - len - 1 : 0;
+    if (len <= plen || memcmp(url, cfg->path_prefix, plen) != 0)
+        return -1;
+    t->res = url + plen;
+    t->res_len = len - plen;
+    slash = memchr(t->res, '/', t->res_len);
+    t->obj = NULL;
+    t->obj_len = 0;
+    if (slash == NULL)
+        return _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len) < 0 ? -1 : 0;
+    t->obj = slash + 1;
+    t->obj_len = t->res_len - (size_t)(t->obj - t->res);
+    t->res_len = (size_t)(slash - t->res);
+    if (!fp_is_object_name(t->obj, t->obj_len))
+        return -1;
+    return _find_name(cfg->object_resources, cfg->object_resource_len, cfg->n_object_resources, t->res,
+                      t->res_len) < 0 ? -1 : 0;
+}
+
+/* The query's one cap=<value>: 1 and *cap, or 0 if there is none or fastpath could read it
+ * otherwise than Django (a repeated cap, any '%' or '+' in the query: Django decodes them). */
+static int _query_cap(const char *q, size_t len, const char **cap, size_t *cap_len)
+{
+    int found = 0;
+    if (q == NULL || memchr(q, '%', len) != NULL || memchr(q, '+', len) != NULL)
+        return 0;
+    while (len > 0) {
+        const char *amp = memchr(q, '&', len);
+        size_t pair_len = amp != NULL ? (size_t)(amp - q) : len;
+        if (pair_len >= 4 && memcmp(q, "cap=", 4) == 0) {
+            if (found++)
+                return 0;
+            *cap = q + 4;
+            *cap_len = pair_len - 4;
+        }
+        if (amp == NULL)
+            break;
+        q = amp + 1;
+        len -= pair_len + 1;
+    }
+    return found == 1 && *cap_len > 0;
+}
+
+static int _span_eq(const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    return a_len == b_len && memcmp(a, b, a_len) == 0;
+}
+
+/* A per-object poll of a valid token: its capability, checked, turned into the object's key
+ * and the user's epoch marker key (docs/contract.md section 8).  Anything wrong with the
+ * capability is Django's to answer precisely (404 MISS), never another object's answer. */
+static void _authorize_object(fp_conn_t *c, const _target_t *t, const fp_token_t *token, int64_t now)
+{
+    const fp_config_t *cfg = c->srv->cfg;
+    fp_request_t *rq = &c->in->req;
+    const char *cap = NULL;
+    size_t cap_len = 0, key_len, marker_len;
+    fp_cap_t cp;
+
+    if (!_query_cap(t->query, t->query_len, &cap, &cap_len)) {
+        _decide(c, 404, "no capability fastpath can read", "MISS");
+        return;
+    }
+    fp_token_result_t r = fp_cap_check(&c->srv->hmac, cap, cap_len, now, &cp);
+    if (r == FP_TOKEN_INTERNAL) {
+        _decide(c, 503, fp_token_strerror(r), "MISS");
+        return;
+    }
+    if (r != FP_TOKEN_OK || !_span_eq(cp.res, cp.res_len, t->res, t->res_len) ||
+        !_span_eq(cp.obj, cp.obj_len, t->obj, t->obj_len) ||
+        !_span_eq(cp.uid, cp.uid_len, token->uid_str, token->uid_len)) {
+        _decide(c, 404, "capability refused", "MISS");
+        return;
+    }
+    key_len = fp_make_object_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
+                                 t->res, t->res_len, t->obj, t->obj_len);
+    marker_len = fp_make_marker_key(rq->marker, sizeof(rq->marker), cfg->key_prefix, cfg->key_prefix_len, token);
+    if (key_len == 0 || marker_len == 0) {
+        _decide(c, 400, "bad key", NULL);
+        return;
+    }
+    rq->key_len = (uint8_t)key_len;
+    rq->marker_len = (uint8_t)marker_len;
+    rq->action = ACT_OBJECT;
+}
+
+/* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
+ * Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is Django's to read. */
+static void _conditional(fp_conn_t *c)
+{
+    const char *data = c->in->data;
+    fp_request_t *rq = &c->in->req;
+    if (rq->have[FP_HDR_IF_NONE_MATCH] > 1 || rq->have[FP_HDR_PREFER] > 1) {
+        _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
+        return;
+    }
+    if (rq->have[FP_HDR_IF_NONE_MATCH]) {
+        fp_span_t inm = rq->header[FP_HDR_IF_NONE_MATCH];
+        c->inm = (uint8_t)fp_inm_parse(data + inm.off, inm.len, c->inm_tag);
+        if (c->inm == FP_INM_UNREADABLE) {
+            _decide(c, 404, "conditional headers fastpath cannot read", "MISS");
+            return;
+        }
+    }
+    if (rq->have[FP_HDR_PREFER] && c->srv->cfg->max_wait_s > 0) {
+        fp_span_t prefer = rq->header[FP_HDR_PREFER];
+        int32_t w = fp_prefer_wait(data + prefer.off, prefer.len);
+        if (w >= 0)
+            c->wait_s = w < c->srv->cfg->max_wait_s ? w : c->srv->cfg->max_wait_s;
+    }
+}
+
+/* The first of a header the request carried (data NULL: none came). */
+static fp_header_span_t _header(const fp_conn_t *c, fp_header_id_t id)
+{
+    const fp_request_t *rq = &c->in->req;
+    fp_header_span_t h = {rq->have[id] ? c->in->data + rq->header[id].off : NULL, rq->header[id].len};
+    return h;
+}
+
+/* The token of the request, checked, turned into the target's memcached key (and for an
+ * object poll, its capability checked too). */
+static void _authenticate(fp_conn_t *c, const _target_t *t)
+{
+    const fp_config_t *cfg = c->srv->cfg;
+    const char *tok = NULL;
+    size_t tok_len = 0;
+    fp_token_t token;
+    int64_t now;
+    fp_request_t *rq = &c->in->req;
+
+    /* read exactly as Django reads them (docs/contract.md, section 2) */
+    fp_header_span_t auth = _header(c, FP_HDR_AUTHORIZATION), cookie = _header(c, FP_HDR_COOKIE);
+    fp_cred_result_t found = fp_credentials(&auth, rq->have[FP_HDR_AUTHORIZATION], &cookie, rq->have[FP_HDR_COOKIE],
+                                            cfg->cookie_name, cfg->cookie_name_len, &tok, &tok_len);
+    if (found == FP_CRED_AMBIGUOUS) {   /* Django could read them otherwise: let it decide */
+        _decide(c, 404, "ambiguous credentials", "MISS");
+        return;
+    }
+    if (found != FP_CRED_FOUND) {
+        _decide(c, 401, "authentication required", NULL);
+        return;
+    }
+    if (fp_wall_s(c->srv->base, &now) != 0) {
+        _decide(c, 503, "clock unavailable", "MISS");    /* expiry cannot be checked: fall back */
+        return;
+    }
+    fp_token_result_t tr = fp_token_check(&c->srv->hmac, tok, tok_len, now, &token);
+    if (tr == FP_TOKEN_INTERNAL) {
+        _decide(c, 503, fp_token_strerror(tr), "MISS");  /* libcrypto failed, not the client */
+        return;
+    }
+    if (tr != FP_TOKEN_OK) {
+        _decide(c, 401, fp_token_strerror(tr), NULL);
+        return;
+    }
+    if (t->obj != NULL) {
+        _authorize_object(c, t, &token, now);
+        if (rq->action == ACT_OBJECT)
+            _conditional(c);
+        return;
+    }
+    size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
+                                 t->res, t->res_len, &token);
+    if (key_len == 0 || key_len > FP_KEY_CAP) {
+        _decide(c, 400, "bad key", NULL);
+        return;
+    }
+    rq->key_len = (uint8_t)key_len;
+    rq->action = ACT_MEMCACHED;
+    _conditional(c);
+}
+
+static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
+{
+    _target_t t;
+
+    if (method != HTTP_GET && method != HTTP_POST) {
+        /* HEAD (a read, contract.md 7) and the methods Django refuses, with its own 405 and
+         * Allow, or its 404 for a path that names no resource: Django's to answer */
+        _decide(c, 404, "method is Django's to answer", "MISS");
+        return;
+    }
+    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
+        _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
+        return;
+    }
+    _authenticate(c, &t);
+}
+
+static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
+{
+    if (method == HTTP_GET && url_len == 8 && memcmp(url, "/metrics", 8) == 0)
+        c->in->req.action = ACT_METRICS;
+    else
+        _decide(c, 404, "not found", NULL);
+}
