@@ -144,9 +144,10 @@ OPTIONS = (
            grammar="1-64 RFC 6265 token characters (letters, digits, !#$%&'*+-.^_`|~)"),
     Option("--path-prefix", "path_prefix", str, "/Poll/",
            "polls are GET <prefix><resource>", c_field="path_prefix",
-           pattern=re.compile(r"\A(?=.{1,64}\Z)/(?:(?!\.\.?/)[A-Za-z0-9._~-]+/)*\Z"),
-           grammar="at most 64 characters, starting and ending with /, segments of letters, "
-                   "digits, . _ ~ - (not . or ..), for example /Poll/"),
+           pattern=re.compile(r"\A(?=.{1,64}\Z)/(?:(?!\.\.?/)[A-Za-z0-9._~-]+/)+\Z"),
+           grammar="at most 64 characters, starting and ending with /, one or more segments of "
+                   "letters, digits, . _ ~ - (not . or ..), for example /Poll/ (not / alone: "
+                   "the whole site would be polls)"),
     Option("--key-prefix", "key_prefix", str, "p1",
            "memcached keys are <prefix>:<resource>:<uid>:<epoch>", c_field="key_prefix",
            pattern=re.compile(r"\A[A-Za-z0-9_-]{1,16}\Z"),

@@ -597,6 +597,7 @@ static int _hold_start(fp_conn_t *c, const _keys_t *k)
     if (r != FP_MC_QUEUED)
         return _conn_answer_result(c, r, NULL, 0, NULL);
     if (k->marker != NULL) {
+        c->marker_waiter.secondary = 1;
         r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, _empty_tag,
                         _conn_on_marker_wake, c);
         if (r != FP_MC_QUEUED) {

@@ -169,7 +169,8 @@ static void _unlink(fp_wait_table_t *t, fp_waiter_t *w)
         k->tail = w->prev;
     w->key = NULL;
     w->prev = w->next = NULL;
-    t->st->held--;
+    if (!w->secondary)
+        t->st->held--;
 }
 
 /* Every waiter of k whose tag this answer does not carry is woken (all of them when the key is
@@ -188,7 +189,7 @@ static void _answer(fp_wait_table_t *t, fp_wait_key_t *k, fp_mc_result_t r, cons
         if (have_tag && memcmp(w->tag, tag, FP_ETAG_LEN) == 0)
             continue;
         _unlink(t, w);
-        if (have_tag)
+        if (have_tag && !w->secondary)
             t->st->holds_woken++;
         w->wake(w->ctx, r, data, len, have_tag ? tag : NULL);
     }
@@ -292,8 +293,10 @@ fp_mc_result_t fp_wait_add(fp_wait_table_t *t, fp_waiter_t *w, const char *key, 
     else
         k->head = w;
     k->tail = w;
-    t->st->held++;
-    t->st->holds_started++;
+    if (!w->secondary) {             /* one held poll, one count, however many keys it waits on */
+        t->st->held++;
+        t->st->holds_started++;
+    }
     if (k->busy || k->req != NULL) {
         /* a get that may predate w is in flight (or being answered): one more after it */
         k->dirty = 1;
@@ -306,7 +309,8 @@ fp_mc_result_t fp_wait_add(fp_wait_table_t *t, fp_waiter_t *w, const char *key, 
         return r;
     k->req = NULL;
     _unlink(t, w);                   /* the caller answers w now; the others see it next read */
-    t->st->holds_started--;
+    if (!w->secondary)
+        t->st->holds_started--;
     if (k->head == NULL)
         _key_free(t, k);
     else

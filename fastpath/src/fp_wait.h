@@ -36,6 +36,8 @@ typedef struct fp_waiter {
     const char *tag;                 /* FP_ETAG_LEN bytes, the caller's (If-None-Match) */
     fp_wake_fn wake;
     void *ctx;
+    unsigned char secondary;         /* the caller's: a second waiter of one held poll (an object
+                                        poll's epoch marker), left out of the hold counters */
 } fp_waiter_t;
 
 struct fp_wait_key {

@@ -36,9 +36,9 @@ WAKES = 5                # held polls woken per resource: the median is the figu
 WAKE_MEDIAN_S = 0.100    # the goal: a held poll answered within 100 ms of the commit
 WAKE_WORST_S = 1.0       # fastpath's own re-read would take longer: a lost notice fails this too
 REVOKE_S = 5.0           # a held poll of a logged-out user is answered 401 within this
-# fastpath_held_polls counts waiters, not polls: a held board poll waits on the board's key and on
-# the user's epoch marker, and counts 2 (test_one_held_board_poll_counts_one, a library defect)
-WAITERS = {"inbox": 1, "board": 2}
+# fastpath_held_polls counts polls: a held board poll waits on the board's key and on the user's
+# epoch marker, and counts 1 (test_one_held_board_poll_counts_one)
+WAITERS = {"inbox": 1, "board": 1}
 
 
 class InboxStack:
@@ -273,10 +273,6 @@ def test_a_held_poll_is_answered_within_100_ms_of_the_commit(inbox_stack, kind):
     assert max(delays) < WAKE_WORST_S, delays
 
 
-@pytest.mark.xfail(strict=True, reason="library: fastpath_held_polls ('Polls held now') counts a held "
-                                       "object poll twice (fp_conn.c _conn_hold adds a waiter for the object's key "
-                                       "and one for the epoch marker; fp_wait_add counts each in st->held and "
-                                       "st->holds_started)")
 def test_one_held_board_poll_counts_one(inbox_stack):
     _, session, _, url = a_member(inbox_stack)
     cookie = f"plurk_token={session.cookies['plurk_token']}"

@@ -161,7 +161,7 @@ def test_held_object_poll_is_woken_by_the_object_key_notice(fp, cache, tmp_path)
     cache.set(object_key("thread", "t-1"), b'{"n":1}')
     polls = [_Poll(fp, f"thread/t-1?cap={cap('thread', 't-1', uid)}", uid, tag=etag(b'{"n":1}'), wait=50)
              for uid in (42, 43)]
-    held(fp, 4)                      # two polls, each waiting on the object and on its marker
+    held(fp, 2)                      # two polls (each waits on the object and its marker: one hold)
     cache.set(object_key("thread", "t-1"), b'{"n":2}')
     notifier.send([object_key("thread", "t-1")])
     for poll in polls:
@@ -178,7 +178,8 @@ def test_revoked_epoch_ends_a_held_object_poll(fp, cache, tmp_path):
     cache.set(marker_key(42), b"")
     cache.set(object_key("thread", "t-1"), b'{"n":1}')
     poll = _Poll(fp, f"thread/t-1?cap={cap('thread', 't-1', 42)}", 42, tag=etag(b'{"n":1}'), wait=50)
-    held(fp, 2)
+    held(fp, 1)
+    assert metric(fp, "fastpath_holds_total") == 1
     cache.delete(marker_key(42))
     notifier.send([marker_key(42)])
     status, headers, body = poll.answer()

@@ -275,8 +275,8 @@ def test_relative_unix_listen_is_measured_as_it_is_bound(tmp_path, monkeypatch):
 @pytest.mark.parametrize("attr, good, bad", [
     ("cookie_name", ["plurk_token", "a", "x" * 64, "__Host-tok", "!#$%&'*+-.^_`|~"],
      ["", "x" * 65, "a b", "a=b", "a;b", "a,b", 'a"b', "a/b", "caf\u00e9", "a\tb", "(a)"]),
-    ("path_prefix", ["/Poll/", "/", "/api/v2/poll/", "/a.b~c_d-e/", "/" + "p" * 62 + "/"],
-     ["", "Poll/", "/Poll", "//", "/a//b/", "/./", "/../", "/a/../", "/a b/", "/a?/", "/%41/",
+    ("path_prefix", ["/Poll/", "/api/v2/poll/", "/a.b~c_d-e/", "/" + "p" * 62 + "/"],
+     ["", "/", "Poll/", "/Poll", "//", "/a//b/", "/./", "/../", "/a/../", "/a b/", "/a?/", "/%41/",
       "/" + "p" * 63 + "/", "/caf\u00e9/"]),
     ("key_prefix", ["p1", "a", "x" * 16, "fp-2_b"], ["", "x" * 17, "p1:", "p 1", "p.1", "@", "caf\u00e9"]),
 ])
