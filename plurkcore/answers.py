@@ -292,11 +292,11 @@ def get_thread(plurk_ids):
     """{plurk id: its newest ``THREAD_LIMIT`` responses, oldest first, and their count}; ``b""``
     for a plurk without responses, or one deleted (its key then says "nothing")."""
     wanted = [i for i in plurk_ids if isinstance(i, int)]
+    counts = dict(Plurk.entries.filter(parent_id__in=wanted).values_list("parent_id").annotate(n=Count("id")))
     rows = {}
-    for plurk_id in wanted:
+    for plurk_id in counts:             # a new plurk (every post writes its thread) costs one query
         rows[plurk_id] = list(Plurk.entries.filter(parent_id=plurk_id).select_related("author")
                               .order_by("-id")[:THREAD_LIMIT])
-    counts = dict(Plurk.entries.filter(parent_id__in=wanted).values_list("parent_id").annotate(n=Count("id")))
     return {pid: fastpoll.dumps({"plurk_id": pid, "count": counts[pid],
                                  "responses": [response_json(r) for r in reversed(rows.get(pid, []))]})
             if counts.get(pid) else b"" for pid in plurk_ids}
