@@ -136,7 +136,11 @@ def touch(name_or_names, *, users=None, objects=None, using=None):
     or an audience's members such as ``followers(author_id)``) and, for per-object resources,
     ``objects`` (object ids).  Through the outbox: a crash after the commit does not lose it; a
     large set is written by the process's background writer.  What signals miss (``update()``,
-    ``bulk_create()``, raw SQL) is reported this way."""
+    ``bulk_create()``, raw SQL) is reported this way.  Naming neither ``users`` nor ``objects``
+    is an error (an empty set of either is not: nothing to do)."""
+    if users is None and objects is None:
+        raise TypeError("touch() needs users= (ids, users or an audience's members) or objects= (for a "
+                        "per-object resource): whose answers changed?")
     names = _names(name_or_names)
     user_ids, members = split_users(users)
     object_refs = set()

@@ -38,10 +38,10 @@ def mark_suspect(node):
         logger.exception("cannot record memcached %s as suspect", node)
 
 
-def mark_stale(key_list):
+def mark_stale(key_list, why="still conflicted after retries"):
     key_list = sorted(key_list)
     stats["stale"] += len(key_list)
-    logger.warning("%d key(s) still conflicted after retries; left to the repair pass", len(key_list))
+    logger.warning("%d key(s) %s; left to the repair pass", len(key_list), why)
     try:
         StaleKey.objects.filter(key__in=key_list).update(generation=F("generation") + 1)
         existing = set(StaleKey.objects.filter(key__in=key_list).values_list("key", flat=True))

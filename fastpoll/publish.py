@@ -278,11 +278,16 @@ def _compute_round(todo, failed):
     with resources.computing():
         for name, uids in wanted.items():
             try:
-                values[name] = resources.get(name).compute(sorted_ids(uids))
+                values[name] = resources.get(name).answers(sorted_ids(uids))
+            except resources.ResourceError as exc:
+                logger.error("%s; its %d key(s) are left to the repair pass", exc, len(uids))
+                broken = [key for key, (n, _) in todo.items() if n == name]
+                ledger.mark_stale(broken, why="its resource failed")
+                _drop(todo, failed, broken)
             except Exception:
                 logger.exception("computing poll resource %s failed", name)
                 broken = [key for key, (n, _) in todo.items() if n == name]
-                ledger.mark_stale(broken)
+                ledger.mark_stale(broken, why="its resource failed")
                 _drop(todo, failed, broken)
     return values
 

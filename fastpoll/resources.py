@@ -15,12 +15,39 @@ from . import keys
 PER = ("user", "object")
 
 
+class ResourceError(TypeError):
+    """A resource's ``compute`` gave something other than ``{id: bytes}``: a programming error,
+    reported in one line naming the resource (the other resources' answers are still written)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Resource:
     name: str
     compute: object
     per: str = "user"
     watch: tuple = ()              # ((model, ids_of_instance), ...)
+
+    def answers(self, ids):
+        """``compute(ids)``, checked: a dict of bytes (a bytearray or memoryview is copied to
+        bytes); anything else raises :class:`ResourceError`."""
+        found = self.compute(ids)
+        if not isinstance(found, dict):
+            raise ResourceError(f"poll resource {self.name!r}: compute() returned {type(found).__name__}; "
+                                f"return {{id: bytes}} (fastpoll.dumps(obj) makes JSON bytes)")
+        for ident, body in found.items():
+            if type(body) is bytes:
+                continue
+            if isinstance(body, (bytearray, memoryview)):
+                found[ident] = bytes(body)
+                continue
+            raise ResourceError(f"poll resource {self.name!r}: compute() gave {type(body).__name__} for id "
+                                f"{ident!r}; give bytes (fastpoll.dumps(obj) makes JSON bytes, b\"\" is "
+                                f"nothing new)")
+        if found and ids and found.keys().isdisjoint(ids):
+            ident = next(iter(found))
+            raise ResourceError(f"poll resource {self.name!r}: compute() answered none of the ids it was asked "
+                                f"for (e.g. {ident!r} for {ids[0]!r}); key the result by the ids it receives")
+        return found
 
 
 _registry = {}
@@ -38,10 +65,20 @@ def add(resource):
         raise ValueError(f"invalid poll resource name {resource.name!r}: 1-32 of A-Z a-z 0-9 _")
     if resource.per not in PER:
         raise ValueError(f"per must be 'user' or 'object', got {resource.per!r}")
+    known = _registry.get(resource.name)
+    if known is not None and _origin(known.compute) != _origin(resource.compute):
+        raise ValueError(f"poll resource {resource.name!r} is registered twice: by {_origin(known.compute)} "
+                         f"and {_origin(resource.compute)}; give one of them another name")
     _registry[resource.name] = resource
     for on_add, _ in _listeners:
         on_add(resource)
     return resource
+
+
+def _origin(function):
+    """Where ``function`` is defined: the same function imported again (an autoreload, a module
+    imported under two names) is the same resource; another function is a clash."""
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
 
 
 def unregister(name):

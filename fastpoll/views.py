@@ -59,13 +59,16 @@ def poll(request, resource, obj=None):
         # the database is busy or away: like the API, ask the poller to come back shortly
         logger.error("poll %s: database unavailable: %s", resource, exc)
         return error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
+    except resources.ResourceError as exc:
+        logger.error("poll %s failed: %s", resource, exc)          # the project's bug, in one line
+        return error_response(500, "internal error")
     except Exception:
         logger.exception("poll %s failed", resource)
         return error_response(500, "internal error")
 
 
 def _user_answer(request, resource, user, epoch):
-    body = resource.compute([user.pk]).get(user.pk, b"")
+    body = resource.answers([user.pk]).get(user.pk, b"")
     _testhooks.fire("fill.after_read", resource=resource.name, uid=user.pk, epoch=epoch)
     _fill(keys.answer_key(resource.name, user.pk, epoch), body, user.pk, epoch)
     return poll_response(body, "MISS", request)
@@ -77,7 +80,7 @@ def _object_answer(request, resource, obj, user, epoch):
     except capability.CapabilityError as exc:
         return error_response(403, str(exc))
     ident = keys.object_id(obj)
-    body = resource.compute([ident]).get(ident, b"")
+    body = resource.answers([ident]).get(ident, b"")
     _fill(keys.object_key(resource.name, obj), body)
     _fill(keys.marker_key(user.pk, epoch), b"", user.pk, epoch)
     return poll_response(body, "MISS", request)

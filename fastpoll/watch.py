@@ -1,11 +1,14 @@
 """Model signals -> changes: the resources' ``watch`` and the users' own lifecycle.
 
-- every model a resource watches gets one ``post_save`` and one ``pre_delete`` receiver, which
-  asks each watching resource for the ids whose answers the instance is part of and records the
-  change (:func:`fastpoll.changes.record`), written after the commit;
+- every model a resource watches gets one ``pre_save``, one ``post_save`` and one ``pre_delete``
+  receiver, which ask each watching resource for the ids whose answers the instance is part of
+  and record the change (:func:`fastpoll.changes.record`), written after the commit.  An update
+  asks for the ids of the row as it was too (read once before the save): a row moved to another
+  owner, thread or room rewrites the answers it leaves as well as those it joins;
 - the user model: a new user gets a poll state and its answers; a deactivated or deleted user's
   keys are deleted (a deactivated user's token is refused by Django: fastpath must stop answering
-  it too); any other save of what a user shows rewrites the user's own answers;
+  it too); a new password revokes the user's poll tokens; any other save of what a user shows
+  rewrites the user's own answers;
 - :class:`~fastpoll.models.UserState`: a new epoch (a revocation) deletes the old epoch's keys.
 
 :func:`install` connects them, from ``FastpollConfig.ready()``, once every app's resources are
@@ -14,7 +17,7 @@ registered.
 from django.contrib.auth import get_user_model
 from django.db.models.signals import post_save, pre_delete, pre_save
 
-from . import changes, keys, outbox, resources
+from . import auth, changes, keys, outbox, resources
 from .models import UserState
 
 #: User fields that no answer shows: a save of only these publishes nothing (a login sets last_login).
@@ -32,25 +35,39 @@ class _Watcher:
         self.model = model
         self.watching = []
 
+    def saving(self, sender, instance, raw=False, using=None, **kwargs):
+        # the row as the database has it, before this save changes it (an update only)
+        if raw or instance._state.adding or instance.pk is None or not self.watching:
+            return
+        instance._fastpoll_before = self.model._base_manager.using(using).filter(pk=instance.pk).first()
+
     def saved(self, sender, instance, raw=False, using=None, **kwargs):
+        before = instance.__dict__.pop("_fastpoll_before", None)
         if not raw:
-            self.report(instance, using)
+            self.report(instance, using, before)
 
     def deleting(self, sender, instance, using=None, **kwargs):
         self.report(instance, using)
 
-    def report(self, instance, using=None):
+    def report(self, instance, using=None, before=None):
         """One change for the event where it can be (one outbox row): the users of the watching
-        per-user resources that named the same users, with every object named."""
+        per-user resources that named the same users, with every object named; ``before``, the
+        row as it was, adds the ids it named."""
         groups, objects = {}, set()          # (user ids, members) -> resource names; (name, object)
         for resource, ids_of in self.watching:
-            found = ids_of(instance)
-            if found is None:
+            named = [found for found in (ids_of(instance), None if before is None else ids_of(before))
+                     if found is not None]
+            if not named:
                 continue
             if resource.per == "object":
-                objects.update((resource.name, o) for o in changes._object_ids(found))
+                for found in named:
+                    objects.update((resource.name, o) for o in changes._object_ids(found))
                 continue
-            users, members = changes.split_users(found)
+            users, members = set(), set()
+            for found in named:
+                more_users, more_members = changes.split_users(found)
+                users |= more_users
+                members |= more_members
             if users or members:
                 groups.setdefault((frozenset(users), frozenset(members)), []).append(resource.name)
         if not groups and objects:
@@ -72,6 +89,11 @@ def _user_saved(sender, instance, created, raw=False, update_fields=None, using=
     if created:
         UserState.objects.get_or_create(user_id=instance.pk)
         changes.record(outbox.make(None, {instance.pk}), using)
+    elif getattr(instance, "_password", None) is not None:
+        # set_password() then save(): a new password ends every poll token of the user, as
+        # Django's session auth hash ends the user's other sessions (Django clears _password
+        # only after post_save)
+        auth.revoke(instance)
     elif getattr(instance, "is_active", True) is False:
         epoch = _epoch(instance.pk)
         if epoch is not None:
@@ -111,6 +133,8 @@ def connect(resource):
         watcher = _watchers.get(model)
         if watcher is None:
             watcher = _watchers[model] = _Watcher(model)
+            pre_save.connect(watcher.saving, sender=model, weak=False,
+                             dispatch_uid=("fastpoll.saving", model._meta.label))
             post_save.connect(watcher.saved, sender=model, weak=False,
                               dispatch_uid=("fastpoll.saved", model._meta.label))
             pre_delete.connect(watcher.deleting, sender=model, weak=False,

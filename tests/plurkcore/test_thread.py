@@ -68,3 +68,42 @@ def test_a_per_user_resource_is_not_an_object_one(signup):
     a = signup("a")
     assert a.get("/Poll/getMessages/1", HTTP_AUTHORIZATION=f"Bearer {a.token}").status_code == 404
     assert a.get("/Poll/getThread", HTTP_AUTHORIZATION=f"Bearer {a.token}").status_code == 404
+
+
+def test_a_response_moved_to_another_plurk_rewrites_both_threads(signup, cache1):
+    """The watcher reads the row as it was before an update: the thread a response leaves is
+    rewritten too, not left showing it until the cache's TTL (found adopting fastpoll: a message
+    moved to another recipient stayed in the first one's answer)."""
+    from plurkcore.models import Plurk
+
+    a = signup("a")
+    one, two = (a.call("POST", "/api/plurks", {"content": c}).json()["id"] for c in ("one", "two"))
+    for plurk in (one, two):
+        assert a.get(_open(a, plurk), HTTP_AUTHORIZATION=f"Bearer {a.token}").status_code == 204
+    moved = a.call("POST", f"/api/plurks/{one}/responses", {"content": "misplaced"}).json()["id"]
+    assert b"misplaced" in _cached(keys.object_key("getThread", one), cache1)
+    response = Plurk.entries.get(pk=moved)
+    response.parent_id = two
+    response.save()
+    assert _cached(keys.object_key("getThread", one), cache1) == b""
+    assert b"misplaced" in _cached(keys.object_key("getThread", two), cache1)
+
+
+def test_a_follow_moved_to_another_follower_rewrites_both_users(signup, cache1):
+    """The same for a per-user resource: a Follow row given to another follower rewrites the
+    answers of the user it leaves (who no longer sees the followee's plurks) and of the one it
+    joins."""
+    from plurkcore.models import Follow
+
+    from .helpers import cached, truth
+
+    a, b, c = signup("a"), signup("b"), signup("c")
+    b.call("POST", "/api/follow", {"username": "a"})
+    a.call("POST", "/api/plurks", {"content": "for my followers"})
+    assert truth("getUnreadCount", b.user["id"]) == b'{"count":1}'
+    follow = Follow.objects.get(follower_id=b.user["id"])
+    follow.follower_id = c.user["id"]
+    follow.save()
+    for user in (b, c):
+        assert cached("getUnreadCount", user.user["id"], [cache1]) == truth("getUnreadCount", user.user["id"])
+    assert truth("getUnreadCount", b.user["id"]) != truth("getUnreadCount", c.user["id"])

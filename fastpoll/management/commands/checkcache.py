@@ -88,7 +88,7 @@ class Command(StoreCommand):
     def _compare(self, resource, key_of):
         """(number of cached entries, {id: (key, cached, expected)} for those that differ);
         ``key_of`` is {key: user or object id}."""
-        truth = resource.compute(publish.sorted_ids(set(key_of.values())))
+        truth = resource.answers(publish.sorted_ids(set(key_of.values())))
         cached = {}
         for node, node_keys in self.cache.group(key_of).items():
             try:
