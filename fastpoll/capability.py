@@ -41,6 +41,8 @@ def check(cap, resource, obj, user, now=None):
     except tokens.TokenError as exc:
         raise CapabilityError(f"capability refused: {str(exc).replace('token ', '')}") from None
     cap_resource, cap_obj, cap_uid = got[0], got[1], got[2]
-    if (cap_resource, cap_obj, cap_uid) != (resource, str(obj), keys.id_text(user.pk)):
+    if (cap_resource, cap_obj) != (resource, str(obj)):
         raise CapabilityError("capability is for another object")
+    if cap_uid != keys.id_text(user.pk):
+        raise CapabilityError("capability is for another user")
 

@@ -45,8 +45,11 @@ def poll(request, resource, obj=None):
         if request.method not in POLL_METHODS:
             return error_response(405, f"method {request.method} not allowed", {"Allow": ", ".join(POLL_METHODS)})
         found = resources.get(resource)
-        if found is None or found.per != ("user" if obj is None else "object"):
+        if found is None:
             return error_response(404, f"unknown poll resource {resource!r}"[:200])
+        if found.per != ("user" if obj is None else "object"):
+            return error_response(404, f"{resource!r} is a per-{found.per} resource: "
+                                  + ("its path has no object" if found.per == "user" else "its path ends in the object's id"))
         token, _ = token_from_request(request)
         try:
             user, epoch = authenticate_token(token)
@@ -65,6 +68,11 @@ def poll(request, resource, obj=None):
     except Exception:
         logger.exception("poll %s failed", resource)
         return error_response(500, "internal error")
+
+
+@csrf_exempt
+def not_a_poll(request):
+    return error_response(404, "no poll resource at this path: <prefix><resource> or <prefix><resource>/<object>")
 
 
 def _user_answer(request, resource, user, epoch):
