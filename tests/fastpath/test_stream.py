@@ -10,6 +10,7 @@ import time
 import pytest
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from fastpoll.http import event_bytes
 from tests.fastpath.conftest import token
 from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, held, key,  # noqa: F401
                                           metric, notify_dir, wait_metric)
@@ -159,7 +160,10 @@ def test_a_body_is_data_lines_and_the_empty_answer_one_empty_data_line(fastpath_
     fp = start(fastpath_factory, memcached)
     cache.set(key(2), body)
     s = Stream(fp, 2)
-    assert s.event() == {"id": etag(body), "event": "getMessages", "data": data}
+    block = s.block()
+    assert parse(block) == {"id": etag(body), "event": "getMessages", "data": data}
+    # the same bytes as Django's one-event stream (fastpoll.http.event_bytes)
+    assert block.encode() + b"\n\n" == event_bytes(etag(body), "getMessages", body)
     s.close()
 
 
@@ -353,3 +357,36 @@ def test_draining_ends_open_streams(fastpath_factory, memcached, cache):
     fp.proc.send_signal(15)
     assert s.block(timeout=SLACK) is None and s.ended
     fp.proc.wait(timeout=SLACK)
+
+
+def test_object_stream_ends_with_miss_when_the_users_epoch_marker_goes(fastpath_factory, memcached, cache,
+                                                                        notify_dir):
+    from tests.fastpath.test_objects import cap, marker_key, object_key
+    fp = start(fastpath_factory, memcached, "--object-resources", "thread", notify=notify_dir)
+    notifier = Notifier(notify_dir)
+    cache.set(marker_key(18), b"")
+    cache.set(object_key("thread", "t-1"), b'{"t":1}')
+    s = Stream(fp, 18, resource=f"thread/t-1?cap={cap('thread', 't-1', 18)}")
+    assert s.event() == {"id": etag(b'{"t":1}'), "event": "thread", "data": '{"t":1}'}
+    cache.set(object_key("thread", "t-1"), b'{"t":2}')
+    notifier.send([object_key("thread", "t-1")])
+    assert s.event()["data"] == '{"t":2}'
+    cache.delete(marker_key(18))                  # revoked: the epoch moved on
+    notifier.send([marker_key(18)])
+    assert s.event() == {"event": "miss", "data": ""}
+    assert s.block() is None and s.ended
+    wait_metric(fp, "fastpath_streams", 0)
+
+
+def test_a_revoked_user_streams_end_when_its_key_is_deleted(fastpath_factory, memcached, cache, notify_dir):
+    # per-user resources: revocation deletes the epoch's keys, which is the miss case
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    cache.set(key(19), b"x")
+    cache.set(key(19, "getUnreadCount"), b"1")
+    a, b = Stream(fp, 19), Stream(fp, 19, resource="getUnreadCount")
+    assert a.event()["event"] == "getMessages" and b.event()["event"] == "getUnreadCount"
+    cache.delete(key(19))
+    cache.delete(key(19, "getUnreadCount"))
+    Notifier(notify_dir).send([key(19), key(19, "getUnreadCount")])
+    assert a.event()["event"] == "miss" and b.event()["event"] == "miss"
+    wait_metric(fp, "fastpath_streams", 0)
