@@ -21,10 +21,10 @@ class Stream:
     the chunked framing (or until the close, on HTTP/1.0)."""
 
     def __init__(self, fp, uid=1, resource="getMessages", last_event_id=None, version="1.1", method="GET",
-                 accept="text/event-stream", auth=None, extra=""):
+                 accept="text/event-stream", auth=None, extra="", host="x"):
         self.sock = socket.create_connection(("127.0.0.1", fp.port), timeout=SLACK + 60)
         auth = auth if auth is not None else f"Bearer {token(uid)}"
-        head = f"{method} /Poll/{resource} HTTP/{version}\r\nHost: x\r\nAuthorization: {auth}\r\nAccept: {accept}\r\n"
+        head = f"{method} /Poll/{resource} HTTP/{version}\r\nHost: {host}\r\nAuthorization: {auth}\r\nAccept: {accept}\r\n"
         if last_event_id is not None:
             head += f"Last-Event-ID: {last_event_id}\r\n"
         self.sock.sendall((head + extra + "\r\n").encode())

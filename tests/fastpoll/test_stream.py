@@ -68,3 +68,25 @@ def test_post_and_head_are_polls(signup):
 def test_event_bytes_split_lines_as_eventsource_does():
     assert event_bytes('"t"', "r", b"a\r\nb\rc\nd") == b'id: "t"\nevent: r\ndata: a\ndata: b\ndata: c\ndata: d\n\n'
     assert event_bytes('"t"', "r", b"x\n") == b'id: "t"\nevent: r\ndata: x\ndata: \n\n'
+
+
+# ---- nginx's stream location (fastpoll/templates/fastpoll/nginx-*.conf) -------------------------
+
+def test_the_stream_location_is_unbuffered_with_a_read_timeout_above_the_heartbeat():
+    from fastpath.options import OPTIONS
+    from fastpoll import nginx
+
+    server, http = nginx.render_server({}), nginx.render_http({})
+    location = server.split("location ^~ /_fastpoll_stream/ {", 1)[1].split("\n}", 1)[0]
+    assert "proxy_buffering off;" in location
+    heartbeat = next(opt.default for opt in OPTIONS if opt.flag == "--stream-heartbeat")
+    assert heartbeat == nginx.STREAM_HEARTBEAT_S
+    timeout = int(location.split("proxy_read_timeout ", 1)[1].split("s;", 1)[0])
+    assert timeout > heartbeat
+    for header in ("Accept $http_accept", "Last-Event-ID $http_last_event_id"):
+        assert f"proxy_set_header {header};" in location
+    assert "error_page 404 502 503 = @fastpoll_django;" in location
+    assert "map \"$request_method:$http_accept\" $fastpoll_stream" in http
+    # the stream test comes before the long-poll one: a stream's Prefer means nothing
+    poll = server.split("location /Poll/ {", 1)[1]
+    assert poll.index("$fastpoll_stream") < poll.index("$fastpoll_wait")
