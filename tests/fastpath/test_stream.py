@@ -390,3 +390,71 @@ def test_a_revoked_user_streams_end_when_its_key_is_deleted(fastpath_factory, me
     Notifier(notify_dir).send([key(19), key(19, "getUnreadCount")])
     assert a.event()["event"] == "miss" and b.event()["event"] == "miss"
     wait_metric(fp, "fastpath_streams", 0)
+
+
+# ---- at scale -------------------------------------------------------------------------------
+
+def _open_raw(fp, uid, resource="getMessages"):
+    """A stream request sent, nothing read (the measurement's clients)."""
+    sock = socket.create_connection(("127.0.0.1", fp.port), timeout=SLACK)
+    sock.sendall(f"GET /Poll/{resource} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
+                 f"Accept: text/event-stream\r\nLast-Event-ID: {etag(b'x')}\r\n\r\n".encode())
+    return sock
+
+
+def test_memory_per_stream(fastpath_factory, memcached, notify_dir, capsys):
+    from tests.fastpath.test_longpoll import _raise_nofile, _set_many, _worker_rss
+    n = 5000
+    assert _raise_nofile(n + 200)
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    _set_many(memcached, [(key(u), b"x") for u in range(1, n + 101)])
+    warm = [_open_raw(fp, u) for u in range(n + 1, n + 101)]       # pools, tables warm
+    wait_metric(fp, "fastpath_streams", 100, 3 * SLACK)
+    before = _worker_rss(fp)
+    streams = [_open_raw(fp, u) for u in range(1, n + 1)]
+    wait_metric(fp, "fastpath_streams", n + 100, 6 * SLACK)
+    wait_metric(fp, "fastpath_inflight_requests", 0)
+    per_stream = (_worker_rss(fp) - before) / n
+    with capsys.disabled():
+        print(f"\nfastpath: {per_stream:.0f} bytes of worker RSS per open stream ({n} open)")
+    for s in streams + warm:
+        s.close()
+    assert per_stream < 2048          # the issue's goal, fastpath's share; a leak would be far above
+
+
+def test_fan_out_of_one_change_to_a_thousand_streams(fastpath_factory, memcached, cache, notify_dir, capsys):
+    import select
+    from tests.fastpath.test_longpoll import _raise_nofile
+    n = 1000
+    assert _raise_nofile(n + 100)
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    cache.set(key(77), b"x")
+    socks = [_open_raw(fp, 77) for _ in range(n)]       # all on one key, Last-Event-ID current
+    wait_metric(fp, "fastpath_streams", n, 3 * SLACK)
+    for s in socks:                                     # their heads
+        s.settimeout(SLACK)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    notifier = Notifier(notify_dir)
+    rounds, spans = 3, []
+    for r in range(rounds):
+        body = b'{"round":%d}' % r
+        cache.set(key(77), body)
+        t0 = time.monotonic()
+        notifier.send([key(77)])
+        pending = {s.fileno(): s for s in socks}
+        poller = select.poll()
+        for fd in pending:
+            poller.register(fd, select.POLLIN)
+        while pending:
+            ready = poller.poll(SLACK * 1000)
+            assert ready, f"{len(pending)} streams got no event"
+            for fd, _ in ready:
+                assert etag(body).encode() in pending.pop(fd).recv(65536)
+                poller.unregister(fd)
+        spans.append(time.monotonic() - t0)
+    with capsys.disabled():
+        print(f"\nfastpath: one change to {n} streams on one key: last event after "
+              f"{', '.join(f'{x * 1000:.0f}' for x in spans)} ms ({n / min(spans):,.0f} events/s)")
+    assert metric(fp, "fastpath_stream_events_total") == n * rounds
+    for s in socks:
+        s.close()
