@@ -458,3 +458,51 @@ def test_fan_out_of_one_change_to_a_thousand_streams(fastpath_factory, memcached
     assert metric(fp, "fastpath_stream_events_total") == n * rounds
     for s in socks:
         s.close()
+
+
+def _slow_reader(fp, uid):
+    """A stream whose client reads nothing yet, with a small receive buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", fp.port))
+    sock.sendall(f"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
+                 f"Accept: text/event-stream\r\n\r\n".encode())
+    return sock
+
+
+def _changes(cache, notifier, uid, n, size):
+    bodies = [bytes([ord("a") + i]) * size for i in range(n)]
+    for body in bodies:
+        cache.set(key(uid), body)
+        notifier.send([key(uid)])
+        time.sleep(0.05)                    # each change read before the next
+    return bodies
+
+
+def test_a_slow_reader_gets_every_event_in_order_when_it_reads(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    notifier = Notifier(notify_dir)
+    cache.set(key(20), b"0")
+    sock = _slow_reader(fp, 20)
+    wait_metric(fp, "fastpath_streams", 1)
+    bodies = _changes(cache, notifier, 20, 6, 30000)          # ~180 KB the client has not read
+    wait_metric(fp, "fastpath_stream_events_total", 7)
+    s = Stream.__new__(Stream)
+    s.sock, s.raw, s.text, s.ended, s.status, s.headers = sock, b"", b"", False, None, None
+    assert s.event()["data"] == "0"
+    for body in bodies:
+        assert s.event() == {"id": etag(body), "event": "getMessages", "data": body.decode()}
+    s.close()
+
+
+def test_a_reader_that_lets_events_pile_up_is_closed(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    notifier = Notifier(notify_dir)
+    cache.set(key(21), b"0")
+    sock = _slow_reader(fp, 21)
+    wait_metric(fp, "fastpath_streams", 1)
+    # 8 MB unread: beyond what the kernel takes on loopback (tcp_wmem's 4 MB at most) and the
+    # 256 KiB fastpath keeps
+    _changes(cache, notifier, 21, 80, 100000)
+    wait_metric(fp, "fastpath_streams", 0)
+    sock.close()
