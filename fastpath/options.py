@@ -124,6 +124,12 @@ OPTIONS = (
     Option("--reread-interval", "reread_interval", int, 5,
            "a held poll's key is read again at least this often, seconds (lost notices cost at "
            "most this)", 1, 3600, c_field="reread_interval_s"),
+    Option("--stream-heartbeat", "stream_heartbeat", int, 25,
+           "a stream (Accept: text/event-stream) gets a comment line this often, seconds (keep it "
+           "below the proxy's read timeout)", 1, 3600, c_field="stream_heartbeat_s"),
+    Option("--max-stream", "max_stream", int, 300,
+           "longest stream, seconds (each is jittered down by up to 10%; the client reconnects "
+           "with Last-Event-ID)", 1, 86400, c_field="max_stream_s"),
     Option("--notify-dir", "notify_dir", str, None,
            "directory of the notice sockets: each worker reads <dir>/<index>.sock (made if "
            "missing); unset: no notices, held polls rely on --reread-interval"),

@@ -1,6 +1,8 @@
-"""HTTP plumbing of the poll view: JSON errors (``{"error": "..."}``), bodiless answers, ETags."""
+"""HTTP plumbing of the poll view: JSON errors (``{"error": "..."}``), bodiless answers, ETags,
+and the one-event stream (docs/contract.md section 9)."""
 import hashlib
 import json
+import re
 
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils.http import parse_etags
@@ -53,4 +55,41 @@ def not_modified(etag):
     response = bodiless(304)
     response["ETag"] = etag
     response["Cache-Control"] = "no-store"
+    return response
+
+
+#: the ``retry:`` of Django's one-event stream, ms: how soon a browser's EventSource comes back
+#: (to fastpath, now that Django filled the cache)
+STREAM_RETRY_MS = 1000
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+def wants_event_stream(request):
+    """True for a GET whose Accept lists ``text/event-stream`` (any case; parameters, q= included,
+    are not read): fastpath's fp_accept_event_stream, element for element, so that both sides
+    agree on what a stream request is."""
+    if request.method != "GET":
+        return False
+    accept = request.META.get("HTTP_ACCEPT", "")
+    return any(part.split(";", 1)[0].strip(" \t").lower() == "text/event-stream" for part in accept.split(","))
+
+
+def event_bytes(etag, name, body):
+    """One Server-Sent Event of an answer: ``id:`` its ETag, ``event:`` the resource, ``data:``
+    each line of the body (split at CRLF, CR or LF; the empty body is one empty data line)."""
+    data = b"".join(b"data: " + line + b"\n" for line in _LINE_BREAK.split(body))
+    return b"id: " + etag.encode("ascii") + b"\nevent: " + name.encode("ascii") + b"\n" + data + b"\n"
+
+
+def stream_response(body, name, request):
+    """Django's answer to a stream: ``retry:``, then the answer's event (none when Last-Event-ID
+    is its ETag), then the end, so that EventSource reconnects by itself and finds fastpath."""
+    etag = answer_etag(body)
+    content = b"retry: %d\n\n" % STREAM_RETRY_MS
+    if request.META.get("HTTP_LAST_EVENT_ID", "").strip(" \t") != etag:
+        content += event_bytes(etag, name, body)
+    response = HttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"
+    response["X-Cache"] = "MISS"
     return response

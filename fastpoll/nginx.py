@@ -4,10 +4,10 @@ Two texts, both package data (``fastpoll/templates/fastpoll/``, read with import
 an installed wheel renders them too):
 
 - :func:`render_server`: the ``location`` blocks an existing ``server {}`` block includes: the
-  poll path (fastpath first, Django on a miss), the internal long-poll location, the fallback to
-  Django and the JSON error locations they use;
-- :func:`render_http`: what nginx allows at http level only: the ``map`` of ``Prefer: wait`` and
-  the ``upstream`` of fastpath.
+  poll path (fastpath first, Django on a miss), the internal long-poll and stream locations, the
+  fallback to Django and the JSON error locations they use;
+- :func:`render_http`: what nginx allows at http level only: the ``map``s of ``Prefer: wait`` and
+  of ``Accept: text/event-stream``, and the ``upstream`` of fastpath.
 
 Every function takes a FASTPOLL-like mapping (missing keys: :data:`fastpoll.conf.DEFAULTS`;
 None: the project's ``get_config()``), so a runner that is not Django (the demo's, plurksite)
@@ -23,6 +23,8 @@ from . import conf
 TEMPLATES = ("nginx-http.conf", "nginx-server.conf")
 LONGPOLL_READ_MARGIN_S = 15     # nginx's read timeout of a long-poll: fastpath's longest hold + this
 KEEPALIVE_MARGIN_S = 2          # nginx drops an idle connection to fastpath this much sooner than it
+STREAM_HEARTBEAT_S = 25         # fastpath's --stream-heartbeat default: a stream is never quiet longer
+STREAM_READ_MARGIN_S = 15       # nginx's read timeout of a stream: the heartbeat + this
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 _NAME_RE = re.compile(r"\A[a-z0-9_]{1,32}\Z")
@@ -94,6 +96,8 @@ def context(config=None):
         "fastpath_keepalive_timeout": f"{max(1, idle - KEEPALIVE_MARGIN_S)}s",
         "max_wait": str(max_wait),
         "longpoll_read_timeout": f"{max_wait + LONGPOLL_READ_MARGIN_S}s",
+        "stream_heartbeat": str(STREAM_HEARTBEAT_S),
+        "stream_read_timeout": f"{STREAM_HEARTBEAT_S + STREAM_READ_MARGIN_S}s",
     }
 
 

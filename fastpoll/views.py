@@ -4,7 +4,8 @@
 for a per-object one.  fastpath serves hits; nginx sends misses (and everything when fastpath or
 memcached is down) here.  Headers follow docs/contract.md, section 6; ETag and If-None-Match
 section 7.  This view never holds a request: ``Prefer: wait`` is fastpath's alone, Django
-answers at once.
+answers at once.  A stream (a GET with ``Accept: text/event-stream``, section 9) is answered with
+one event and ``retry:``, then ends: the browser's EventSource comes back, to fastpath.
 """
 import logging
 
@@ -14,15 +15,17 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import _testhooks, capability, keys, publish, resources
 from .auth import AuthError, authenticate_token, token_from_request
-from .http import answer_etag, bodiless, error_response, none_match, not_modified
+from .http import answer_etag, bodiless, error_response, none_match, not_modified, stream_response, wants_event_stream
 
 logger = logging.getLogger("fastpoll.poll")
 POLL_METHODS = ("GET", "HEAD", "POST")        # a poll is a read, whatever its method
 
 
-def poll_response(body, cache_status, request=None):
+def poll_response(body, cache_status, request=None, name=None):
     """The 200/204 answer for ``body`` with its ETag, or a 304 when ``request``'s If-None-Match
-    matches that ETag."""
+    matches that ETag; for a stream request, the one-event stream of the resource ``name``."""
+    if request is not None and name is not None and wants_event_stream(request):
+        return stream_response(body, name, request)
     etag = answer_etag(body)
     if request is not None and none_match(request, etag):
         response = not_modified(etag)
@@ -79,7 +82,7 @@ def _user_answer(request, resource, user, epoch):
     body = resource.answers([user.pk]).get(user.pk, b"")
     _testhooks.fire("fill.after_read", resource=resource.name, uid=user.pk, epoch=epoch)
     _fill(keys.answer_key(resource.name, user.pk, epoch), body, user.pk, epoch)
-    return poll_response(body, "MISS", request)
+    return poll_response(body, "MISS", request, resource.name)
 
 
 def _object_answer(request, resource, obj, user, epoch):
@@ -91,7 +94,7 @@ def _object_answer(request, resource, obj, user, epoch):
     body = resource.answers([ident]).get(ident, b"")
     _fill(keys.object_key(resource.name, obj), body)
     _fill(keys.marker_key(user.pk, epoch), b"", user.pk, epoch)
-    return poll_response(body, "MISS", request)
+    return poll_response(body, "MISS", request, resource.name)
 
 
 def _fill(key, body, uid=None, epoch=None):

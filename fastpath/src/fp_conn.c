@@ -59,8 +59,9 @@ static void _object_free(fp_conn_t *c);
  *   on_drain     held: the worker stops
  *   after_write  the answer is out
  *
- * A mode that never holds has no on_change, on_timeout or on_drain.  Another way of answering
- * (a stream) is one more row and its functions. */
+ * A mode that never holds has no on_change, on_timeout or on_drain.  STREAM (Accept:
+ * text/event-stream on a GET) keeps its waiter in the wait table (a persistent one) and sends
+ * one event per answer until --max-stream or a miss ends it. */
 
 /* The memcached keys a poll reads: its answer's, and an object poll's epoch marker (NULL: a
  * user poll). */
@@ -85,12 +86,20 @@ static int _hold_start(fp_conn_t *c, const _keys_t *k);
 static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
 static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
 static void _hold_over(fp_conn_t *c);
+static int _stream_start(fp_conn_t *c, const _keys_t *k);
+static int _stream_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static void _stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
+static void _stream_on_timeout(fp_conn_t *c);
+static void _stream_on_drain(fp_conn_t *c);
+static int _stream_after_write(fp_conn_t *c);
 static int _conn_next_request(fp_conn_t *c);
 
 static const _mode_t _modes[FP_MODE_N] = {
     /*                name    start        on_fetched     on_change        on_timeout  on_drain    after_write */
     [FP_MODE_ONCE] = {"once", _once_start, _once_fetched, NULL,            NULL,       NULL,       _conn_next_request},
     [FP_MODE_HOLD] = {"hold", _hold_start, _hold_fetched, _hold_on_change, _hold_over, _hold_over, _conn_next_request},
+    [FP_MODE_STREAM] = {"stream", _stream_start, _stream_fetched, _stream_on_change, _stream_on_timeout,
+                        _stream_on_drain, _stream_after_write},
 };
 
 /* ---- states ---------------------------------------------------------------------------- */
@@ -103,7 +112,7 @@ __attribute__((unused)) static const uint8_t _legal[CONN_STATE_N][CONN_STATE_N] 
     /*                   READING WAITING WRITING LINGERING HELD */
     [CONN_READING]   = {0,      1,      1,      1,        1},
     [CONN_WAITING]   = {1,      0,      1,      1,        1},   /* an object poll's gets, then held */
-    [CONN_WRITING]   = {1,      0,      0,      1,        0},
+    [CONN_WRITING]   = {1,      0,      0,      1,        1},   /* a stream's backlog is out */
     [CONN_LINGERING] = {0,      0,      0,      0,        0},
     [CONN_HELD]      = {1,      0,      1,      1,        0},
 };
@@ -177,6 +186,8 @@ static void _conn_close(fp_conn_t *c)
     _object_free(c);                 /* ... and an object poll's marker get */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     fp_wait_remove(&srv->waits, &c->marker_waiter);
+    if (c->stream_open)
+        srv->st->streams--;
     event_del(_ev(c));               /* its memory goes with c's: nothing of it may stay armed */
     close(c->fd);
     if (c->in != NULL)
@@ -488,7 +499,25 @@ static int _conn_wants_hold(const fp_conn_t *c)
 /* The mode of a poll about to be dispatched. */
 static fp_mode_t _conn_mode_of(const fp_conn_t *c)
 {
+    if (c->in->req.stream)
+        return FP_MODE_STREAM;
     return _conn_wants_hold(c) ? FP_MODE_HOLD : FP_MODE_ONCE;
+}
+
+/* A stream is about to be dispatched: its events' name and framing.  -1: a draining worker
+ * opens none (503 MISS: nginx hands it to Django, whose one event and retry: bring the client
+ * back to another worker); the connection was answered. */
+static int _stream_prepare(fp_conn_t *c)
+{
+    if (c->srv->stopping) {
+        c->mode = FP_MODE_ONCE;
+        return _conn_respond_error(c, 503, "draining", "MISS") < 0 ? -1 : 1;
+    }
+    c->resource = c->in->req.resource;
+    c->stream_chunked = c->parser.http_major == 1 && c->parser.http_minor >= 1;
+    if (!c->stream_chunked)
+        c->keep_alive = 0;           /* HTTP/1.0: the stream ends when the connection does */
+    return 0;
 }
 
 /* ---- ONCE: answer what memcached says now ------------------------------------------------ */
@@ -623,6 +652,256 @@ static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const
     return _conn_answer_result(c, r, data, len, NULL);
 }
 
+/* ---- STREAM: Server-Sent Events (docs/contract.md section 9) ----------------------------- *
+ *
+ * The stream's waiter is registered with a tag no answer has, so the wait table's first read
+ * wakes it with the current answer: a miss or an error then is an ordinary answer (404 MISS or
+ * 503: nginx hands the request to Django, as for a poll); an answer opens the stream (the head,
+ * and the first event unless Last-Event-ID names it).  From then on the waiter stays in the
+ * table with the tag of the last event, and every answer that differs is one more event.  A
+ * miss or an error sends `event: miss` and ends the stream; so do --max-stream (without the
+ * event) and a draining worker.  A comment line every --stream-heartbeat keeps proxies and
+ * clients from taking the stream for dead.  An object stream also waits on the user's epoch
+ * marker, whose change ends it as a miss does. */
+
+#define STREAM_BACKLOG_MAX (256 * 1024)  /* unsent event bytes a slow reader may pile up */
+#define EVENT_STACK 2048                 /* events up to this size are built on the stack */
+
+static const char _never_tag[FP_ETAG_LEN];   /* zeros: no answer's tag (they are quoted hex) */
+
+/* The stream's timer: its next heartbeat or its end, whichever is sooner (as HOLD's, in
+ * hold_until_us, so that a client's bytes re-arm it the same way). */
+static int _stream_arm(fp_conn_t *c)
+{
+    c->hold_until_us = c->beat_us < c->stream_end_us ? c->beat_us : c->stream_end_us;
+    return _conn_hold_arm(c);
+}
+
+/* The stream's waiters leave the table, and it is no longer counted as open. */
+static void _stream_release(fp_conn_t *c)
+{
+    fp_wait_remove(&c->srv->waits, &c->waiter);
+    fp_wait_remove(&c->srv->waits, &c->marker_waiter);
+    c->waiter.persistent = c->waiter.secondary = 0;   /* the connection's next poll may hold */
+    if (c->stream_open) {
+        c->stream_open = 0;
+        c->srv->st->streams--;
+    }
+}
+
+/* Send stream bytes: after what is still unsent, if anything is (a reader that lets
+ * STREAM_BACKLOG_MAX pile up is closed).  -1: the connection was closed or is closing. */
+static int _stream_send(fp_conn_t *c, const char *bytes, size_t n)
+{
+    if (c->state != CONN_WRITING)
+        return _conn_send(c, bytes, n, NULL, 0);
+    size_t pending = c->out_len - c->out_sent;
+    char *out;
+    if (pending + n > STREAM_BACKLOG_MAX) {
+        _conn_close(c);
+        return -1;
+    }
+    memmove(c->out, c->out + c->out_sent, pending);
+    if ((out = realloc(c->out, pending + n)) == NULL) {
+        _conn_close(c);
+        return -1;
+    }
+    memcpy(out + pending, bytes, n);
+    c->out = out;
+    c->out_len = pending + n;
+    c->out_sent = 0;
+    return 0;
+}
+
+/* Not opened after all (a miss, an error, no memory, a drain): the poll's ordinary answer. */
+static int _stream_fail(fp_conn_t *c, fp_mc_result_t r)
+{
+    _stream_release(c);
+    return _conn_answer_result(c, r, NULL, 0, NULL);
+}
+
+/* End an open stream: `event: miss` first if miss, then the last chunk (chunked) or the close. */
+static int _stream_end(fp_conn_t *c, int miss)
+{
+    static const char miss_event[] = "event: miss\ndata: \n\n";
+    char buf[64];
+    size_t n = 0;
+
+    _stream_release(c);
+    if (miss) {
+        c->srv->st->stream_misses++;
+        n = fp_reply_stream_text(c, miss_event, sizeof(miss_event) - 1, buf, sizeof(buf));
+    }
+    if (c->stream_chunked)
+        n += fp_reply_stream_text(c, "", 0, buf + n, sizeof(buf) - n);
+    if (n == 0)
+        return _conn_next_request(c);    /* HTTP/1.0: closed */
+    return _stream_send(c, buf, n);
+}
+
+/* One event of the answer (data, len) tagged tag, after the head if there is one. */
+static int _stream_event(fp_conn_t *c, const char *head, size_t head_len, const char *tag, const char *data,
+                         size_t len)
+{
+    char stack[EVENT_STACK], *buf = stack;
+    size_t cap = fp_reply_event_size(c, data, len);
+    int rc;
+
+    if (cap > sizeof(stack) && (buf = malloc(cap)) == NULL) {
+        _conn_close(c);
+        return -1;
+    }
+    size_t n = fp_reply_event(c, tag, data, len, buf, cap);
+    c->srv->st->stream_events++;
+    rc = head != NULL ? _conn_send(c, head, head_len, buf, n) : _stream_send(c, buf, n);
+    if (buf != stack)
+        free(buf);
+    return rc;
+}
+
+/* The first answer: open the stream (its head, and the answer's event unless the client's
+ * Last-Event-ID is its tag); the waiter takes the answer's tag. */
+static int _stream_open(fp_conn_t *c, const char *tag, const char *data, size_t len)
+{
+    char head[HEAD_CAP];
+    size_t head_len = fp_reply_stream_head(c, head, sizeof(head));
+    int known = fp_reply_not_modified(c, tag);
+
+    memcpy(c->inm_tag, tag, FP_ETAG_LEN);
+    c->inm = FP_INM_TAG;
+    c->waiter.tag = c->inm_tag;      /* the table compares the next answers with this one */
+    c->stream_open = 1;
+    c->srv->st->streams++;
+    c->srv->st->streams_started++;
+    if (fp_kinds[c->kind].counted)
+        c->srv->st->status[fp_status_slot(200)]++;
+    if (known)
+        return _conn_send(c, head, head_len, NULL, 0);
+    return _stream_event(c, head, head_len, tag, data, len);
+}
+
+/* The key's answer is not the last event's (the first read's always is not), or the key is
+ * gone or unreadable (fp_wake_fn). */
+static void _stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
+{
+    fp_conn_t *c = ctx;
+    int rc;
+    if (r != FP_MC_HIT && r != FP_MC_EMPTY) {
+        rc = c->stream_open ? _stream_end(c, 1) : _stream_fail(c, r);
+    } else {
+        if (data == NULL || r == FP_MC_EMPTY) {
+            data = "";
+            len = 0;
+        }
+        if (!c->stream_open) {
+            rc = _stream_open(c, tag, data, len);
+        } else {
+            memcpy(c->inm_tag, tag, FP_ETAG_LEN);    /* the waiter's tag: the new answer's */
+            rc = _stream_event(c, NULL, 0, tag, data, len);
+        }
+    }
+    if (rc == 0 && c->state == CONN_READING)
+        _conn_process(c);            /* ended: pipelined requests */
+}
+
+/* An object stream's epoch marker is gone or not the empty value: the end, as a miss. */
+static void _stream_on_marker(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
+{
+    fp_conn_t *c = ctx;
+    if (r == FP_MC_HIT || r == FP_MC_EMPTY)
+        r = FP_MC_MISS;
+    int rc = c->stream_open ? _stream_end(c, 1) : _stream_fail(c, r);
+    if (rc == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+static int _stream_start(fp_conn_t *c, const _keys_t *k)
+{
+    fp_server_t *srv = c->srv;
+    const fp_config_t *cfg = srv->cfg;
+    int64_t now = fp_now_us(), max_us = (int64_t)cfg->max_stream_s * 1000000;
+    fp_mc_result_t r;
+
+    max_us -= (int64_t)(_rand(srv) % (uint64_t)(max_us / 10 + 1));     /* as a hold's */
+    c->stream_end_us = now + max_us;
+    c->beat_us = now + (int64_t)cfg->stream_heartbeat_s * 1000000;
+    c->waiter.persistent = c->waiter.secondary = 1;   /* counted in streams, not held polls */
+    r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, _never_tag, _stream_on_change, c);
+    if (r != FP_MC_QUEUED)
+        return _stream_fail(c, r);
+    if (k->marker != NULL) {
+        c->marker_waiter.secondary = 1;
+        r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, _empty_tag,
+                        _stream_on_marker, c);
+        if (r != FP_MC_QUEUED)
+            return _stream_fail(c, r);
+    }
+    _conn_set_state(c, CONN_HELD);
+    if (_stream_arm(c) < 0) {
+        _conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* An object stream's gets are in: a present answer (its marker checked) starts the stream. */
+static int _stream_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
+{
+    if (r == FP_MC_HIT || r == FP_MC_EMPTY)
+        return _stream_start(c, k);
+    return _conn_answer_result(c, r, data, len, NULL);
+}
+
+/* The timer: the stream's end, or a heartbeat (a comment line) and the timer again. */
+static void _stream_on_timeout(fp_conn_t *c)
+{
+    static const char beat[] = ": \n\n";
+    char buf[32];
+    int64_t now = fp_now_us();
+    int rc;
+
+    if (now >= c->stream_end_us)
+        rc = c->stream_open ? _stream_end(c, 0) : _stream_fail(c, FP_MC_UNAVAILABLE);
+    else if (!c->stream_open || now < c->beat_us)
+        rc = _stream_arm(c) < 0 ? (_conn_close(c), -1) : 0;
+    else {
+        c->beat_us = now + (int64_t)c->srv->cfg->stream_heartbeat_s * 1000000;
+        c->srv->st->stream_heartbeats++;
+        rc = _stream_send(c, buf, fp_reply_stream_text(c, beat, sizeof(beat) - 1, buf, sizeof(buf)));
+        if (rc == 0 && c->state == CONN_HELD && _stream_arm(c) < 0) {
+            _conn_close(c);
+            return;
+        }
+    }
+    if (rc == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+static void _stream_on_drain(fp_conn_t *c)
+{
+    int rc = c->stream_open ? _stream_end(c, 0) : _stream_fail(c, FP_MC_UNAVAILABLE);
+    if (rc == 0 && c->state == CONN_READING)
+        _conn_process(c);
+}
+
+/* Bytes are out: a stream goes on (held again once a backlog is written, or ended if its time
+ * is up or the worker drains); an answer that was not a stream, or the end, as a poll's. */
+static int _stream_after_write(fp_conn_t *c)
+{
+    if (!c->stream_open)
+        return _conn_next_request(c);
+    if (c->state != CONN_WRITING)
+        return 0;                    /* sent at once from HELD: still armed */
+    _conn_set_state(c, CONN_HELD);
+    if (c->srv->stopping || fp_now_us() >= c->stream_end_us)
+        return _stream_end(c, 0);
+    if (_stream_arm(c) < 0) {
+        _conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- object polls (docs/contract.md section 8) ------------------------------------------ *
  *
  * The object's key and the user's epoch marker are asked for together (one pipelined batch
@@ -740,6 +1019,7 @@ static int _object_start(fp_conn_t *c)
 static int _dispatch(fp_conn_t *c)
 {
     fp_request_t *rq = &c->in->req;
+    int rc;
     switch (rq->action) {
     case ACT_METRICS:
         return _conn_respond_metrics(c);
@@ -747,12 +1027,16 @@ static int _dispatch(fp_conn_t *c)
         break;
     case ACT_OBJECT:
         c->mode = (uint8_t)_conn_mode_of(c);
+        if (c->mode == FP_MODE_STREAM && (rc = _stream_prepare(c)) != 0)
+            return rc < 0 ? -1 : 0;
         return _object_start(c);
     default:
         return _conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
     _keys_t k = {rq->key, NULL, rq->key_len, 0};
     c->mode = (uint8_t)_conn_mode_of(c);
+    if (c->mode == FP_MODE_STREAM && (rc = _stream_prepare(c)) != 0)
+        return rc < 0 ? -1 : 0;
     return _modes[c->mode].start(c, &k);
 }
 

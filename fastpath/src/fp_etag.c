@@ -123,3 +123,41 @@ int32_t fp_prefer_wait(const char *v, size_t len)
     }
     return -1;
 }
+
+/* Accept = #( media-range [ ";" parameters ] ): 1 if one element's media-range is
+ * text/event-stream (any case, OWS around it).  Elements are split at every ',' and parameters
+ * (q= included) are not read: fastpoll's view (fastpoll/http.py wants_event_stream) reads it the
+ * same way, so both sides agree on what a stream request is. */
+int fp_accept_event_stream(const char *v, size_t len)
+{
+    static const char want[] = "text/event-stream";
+    size_t i = 0;
+    while (i <= len) {
+        const char *comma = memchr(v + i, ',', len - i);
+        size_t end = comma != NULL ? (size_t)(comma - v) : len;
+        const char *p = v + i;
+        const char *semi = memchr(p, ';', end - i);
+        size_t n = semi != NULL ? (size_t)(semi - p) : end - i;
+        _trim(&p, &n);
+        if (n == sizeof(want) - 1) {
+            size_t k = 0;
+            while (k < n && (unsigned char)(p[k] | 0x20) == (unsigned char)want[k])
+                k++;
+            if (k == n)
+                return 1;
+        }
+        i = end + 1;
+    }
+    return 0;
+}
+
+/* Last-Event-ID: the id of the client's last event, one of our tags if it is FP_ETAG_LEN bytes
+ * (OWS trimmed): 1 and tag, else 0 (no match possible: the first event is sent). */
+int fp_last_event_id(const char *v, size_t len, char tag[FP_ETAG_LEN])
+{
+    _trim(&v, &len);
+    if (len != FP_ETAG_LEN)
+        return 0;
+    memcpy(tag, v, FP_ETAG_LEN);
+    return 1;
+}

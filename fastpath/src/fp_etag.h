@@ -29,4 +29,10 @@ fp_inm_t fp_inm_parse(const char *v, size_t len, char tag[FP_ETAG_LEN]);
  * none or it cannot be read (then there is no wait).  Other preferences are ignored. */
 int32_t fp_prefer_wait(const char *v, size_t len);
 
+/* Accept: 1 if one of its media ranges is text/event-stream (parameters ignored), else 0. */
+int fp_accept_event_stream(const char *v, size_t len);
+
+/* Last-Event-ID: 1 and tag if the value (OWS trimmed) is FP_ETAG_LEN bytes, else 0. */
+int fp_last_event_id(const char *v, size_t len, char tag[FP_ETAG_LEN]);
+
 #endif

@@ -49,7 +49,9 @@ typedef enum {
     X(FP_HDR_AUTHORIZATION, "authorization", _header_unique)   \
     X(FP_HDR_COOKIE, "cookie", _header_unique)                 \
     X(FP_HDR_PREFER, "prefer", _header_unique)                 \
-    X(FP_HDR_IF_NONE_MATCH, "if-none-match", _header_unique)
+    X(FP_HDR_IF_NONE_MATCH, "if-none-match", _header_unique)  \
+    X(FP_HDR_ACCEPT, "accept", _header_unique)                 \
+    X(FP_HDR_LAST_EVENT_ID, "last-event-id", _header_unique)
 
 typedef enum {
 #define FP_HDR_ENUM(id, name, handler) id,
@@ -80,6 +82,8 @@ typedef struct fp_request {
     const char *answer_message, *answer_cache;
     const char *error_message, *error_cache;
     uint8_t marker_len;
+    uint8_t stream;                  /* a GET that accepts text/event-stream: answered as a stream */
+    uint8_t resource;                /* the index of its resource (fp_conn_resource_name) */
     char key[FP_KEY_CAP];            /* ACT_MEMCACHED's and ACT_OBJECT's key */
     char marker[FP_KEY_CAP];         /* ACT_OBJECT: the user's epoch marker key */
 } fp_request_t;
@@ -123,6 +127,7 @@ typedef enum {
 typedef enum {
     FP_MODE_ONCE,                    /**< what memcached says now */
     FP_MODE_HOLD,                    /**< held until the answer is not the client's, or the wait ends */
+    FP_MODE_STREAM,                  /**< Server-Sent Events: one event per answer until the stream ends */
     FP_MODE_N
 } fp_mode_t;
 
@@ -180,6 +185,9 @@ typedef struct fp_conn {
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t inm;                     /* fp_inm_t of the request */
     uint8_t mode;                    /* fp_mode_t of the request (ONCE until it is dispatched) */
+    uint8_t resource;                /* STREAM: its resource (the events' name) */
+    uint8_t stream_open;             /* STREAM: the head is out, events follow (counted in streams) */
+    uint8_t stream_chunked;          /* STREAM: HTTP/1.1, chunked (else HTTP/1.0, ended by close) */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
     int64_t deadline_s;              /* READING: the request must have arrived by then;
@@ -190,7 +198,9 @@ typedef struct fp_conn {
     fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */
     fp_waiter_t marker_waiter;       /* HELD object poll: on the user's epoch marker */
     fp_object_poll_t *obj;           /* an object poll waiting for its two gets */
-    int64_t hold_until_us;           /* HELD: answered 304 then */
+    int64_t hold_until_us;           /* HELD: answered 304 then (STREAM: its next timer) */
+    int64_t stream_end_us;           /* STREAM: ended then (--max-stream, jittered) */
+    int64_t beat_us;                 /* STREAM: the next heartbeat */
     char *out;                       /* response bytes the socket would not take yet */
     size_t out_len, out_sent;
     uint64_t body_len;               /* body, chunk extensions and trailers; dropped bytes when
@@ -278,5 +288,12 @@ void fp_reply_result(fp_reply_t *a, const fp_conn_t *c, fp_mc_result_t r, const 
                      const char *tag);
 int fp_reply_not_modified(const fp_conn_t *c, const char *etag);   /* If-None-Match names etag */
 size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *buf, size_t cap);
+/* Server-Sent Events (docs/contract.md section 9): the head of a stream, and its events, each
+ * framed as a chunk when chunked */
+size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap);
+const char *fp_reply_resource_name(const fp_config_t *cfg, uint8_t resource, size_t *len);
+size_t fp_reply_event_size(const fp_conn_t *c, const char *data, size_t len);
+size_t fp_reply_event(const fp_conn_t *c, const char *tag, const char *data, size_t len, char *buf, size_t cap);
+size_t fp_reply_stream_text(const fp_conn_t *c, const char *text, size_t len, char *buf, size_t cap);
 
 #endif

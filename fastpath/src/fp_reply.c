@@ -153,3 +153,137 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
     PUT_LIT(&h, "\r\n");
     return h.len;
 }
+
+/* ---- streams (Server-Sent Events, docs/contract.md section 9) ---------------------------- *
+ *
+ * A stream's head is a 200 text/event-stream without a length: chunked on HTTP/1.1 (every write
+ * one chunk, the end the last chunk, the connection kept), else ended by closing.  Each event:
+ *
+ *   id: <the answer's ETag>\n  event: <resource>\n  data: <line>\n (one per line of the body)  \n
+ *
+ * the body's lines split at CRLF, CR or LF as an EventSource splits them, so that the client's
+ * data is the body (an empty body is one empty data line: still an event). */
+
+size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap)
+{
+    _text_t h = {buf, 0, cap};
+    size_t date_len;
+    const char *date = fp_date_header(&c->srv->date, c->srv->base, &date_len);
+
+    PUT_LIT(&h, "HTTP/1.1 200 OK\r\nDate: ");
+    _put(&h, date, date_len);
+    PUT_LIT(&h, "\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
+                "X-Accel-Buffering: no\r\nX-Cache: HIT\r\n");
+    if (c->stream_chunked)
+        PUT_LIT(&h, "Transfer-Encoding: chunked\r\n");
+    if (!c->keep_alive || !c->stream_chunked || c->srv->stopping)
+        PUT_LIT(&h, "Connection: close\r\n");
+    PUT_LIT(&h, "\r\n");
+    return h.len;
+}
+
+/* The name of resource index i (fp_request_t.resource): a user resource below
+ * FP_MAX_RESOURCES, an object resource from there. */
+const char *fp_reply_resource_name(const fp_config_t *cfg, uint8_t i, size_t *len)
+{
+    if (i < FP_MAX_RESOURCES) {
+        *len = cfg->resource_len[i];
+        return cfg->resources[i];
+    }
+    *len = cfg->object_resource_len[i - FP_MAX_RESOURCES];
+    return cfg->object_resources[i - FP_MAX_RESOURCES];
+}
+
+/* Lines of data (CRLF, CR and LF each end one; the last needs none) and the bytes of their
+ * breaks. */
+static size_t _lines(const char *data, size_t len, size_t *break_bytes)
+{
+    size_t n = 1, b = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (data[i] == '\r' && i + 1 < len && data[i + 1] == '\n') {
+            n++;
+            b += 2;
+            i++;
+        } else if (data[i] == '\r' || data[i] == '\n') {
+            n++;
+            b++;
+        }
+    }
+    *break_bytes = b;
+    return n;
+}
+
+static size_t _event_payload(const fp_conn_t *c, const char *data, size_t len)
+{
+    size_t name_len, b, n = _lines(data, len, &b);
+    (void)fp_reply_resource_name(c->srv->cfg, c->resource, &name_len);
+    return (sizeof("id: ") - 1 + FP_ETAG_LEN + 1) + (sizeof("event: ") - 1 + name_len + 1) +
+           n * (sizeof("data: ") - 1 + 1) + (len - b) + 1;
+}
+
+#define CHUNK_FRAME_MAX (16 + 2 + 2)     /* hex size, CRLF, and the CRLF after the data */
+
+static void _put_hex(_text_t *t, size_t v)
+{
+    static const char hex[] = "0123456789abcdef";
+    char tmp[16];
+    size_t i = sizeof(tmp);
+    do {
+        tmp[--i] = hex[v & 15];
+        v >>= 4;
+    } while (v != 0 && i > 0);
+    _put(t, tmp + i, sizeof(tmp) - i);
+}
+
+/* The bytes fp_reply_event writes for this body, at most. */
+size_t fp_reply_event_size(const fp_conn_t *c, const char *data, size_t len)
+{
+    return _event_payload(c, data, len) + CHUNK_FRAME_MAX;
+}
+
+/* One event of the answer (data, len) whose ETag is tag, framed: its length. */
+size_t fp_reply_event(const fp_conn_t *c, const char *tag, const char *data, size_t len, char *buf, size_t cap)
+{
+    _text_t t = {buf, 0, cap};
+    size_t name_len, start = 0;
+    const char *name = fp_reply_resource_name(c->srv->cfg, c->resource, &name_len);
+
+    if (c->stream_chunked) {
+        _put_hex(&t, _event_payload(c, data, len));
+        PUT_LIT(&t, "\r\n");
+    }
+    PUT_LIT(&t, "id: ");
+    _put(&t, tag, FP_ETAG_LEN);
+    PUT_LIT(&t, "\nevent: ");
+    _put(&t, name, name_len);
+    PUT_LIT(&t, "\ndata: ");
+    for (size_t i = 0; i < len; i++) {
+        if (data[i] != '\r' && data[i] != '\n')
+            continue;
+        _put(&t, data + start, i - start);
+        PUT_LIT(&t, "\ndata: ");
+        if (data[i] == '\r' && i + 1 < len && data[i + 1] == '\n')
+            i++;
+        start = i + 1;
+    }
+    _put(&t, data + start, len - start);
+    PUT_LIT(&t, "\n\n");
+    if (c->stream_chunked)
+        PUT_LIT(&t, "\r\n");
+    return t.len;
+}
+
+/* Other stream text (a comment, event: miss; len 0: the end), framed: its length. */
+size_t fp_reply_stream_text(const fp_conn_t *c, const char *text, size_t len, char *buf, size_t cap)
+{
+    _text_t t = {buf, 0, cap};
+    if (!c->stream_chunked) {
+        _put(&t, text, len);
+        return t.len;
+    }
+    _put_hex(&t, len);
+    PUT_LIT(&t, "\r\n");
+    _put(&t, text, len);
+    PUT_LIT(&t, "\r\n");
+    return t.len;
+}

@@ -250,6 +250,42 @@ static void _authenticate(fp_conn_t *c, const _target_t *t)
     _conditional(c);
 }
 
+/* A poll that will ask memcached and accepts text/event-stream is a stream (docs/contract.md
+ * section 9): its events are named after its resource, and Last-Event-ID (in c->inm_tag, as
+ * FP_INM_TAG) spares the client the first event when it already has that answer.  A repeated
+ * Accept is Django's to read.  If-None-Match and Prefer mean nothing to a stream. */
+static void _stream(fp_conn_t *c, const _target_t *t)
+{
+    const fp_config_t *cfg = c->srv->cfg;
+    fp_request_t *rq = &c->in->req;
+    const char *data = c->in->data;
+    int i;
+
+    if ((rq->action != ACT_MEMCACHED && rq->action != ACT_OBJECT) || !rq->have[FP_HDR_ACCEPT])
+        return;
+    if (rq->have[FP_HDR_ACCEPT] > 1) {
+        _decide(c, 404, "accept fastpath cannot read", "MISS");
+        return;
+    }
+    fp_span_t accept = rq->header[FP_HDR_ACCEPT];
+    if (!fp_accept_event_stream(data + accept.off, accept.len))
+        return;
+    if (t->obj == NULL)
+        i = _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len);
+    else
+        i = FP_MAX_RESOURCES + _find_name(cfg->object_resources, cfg->object_resource_len,
+                                          cfg->n_object_resources, t->res, t->res_len);
+    rq->stream = 1;
+    rq->resource = (uint8_t)i;
+    c->wait_s = -1;
+    c->inm = FP_INM_NONE;
+    if (rq->have[FP_HDR_LAST_EVENT_ID] == 1) {
+        fp_span_t id = rq->header[FP_HDR_LAST_EVENT_ID];
+        if (fp_last_event_id(data + id.off, id.len, c->inm_tag))
+            c->inm = FP_INM_TAG;
+    }
+}
+
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
 {
     _target_t t;
@@ -265,6 +301,8 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
         return;
     }
     _authenticate(c, &t);
+    if (method == HTTP_GET)
+        _stream(c, &t);
 }
 
 static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)

@@ -25,7 +25,9 @@
     X(size_t, max_body, 65536)        /* largest request body (413 beyond) */                      \
     X(size_t, max_headers, 32768)     /* largest request head (beyond: 404 MISS, Django's) */      \
     X(int, max_wait_s, 55)            /* longest hold of a poll (Prefer: wait); 0: never hold */  \
-    X(int, reread_interval_s, 5)      /* a held key is read again at least this often */
+    X(int, reread_interval_s, 5)      /* a held key is read again at least this often */          \
+    X(int, stream_heartbeat_s, 25)    /* a stream's comment line this often */                     \
+    X(int, max_stream_s, 300)         /* longest stream (jittered down by up to 10%) */
 
 #define FP_CONFIG_FIELD_(type, field, dflt) type field;
 #define FP_CONFIG_COUNT_(type, field, dflt) +1

@@ -50,13 +50,19 @@
     X(wait_rereads, "fastpath_wait_rereads_total",                                                \
       "Held keys read again (noticed, after a gap, or every --reread-interval).")                 \
     X(wait_reread_ticks, "fastpath_wait_reread_ticks_total",                                      \
-      "Re-read queue ticks that started reads (each one batch of gets).")
+      "Re-read queue ticks that started reads (each one batch of gets).")                         \
+    X(streams_started, "fastpath_streams_total", "Streams opened (Accept: text/event-stream).")   \
+    X(stream_events, "fastpath_stream_events_total", "Events sent on streams (one per answer).")  \
+    X(stream_heartbeats, "fastpath_stream_heartbeats_total", "Heartbeat comments sent on streams.") \
+    X(stream_misses, "fastpath_stream_misses_total",                                              \
+      "Streams ended with event: miss (the key gone or unreadable).")
 
 /* X(field, metric, help): gauges (each worker's slot goes up and down), summed over workers. */
 #define FP_GAUGES(X)                                                                              \
     X(inflight, "fastpath_inflight_requests", "Gets waiting for memcached.")                      \
     X(connections, "fastpath_connections", "Open client connections.")                            \
-    X(held, "fastpath_held_polls", "Polls held now, waiting for their answer to change.")
+    X(held, "fastpath_held_polls", "Polls held now, waiting for their answer to change.")        \
+    X(streams, "fastpath_streams", "Streams open now (their head sent).")
 
 #define FP_LAT_BUCKETS 10
 

@@ -174,8 +174,9 @@ static void _unlink(fp_wait_table_t *t, fp_waiter_t *w)
 }
 
 /* Every waiter of k whose tag this answer does not carry is woken (all of them when the key is
- * gone or unreadable); the others stay.  Afterwards k is read again if it was noticed
- * meanwhile, queued for its periodic re-read, or freed when nobody waits any more. */
+ * gone or unreadable); the others stay, and so does a persistent one woken with an answer (a
+ * stream: its new tag is this answer's, so nothing is read again for it).  Afterwards k is read
+ * again if it was noticed meanwhile, queued for its periodic re-read, or freed when nobody waits any more. */
 static void _answer(fp_wait_table_t *t, fp_wait_key_t *k, fp_mc_result_t r, const char *data, size_t len)
 {
     char tag[FP_ETAG_LEN];
@@ -188,6 +189,10 @@ static void _answer(fp_wait_table_t *t, fp_wait_key_t *k, fp_mc_result_t r, cons
         next = w->next;
         if (have_tag && memcmp(w->tag, tag, FP_ETAG_LEN) == 0)
             continue;
+        if (have_tag && w->persistent) {
+            w->wake(w->ctx, r, data, len, tag);   /* a stream: stays, with the new tag */
+            continue;
+        }
         _unlink(t, w);
         if (have_tag && !w->secondary)
             t->st->holds_woken++;

@@ -26,8 +26,9 @@ typedef struct fp_wait_key fp_wait_key_t;
 /* The key's answer no longer carries the waiter's tag (r FP_MC_HIT/EMPTY, data/len valid during
  * the call, and tag its ETag, FP_ETAG_LEN bytes, computed once for every waiter it wakes), or
  * the key is gone (FP_MC_MISS) or cannot be read (UNAVAILABLE/OVERLOADED; tag NULL).  The
- * waiter is already out of the table; the callback may free its ctx and may call fp_wait_add
- * and fp_wait_remove. */
+ * waiter is already out of the table (a persistent one woken with an answer stays in it, and
+ * must take the new tag: w->tag then points at a copy of it); the callback may free its ctx and
+ * may call fp_wait_add and fp_wait_remove. */
 typedef void (*fp_wake_fn)(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
 
 typedef struct fp_waiter {
@@ -38,6 +39,9 @@ typedef struct fp_waiter {
     void *ctx;
     unsigned char secondary;         /* the caller's: a second waiter of one held poll (an object
                                         poll's epoch marker), left out of the hold counters */
+    unsigned char persistent;        /* the caller's: a stream's waiter stays in the table when
+                                        woken with an answer (its wake points w->tag at the new
+                                        answer's tag); a miss or an error still takes it out */
 } fp_waiter_t;
 
 struct fp_wait_key {
