@@ -19,6 +19,7 @@
 | E011 | NOTIFY_UDP is not a list of host:port strings |
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
+| W003 | KEY_PREFIX is not set: every site (and test suite) on the same memcached shares the default's keys |
 
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -150,6 +151,19 @@ def check_names(config):
     return errors
 
 
+def check_key_prefix(app_configs=None, **kwargs):
+    """Two projects, or a project and its own test run, on one memcached with the default prefix
+    read and overwrite each other's answers (user 1 of one is user 1 of the other), silently."""
+    user = getattr(settings, "FASTPOLL", None)
+    if not isinstance(user, dict) or "KEY_PREFIX" in user:
+        return []
+    return [checks.Warning(
+        f"FASTPOLL['KEY_PREFIX'] is not set: every site using the default ({conf.DEFAULTS['KEY_PREFIX']!r}) "
+        f"on the same memcached serves and overwrites this site's answers.",
+        hint="Set FASTPOLL['KEY_PREFIX'] to a name of this site (1-16 of A-Z a-z 0-9 - _), and a different "
+             "one in the settings your tests run with.", id="fastpoll.W003")]
+
+
 @_of_config
 def check_notify(config):
     errors = []
@@ -230,7 +244,7 @@ def _valid_server(spec):
 
 
 CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_switches, check_secret_file,
-          check_names, check_notify, check_middleware)
+          check_names, check_key_prefix, check_notify, check_middleware)
 
 
 def register():

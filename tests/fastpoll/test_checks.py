@@ -8,7 +8,8 @@ from django.test import override_settings
 from fastpoll import checks as fastpoll_checks
 from plurkcore import checks as plurk_checks
 
-GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"]}
+#: what a project's settings name besides the test settings' FASTPOLL (W003 wants a KEY_PREFIX)
+GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"], "KEY_PREFIX": "checks"}
 PATH_MSG = ("FASTPOLL['PATH_PREFIX'] must be a path of one or more segments that starts and ends with / "
             "(such as '/Poll/'), at most 64 bytes, got {!r}.")
 SERVERS_MSG = "FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
@@ -74,6 +75,19 @@ def run(plurkcore=None, **overrides):
 ])
 def test_each_problem_has_its_id_and_message(overrides, expected):
     assert run({**settings.FASTPOLL, **GOOD_SERVERS, **overrides}) == expected
+
+
+def test_a_missing_key_prefix_is_warned_of_with_the_fix():
+    """The default prefix is every site's: two sites (or a site and its tests) on one memcached
+    would serve each other's answers.  Setting it, even to the default's value, is a choice."""
+    without = {k: v for k, v in {**settings.FASTPOLL, **GOOD_SERVERS}.items() if k != "KEY_PREFIX"}
+    with override_settings(FASTPOLL=without):
+        [warning] = [e for e in checks.run_checks(tags=[fastpoll_checks.TAG])]
+    assert warning.id == "fastpoll.W003" and warning.level == checks.WARNING
+    assert warning.msg.startswith("FASTPOLL['KEY_PREFIX'] is not set: every site using the default ('p1')")
+    assert warning.hint == ("Set FASTPOLL['KEY_PREFIX'] to a name of this site (1-16 of A-Z a-z 0-9 - _), "
+                            "and a different one in the settings your tests run with.")
+    assert run({**without, "KEY_PREFIX": "p1"}) == []
 
 
 def test_unreadable_secret_file():
