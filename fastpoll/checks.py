@@ -20,6 +20,7 @@
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
 | W003 | KEY_PREFIX is not set: every site (and test suite) on the same memcached shares the default's keys |
+| W004 | NOTIFY_DIRS (and NOTIFY_UDP) is empty while LONGPOLL_MAX_WAIT holds polls: they wake only on fastpath's re-read |
 
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
@@ -181,6 +182,16 @@ def check_notify(config):
         errors.append(checks.Error(f"FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got {udp!r}.",
                                    hint="One entry per fastpath worker port (--notify-udp); [] sends none.",
                                    id="fastpoll.E011"))
+    wait = config["LONGPOLL_MAX_WAIT"]
+    if isinstance(dirs, (list, tuple)) and not dirs and isinstance(udp, (list, tuple)) and not udp \
+            and _is_positive_int(wait):
+        # nothing tells fastpath of a commit: a held poll sees it at its next re-read (5 s)
+        errors.append(checks.Warning(
+            f"FASTPOLL['NOTIFY_DIRS'] is empty while LONGPOLL_MAX_WAIT ({wait}) holds long-polls: a held "
+            f"poll is answered only when fastpath re-reads its key (every 5 s), not at the commit.",
+            hint="Set FASTPOLL['NOTIFY_DIRS'] to [the directory of fastpath's notice sockets] "
+                 "(fastpoll_fastpath passes it as --notify-dir), or LONGPOLL_MAX_WAIT to 0 to never hold.",
+            id="fastpoll.W004"))
     backend = config["NOTIFY_BACKEND"]
     try:
         if not isinstance(backend, str):

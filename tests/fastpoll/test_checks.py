@@ -56,6 +56,11 @@ def run(plurkcore=None, **overrides):
     ({"PATH_PREFIX": "/"}, [("fastpoll.E012", PATH_MSG.format("/"))]),
     ({"PATH_PREFIX": "//"}, [("fastpoll.E012", PATH_MSG.format("//"))]),
     ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "fastpoll.notify.NullNotifier"}, []),
+    ({"NOTIFY_DIRS": [], "LONGPOLL_MAX_WAIT": 0}, []),                     # never holds: nothing to wake
+    ({"NOTIFY_DIRS": [], "NOTIFY_UDP": ["10.77.0.21:9100"], "NOTIFY_BACKEND": "fastpoll.notify.UdpNotifier"}, []),
+    ({"NOTIFY_DIRS": []},
+     [("fastpoll.W004", "FASTPOLL['NOTIFY_DIRS'] is empty while LONGPOLL_MAX_WAIT (55) holds long-polls: a held "
+                         "poll is answered only when fastpath re-reads its key (every 5 s), not at the commit.")]),
     ({"NOTIFY_DIRS": "/run/n"},
      [("fastpoll.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
     ({"NOTIFY_DIRS": ["/run/n", ""]},
@@ -88,6 +93,14 @@ def test_a_missing_key_prefix_is_warned_of_with_the_fix():
     assert warning.hint == ("Set FASTPOLL['KEY_PREFIX'] to a name of this site (1-16 of A-Z a-z 0-9 - _), "
                             "and a different one in the settings your tests run with.")
     assert run({**without, "KEY_PREFIX": "p1"}) == []
+
+
+def test_no_notice_directory_hint_names_the_setting():
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "NOTIFY_DIRS": []}):
+        [warning] = checks.run_checks(tags=[fastpoll_checks.TAG])
+    assert warning.level == checks.WARNING and warning.hint == (
+        "Set FASTPOLL['NOTIFY_DIRS'] to [the directory of fastpath's notice sockets] (fastpoll_fastpath passes "
+        "it as --notify-dir), or LONGPOLL_MAX_WAIT to 0 to never hold.")
 
 
 def test_unreadable_secret_file():
