@@ -25,6 +25,7 @@
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
 import numbers
+import os
 import re
 
 from django.conf import settings
@@ -127,11 +128,16 @@ def check_secret_file(config):
     path = config["SECRET_FILE"]
     if not path or not isinstance(path, str):
         return [checks.Error("FASTPOLL['SECRET_FILE'] is not set.",
-                             hint="Point it at the secret shared with fastpath.", id="fastpoll.E005")]
+                             hint="Set it to the path of the secret shared with fastpath, then create the "
+                                  "file with `manage.py fastpoll_secret`.", id="fastpoll.E005")]
     try:
         read_secret(path)
     except SecretFileError as exc:
-        return [checks.Error(str(exc), id="fastpoll.E006")]
+        hint = ("Create it with `manage.py fastpoll_secret`, and give fastpath the same file."
+                if not os.path.lexists(path) else
+                "Make it readable by this user, or write a new secret with `manage.py fastpoll_secret "
+                "--force` (every poll token signed with the old one stops working).")
+        return [checks.Error(str(exc), hint=hint, id="fastpoll.E006")]
     return []
 
 
