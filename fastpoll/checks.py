@@ -19,6 +19,7 @@
 | E011 | NOTIFY_UDP is not a list of host:port strings |
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
+| E015 | a setting fastpoll_nginx or fastpoll_fastpath cannot render (FASTPATH_*, LONGPOLL_MAX_WAIT, DJANGO_UPSTREAM, NGINX_*, ...; fastpoll/commandline.py RENDERED_SETTINGS) |
 | W003 | KEY_PREFIX is not set: every site (and test suite) on the same memcached shares the default's keys |
 | W004 | NOTIFY_DIRS (and NOTIFY_UDP) is empty while LONGPOLL_MAX_WAIT holds polls: they wake only on fastpath's re-read |
 
@@ -32,7 +33,7 @@ from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from . import conf, keys
+from . import commandline, conf, keys
 from .cache import parse_server
 from .notify import parse_udp_destination
 from .secret import SecretFileError, read_secret
@@ -212,6 +213,40 @@ def check_notify(config):
     return errors
 
 
+#: the example E015's hint gives of each rendered setting
+_RENDERED_EXAMPLES = {
+    "FASTPATH_ADDRESS": "'127.0.0.1:8001' or 'unix:/run/myproject/fastpath.sock'",
+    "FASTPATH_ADMIN": "None or a loopback '127.0.0.1:8002'",
+    "FASTPATH_WORKERS": "0 (one per CPU) to 256",
+    "FASTPATH_IDLE_TIMEOUT": "10 (seconds, 1 to 3600)",
+    "LONGPOLL_MAX_WAIT": "55 (seconds, 0 to 86400; 0 never holds)",
+    "DJANGO_UPSTREAM": "'127.0.0.1:8000', 'unix:/run/myproject/gunicorn.sock:' or an upstream name",
+    "NGINX_NAME": "'fastpoll' (1-32 of a-z 0-9 _)",
+    "NGINX_UPSTREAM_KEEPALIVE": "512",
+    "MEMCACHED_TIMEOUT": "0.05 (seconds, at most 60)",
+    "PATH_PREFIX": "'/Poll/'",
+}
+#: keys another check judges first: E015 says nothing of a value that check already refuses
+_JUDGED_FIRST = {"MEMCACHED_TIMEOUT": _is_positive_number, "PATH_PREFIX": conf.is_path_prefix}
+
+
+@_of_config
+def check_rendered(config):
+    """The settings only fastpath's command line and nginx's include use, judged by the very
+    code of ``fastpoll_fastpath`` and ``fastpoll_nginx`` (commandline.setting_error), one by one."""
+    errors = []
+    for key in commandline.RENDERED_SETTINGS:
+        if key in _JUDGED_FIRST and not _JUDGED_FIRST[key](config[key]):
+            continue
+        message = commandline.setting_error(key, config)
+        if message is not None:
+            errors.append(checks.Error(
+                message if message.endswith(".") else message + ".",
+                hint=f"For example {_RENDERED_EXAMPLES[key]}.",
+                id="fastpoll.E015"))
+    return errors
+
+
 POLL_MIDDLEWARE = "fastpoll.middleware.PollTokenMiddleware"
 SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
@@ -261,7 +296,7 @@ def _valid_server(spec):
 
 
 CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_switches, check_secret_file,
-          check_names, check_key_prefix, check_notify, check_middleware)
+          check_names, check_key_prefix, check_notify, check_rendered, check_middleware)
 
 
 def register():

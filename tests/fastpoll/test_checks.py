@@ -1,11 +1,15 @@
 """System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
+import io
+
 import pytest
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core import checks
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from fastpoll import checks as fastpoll_checks
+from fastpoll import commandline
 from plurkcore import checks as plurk_checks
 
 #: what a project's settings name besides the test settings' FASTPOLL (W003 wants a KEY_PREFIX)
@@ -101,6 +105,64 @@ def test_no_notice_directory_hint_names_the_setting():
     assert warning.level == checks.WARNING and warning.hint == (
         "Set FASTPOLL['NOTIFY_DIRS'] to [the directory of fastpath's notice sockets] (fastpoll_fastpath passes "
         "it as --notify-dir), or LONGPOLL_MAX_WAIT to 0 to never hold.")
+
+
+#: a value of each setting only the renderers read that they refuse, and the line they refuse it with
+RENDERED_BAD = [
+    ("FASTPATH_ADDRESS", "localhost", "FASTPOLL['FASTPATH_ADDRESS'] = 'localhost': expected host:port, [v6]:port "
+                                      "or unix:/path, for example 127.0.0.1:8001"),
+    ("FASTPATH_ADDRESS", "unix:run/fp.sock", "FASTPOLL['FASTPATH_ADDRESS'] = 'unix:run/fp.sock': give "
+                                             "unix:/absolute/path (nginx and fastpath resolve a relative one differently)"),
+    ("FASTPATH_ADMIN", "10.0.0.1:8002", "FASTPOLL['FASTPATH_ADMIN']: fastpath --admin 10.0.0.1:8002 must be a "
+                                        "loopback address (stats are not public)"),
+    ("FASTPATH_WORKERS", 999, "FASTPOLL['FASTPATH_WORKERS']: fastpath --workers must be in 0..256, got 999"),
+    ("FASTPATH_IDLE_TIMEOUT", 0, "FASTPOLL['FASTPATH_IDLE_TIMEOUT'] must be a whole number from 1 to 3600, got 0"),
+    ("LONGPOLL_MAX_WAIT", "55", "FASTPOLL['LONGPOLL_MAX_WAIT'] must be a whole number from 0 to 86400, got '55'"),
+    ("DJANGO_UPSTREAM", "127.0.0.1:8000; deny all", "FASTPOLL['DJANGO_UPSTREAM'] = '127.0.0.1:8000; deny all': give "
+                                                    "what follows http:// in proxy_pass: an upstream name, host:port or "
+                                                    "unix:/path:"),
+    ("NGINX_NAME", "My App", "FASTPOLL['NGINX_NAME'] must be 1-32 of a-z 0-9 _, got 'My App'"),
+    ("NGINX_UPSTREAM_KEEPALIVE", 0, "FASTPOLL['NGINX_UPSTREAM_KEEPALIVE'] must be a whole number from 1 to 1048576, "
+                                    "got 0"),
+    ("MEMCACHED_TIMEOUT", 120, "FASTPOLL['MEMCACHED_TIMEOUT'] must be seconds in (0, 60], got 120"),
+    # E012's rule takes it, fastpath's does not
+    ("PATH_PREFIX", "/a!b/", "FASTPOLL['PATH_PREFIX']: fastpath bad --path-prefix '/a!b/': at most 64 characters, "
+                             "starting and ending with /, one or more segments of letters, digits, . _ ~ - (not . or ..), "
+                             "for example /Poll/ (not / alone: the whole site would be polls)"),
+]
+
+
+@pytest.mark.parametrize("key, value, line", RENDERED_BAD, ids=[f"{k}={v!r}" for k, v, _ in RENDERED_BAD])
+def test_check_refuses_what_the_renderers_refuse_with_their_line(key, value, line):
+    """fastpoll.E015: `check` reports the settings only fastpoll_nginx / fastpoll_fastpath read,
+    in the words those commands use (one function judges both: commandline.setting_error)."""
+    config = {**settings.FASTPOLL, **GOOD_SERVERS, key: value}
+    with override_settings(FASTPOLL=config):
+        found = [(e.id, e.msg, e.hint) for e in checks.run_checks(tags=[fastpoll_checks.TAG])
+                 if e.level >= checks.ERROR]
+        assert [f[:2] for f in found] == [("fastpoll.E015", line + ".")]
+        assert found[0][2] == f"For example {fastpoll_checks._RENDERED_EXAMPLES[key]}."
+        with pytest.raises(CommandError) as refused:
+            try:
+                call_command("fastpoll_nginx", stdout=io.StringIO())
+            except CommandError as exc:
+                assert str(exc) == line
+                raise
+            call_command("fastpoll_fastpath", stdout=io.StringIO())
+        assert str(refused.value) == line
+
+
+def test_every_bad_rendered_setting_is_reported_at_once():
+    bad = {key: value for key, value, _ in RENDERED_BAD[2:8]}
+    found = run({**settings.FASTPOLL, **GOOD_SERVERS, **bad})
+    assert [i for i, _ in found] == ["fastpoll.E015"] * len(bad)
+    assert {m.split("]")[0] + "]" for _, m in found} == {f"FASTPOLL['{k}']" for k in bad}
+    assert set(commandline.RENDERED_SETTINGS) == {key for key, _, _ in RENDERED_BAD}
+
+
+def test_a_value_another_check_refuses_is_not_reported_twice():
+    assert [i for i, _ in run({**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1})] == ["fastpoll.E003"]
+    assert [i for i, _ in run({**settings.FASTPOLL, **GOOD_SERVERS, "PATH_PREFIX": "/"})] == ["fastpoll.E012"]
 
 
 def test_unreadable_secret_file():
