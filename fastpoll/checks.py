@@ -19,17 +19,21 @@
 | E011 | NOTIFY_UDP is not a list of host:port strings |
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
+| E015 | a setting fastpoll_nginx or fastpoll_fastpath cannot render (FASTPATH_*, LONGPOLL_MAX_WAIT, DJANGO_UPSTREAM, NGINX_*, ...; fastpoll/commandline.py RENDERED_SETTINGS) |
+| W003 | KEY_PREFIX is not set: every site (and test suite) on the same memcached shares the default's keys |
+| W004 | NOTIFY_DIRS (and NOTIFY_UDP) is empty while LONGPOLL_MAX_WAIT holds polls: they wake only on fastpath's re-read |
 
 When FASTPOLL is not a dict only E001 is reported: the other checks would judge the defaults.
 """
 import numbers
+import os
 import re
 
 from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
-from . import conf, keys
+from . import commandline, conf, keys
 from .cache import parse_server
 from .notify import parse_udp_destination
 from .secret import SecretFileError, read_secret
@@ -125,11 +129,16 @@ def check_secret_file(config):
     path = config["SECRET_FILE"]
     if not path or not isinstance(path, str):
         return [checks.Error("FASTPOLL['SECRET_FILE'] is not set.",
-                             hint="Point it at the secret shared with fastpath.", id="fastpoll.E005")]
+                             hint="Set it to the path of the secret shared with fastpath, then create the "
+                                  "file with `manage.py fastpoll_secret`.", id="fastpoll.E005")]
     try:
         read_secret(path)
     except SecretFileError as exc:
-        return [checks.Error(str(exc), id="fastpoll.E006")]
+        hint = ("Create it with `manage.py fastpoll_secret`, and give fastpath the same file."
+                if not os.path.lexists(path) else
+                "Make it readable by this user, or write a new secret with `manage.py fastpoll_secret "
+                "--force` (every poll token signed with the old one stops working).")
+        return [checks.Error(str(exc), hint=hint, id="fastpoll.E006")]
     return []
 
 
@@ -150,6 +159,19 @@ def check_names(config):
     return errors
 
 
+def check_key_prefix(app_configs=None, **kwargs):
+    """Two projects, or a project and its own test run, on one memcached with the default prefix
+    read and overwrite each other's answers (user 1 of one is user 1 of the other), silently."""
+    user = getattr(settings, "FASTPOLL", None)
+    if not isinstance(user, dict) or "KEY_PREFIX" in user:
+        return []
+    return [checks.Warning(
+        f"FASTPOLL['KEY_PREFIX'] is not set: every site using the default ({conf.DEFAULTS['KEY_PREFIX']!r}) "
+        f"on the same memcached serves and overwrites this site's answers.",
+        hint="Set FASTPOLL['KEY_PREFIX'] to a name of this site (1-16 of A-Z a-z 0-9 - _), and a different "
+             "one in the settings your tests run with.", id="fastpoll.W003")]
+
+
 @_of_config
 def check_notify(config):
     errors = []
@@ -167,6 +189,16 @@ def check_notify(config):
         errors.append(checks.Error(f"FASTPOLL['NOTIFY_UDP'] must be a list of host:port strings, got {udp!r}.",
                                    hint="One entry per fastpath worker port (--notify-udp); [] sends none.",
                                    id="fastpoll.E011"))
+    wait = config["LONGPOLL_MAX_WAIT"]
+    if isinstance(dirs, (list, tuple)) and not dirs and isinstance(udp, (list, tuple)) and not udp \
+            and _is_positive_int(wait):
+        # nothing tells fastpath of a commit: a held poll sees it at its next re-read (5 s)
+        errors.append(checks.Warning(
+            f"FASTPOLL['NOTIFY_DIRS'] is empty while LONGPOLL_MAX_WAIT ({wait}) holds long-polls: a held "
+            f"poll is answered only when fastpath re-reads its key (every 5 s), not at the commit.",
+            hint="Set FASTPOLL['NOTIFY_DIRS'] to [the directory of fastpath's notice sockets] "
+                 "(fastpoll_fastpath passes it as --notify-dir), or LONGPOLL_MAX_WAIT to 0 to never hold.",
+            id="fastpoll.W004"))
     backend = config["NOTIFY_BACKEND"]
     try:
         if not isinstance(backend, str):
@@ -178,6 +210,40 @@ def check_notify(config):
         errors.append(checks.Error(f"FASTPOLL['NOTIFY_BACKEND'] must be the dotted path of a class, got "
                                    f"{backend!r}.", hint="The default is fastpoll.notify.UnixDatagramNotifier.",
                                    id="fastpoll.E010"))
+    return errors
+
+
+#: the example E015's hint gives of each rendered setting
+_RENDERED_EXAMPLES = {
+    "FASTPATH_ADDRESS": "'127.0.0.1:8001' or 'unix:/run/myproject/fastpath.sock'",
+    "FASTPATH_ADMIN": "None or a loopback '127.0.0.1:8002'",
+    "FASTPATH_WORKERS": "0 (one per CPU) to 256",
+    "FASTPATH_IDLE_TIMEOUT": "10 (seconds, 1 to 3600)",
+    "LONGPOLL_MAX_WAIT": "55 (seconds, 0 to 86400; 0 never holds)",
+    "DJANGO_UPSTREAM": "'127.0.0.1:8000', 'unix:/run/myproject/gunicorn.sock:' or an upstream name",
+    "NGINX_NAME": "'fastpoll' (1-32 of a-z 0-9 _)",
+    "NGINX_UPSTREAM_KEEPALIVE": "512",
+    "MEMCACHED_TIMEOUT": "0.05 (seconds, at most 60)",
+    "PATH_PREFIX": "'/Poll/'",
+}
+#: keys another check judges first: E015 says nothing of a value that check already refuses
+_JUDGED_FIRST = {"MEMCACHED_TIMEOUT": _is_positive_number, "PATH_PREFIX": conf.is_path_prefix}
+
+
+@_of_config
+def check_rendered(config):
+    """The settings only fastpath's command line and nginx's include use, judged by the very
+    code of ``fastpoll_fastpath`` and ``fastpoll_nginx`` (commandline.setting_error), one by one."""
+    errors = []
+    for key in commandline.RENDERED_SETTINGS:
+        if key in _JUDGED_FIRST and not _JUDGED_FIRST[key](config[key]):
+            continue
+        message = commandline.setting_error(key, config)
+        if message is not None:
+            errors.append(checks.Error(
+                message if message.endswith(".") else message + ".",
+                hint=f"For example {_RENDERED_EXAMPLES[key]}.",
+                id="fastpoll.E015"))
     return errors
 
 
@@ -230,7 +296,7 @@ def _valid_server(spec):
 
 
 CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_switches, check_secret_file,
-          check_names, check_notify, check_middleware)
+          check_names, check_key_prefix, check_notify, check_rendered, check_middleware)
 
 
 def register():

@@ -14,9 +14,9 @@ import shlex
 import sys
 
 from fastpath.errors import ConfigurationError
-from fastpath.options import OPTIONS, command_line
+from fastpath.options import OPTIONS, command_line, is_loopback, parse_address, parse_listen
 
-from . import nginx
+from . import conf, nginx
 from . import resources as registry
 
 FORMATS = ("shell", "json", "args")
@@ -73,17 +73,63 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
     return values
 
 
+#: the FASTPOLL key each fastpath option is rendered from (what an error of the option names)
+SETTING_OF_OPTION = {"listen": "FASTPATH_ADDRESS", "admin": "FASTPATH_ADMIN", "memcached": "MEMCACHED_SERVERS",
+                     "secret_file": "SECRET_FILE", "workers": "FASTPATH_WORKERS", "timeout_ms": "MEMCACHED_TIMEOUT",
+                     "idle_timeout": "FASTPATH_IDLE_TIMEOUT", "max_wait": "LONGPOLL_MAX_WAIT",
+                     "notify_dir": "NOTIFY_DIRS", "cookie_name": "COOKIE_NAME", "path_prefix": "PATH_PREFIX",
+                     "key_prefix": "KEY_PREFIX"}
+
+
+def _check_option(opt, value):
+    """fastpath's own checks of one option's value (its table's type and range; --admin's
+    address), before fastpath says it: ConfigurationError or TypeError."""
+    value = opt.coerce(value)
+    opt.check(value)
+    if opt.attr == "listen":
+        parse_listen(value)
+    if opt.attr == "admin":
+        host, _ = parse_address(value, "--admin")
+        if not is_loopback(host):
+            raise ConfigurationError(f"--admin {value} must be a loopback address (stats are not public)")
+
+
 def fastpath_argv(config=None, resources=None, object_resources=(), python=None, **overrides):
-    """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`)."""
+    """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`).
+    A value fastpath would refuse is a :class:`CommandLineError` naming its FASTPOLL key."""
     values = fastpath_options(config, resources, object_resources, **overrides)
+    for opt in OPTIONS:
+        if values.get(opt.attr) is None:
+            continue
+        try:
+            _check_option(opt, values[opt.attr])
+        except (TypeError, ConfigurationError) as exc:      # a value of the wrong type or range
+            key = SETTING_OF_OPTION.get(opt.attr)
+            if key is None or opt.attr in overrides:
+                raise CommandLineError(f"fastpath {exc}") from None
+            raise CommandLineError(f"FASTPOLL['{key}']: fastpath {exc}") from None
+    return [python or sys.executable, "-m", "fastpath", *command_line(**values)]
+
+
+#: the settings only the renderers read (the other checks of fastpoll.checks judge the rest):
+#: ``manage.py check`` (fastpoll.E015) asks :func:`setting_error` of each
+RENDERED_SETTINGS = ("FASTPATH_ADDRESS", "FASTPATH_ADMIN", "FASTPATH_WORKERS", "FASTPATH_IDLE_TIMEOUT",
+                     "LONGPOLL_MAX_WAIT", "DJANGO_UPSTREAM", "NGINX_NAME", "NGINX_UPSTREAM_KEEPALIVE",
+                     "MEMCACHED_TIMEOUT", "PATH_PREFIX")
+
+
+def setting_error(key, config=None):
+    """The line ``manage.py fastpoll_nginx`` or ``fastpoll_fastpath`` refuses ``FASTPOLL[key]``
+    with, or None when both take it.  The value is judged alone, every other key at its default,
+    by the renderers' own code (so the line names ``key``, and ``check`` says what they say)."""
+    config = nginx.settings_of(config)
+    alone = {**conf.DEFAULTS, key: config[key]}
     try:
-        flags = command_line(**values)
-        for opt in OPTIONS:            # the ranges of fastpath's table, before fastpath says it
-            if values.get(opt.attr) is not None:
-                opt.check(opt.coerce(values[opt.attr]))
-    except (TypeError, ConfigurationError) as exc:      # a value of the wrong type or range
-        raise CommandLineError(f"fastpath {exc}; see FASTPOLL in settings") from None
-    return [python or sys.executable, "-m", "fastpath", *flags]
+        nginx.context(alone)
+        fastpath_argv(alone)
+    except (nginx.RenderError, CommandLineError) as exc:
+        return str(exc)
+    return None
 
 
 def registered(per):

@@ -1,4 +1,5 @@
 """Reading (and creating) the shared secret file (docs/contract.md, section 1)."""
+import contextlib
 import os
 import secrets
 
@@ -16,7 +17,7 @@ def parse_secret(raw, path="<secret>"):
     if not MIN_LENGTH <= len(key) <= MAX_LENGTH:
         raise SecretFileError(
             f"{path}: the secret must be {MIN_LENGTH}..{MAX_LENGTH} bytes, found {len(key)}; "
-            f"delete the file to have a new one generated"
+            f"`manage.py fastpoll_secret --force` writes a new one"
         )
     return key
 
@@ -30,6 +31,11 @@ def read_secret(path):
     return parse_secret(raw, path)
 
 
+def new_secret():
+    """A fresh secret as the file holds it: 64 hex digits (256 random bits) and a newline."""
+    return secrets.token_hex(32).encode("ascii") + b"\n"
+
+
 def ensure_secret(path):
     """Create ``path`` with a fresh secret (mode 0600) unless it exists; return the key bytes."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -39,5 +45,26 @@ def ensure_secret(path):
     except FileExistsError:
         return read_secret(path)
     with os.fdopen(fd, "wb") as fh:
-        fh.write(secrets.token_hex(32).encode("ascii") + b"\n")
+        fh.write(new_secret())
     return read_secret(path)
+
+
+def write_secret(path, force=False):
+    """Write a fresh secret to ``path`` (mode 0600; its directory must exist).  An existing file
+    is kept (FileExistsError) unless ``force``: then it is replaced at once (rename), so a reader
+    never sees half a secret.  OSError for the rest (permissions, no directory)."""
+    if not force:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(new_secret())
+        return
+    temp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(new_secret())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise

@@ -200,6 +200,10 @@ int fp_notify_listen_unix(fp_notify_t *n, struct event_base *base, const char *d
     memcpy(sa.sun_path, src->name, (size_t)plen);
     if (bind(src->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
         return _fail(err, err_len, "cannot bind", src->name);
+    /* writable by Django whatever its user (bind() gave the umask's mode, and sending needs w):
+     * as --listen's unix socket (activation.py), the directory's permissions limit who reaches it */
+    if (chmod(src->name, 0666) != 0)
+        return _fail(err, err_len, "cannot chmod", src->name);
     struct stat sb;
     if (stat(src->name, &sb) != 0)
         return _fail(err, err_len, "cannot stat it", src->name);

@@ -24,10 +24,12 @@ import fastpoll  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import transaction  # noqa: E402
 from django.test import Client  # noqa: E402
+from fastpoll import conf  # noqa: E402
 from inbox.models import Notification  # noqa: E402
 from inbox.polls import inbox  # noqa: E402
 
 MISSING = object()
+PREFIX = conf.get_config()["KEY_PREFIX"]      # the example's own (inbox_site.settings)
 
 
 def cached(key):
@@ -54,7 +56,7 @@ def new_user():
 
 
 def key(user, epoch=0):
-    return f"p1:inbox:{user.pk}:{epoch}"
+    return f"{PREFIX}:inbox:{user.pk}:{epoch}"
 
 
 def expected(user):
@@ -147,7 +149,7 @@ def board():
     member, outsider = new_user(), new_user()
     board = Board.objects.create(name="team")
     board.members.add(member)
-    okey = f"p1:board:{board.pk}:o"
+    okey = f"{PREFIX}:board:{board.pk}:o"
     with transaction.atomic():
         Announcement.objects.create(board=board, text="standup at ten")
         assert cached(okey) is MISSING, "written before the commit"
@@ -233,7 +235,7 @@ def op_answers(username=None, board=None):
         user = get_user_model().objects.get(username=username)
         out["user"] = {"key": key(user), "database": expected(user).decode()}     # epoch 0: never revoked
     if board is not None:
-        out["board"] = {"key": f"p1:board:{board}:o", "database": board_answer(board).decode()}
+        out["board"] = {"key": f"{PREFIX}:board:{board}:o", "database": board_answer(board).decode()}
     for part in out.values():
         value = cached(part["key"])
         part["cached"] = None if value is MISSING else value.decode()

@@ -1,14 +1,19 @@
 """System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
+import io
+
 import pytest
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core import checks
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from fastpoll import checks as fastpoll_checks
+from fastpoll import commandline
 from plurkcore import checks as plurk_checks
 
-GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"]}
+#: what a project's settings name besides the test settings' FASTPOLL (W003 wants a KEY_PREFIX)
+GOOD_SERVERS = {"MEMCACHED_SERVERS": ["127.0.0.1:11211"], "KEY_PREFIX": "checks"}
 PATH_MSG = ("FASTPOLL['PATH_PREFIX'] must be a path of one or more segments that starts and ends with / "
             "(such as '/Poll/'), at most 64 bytes, got {!r}.")
 SERVERS_MSG = "FASTPOLL['MEMCACHED_SERVERS'] must be a non-empty list of 'host:port' strings, got {!r}."
@@ -55,6 +60,11 @@ def run(plurkcore=None, **overrides):
     ({"PATH_PREFIX": "/"}, [("fastpoll.E012", PATH_MSG.format("/"))]),
     ({"PATH_PREFIX": "//"}, [("fastpoll.E012", PATH_MSG.format("//"))]),
     ({"NOTIFY_DIRS": ["/run/n"], "NOTIFY_BACKEND": "fastpoll.notify.NullNotifier"}, []),
+    ({"NOTIFY_DIRS": [], "LONGPOLL_MAX_WAIT": 0}, []),                     # never holds: nothing to wake
+    ({"NOTIFY_DIRS": [], "NOTIFY_UDP": ["10.77.0.21:9100"], "NOTIFY_BACKEND": "fastpoll.notify.UdpNotifier"}, []),
+    ({"NOTIFY_DIRS": []},
+     [("fastpoll.W004", "FASTPOLL['NOTIFY_DIRS'] is empty while LONGPOLL_MAX_WAIT (55) holds long-polls: a held "
+                         "poll is answered only when fastpath re-reads its key (every 5 s), not at the commit.")]),
     ({"NOTIFY_DIRS": "/run/n"},
      [("fastpoll.E009", "FASTPOLL['NOTIFY_DIRS'] must be a list of directory paths, got '/run/n'.")]),
     ({"NOTIFY_DIRS": ["/run/n", ""]},
@@ -74,6 +84,85 @@ def run(plurkcore=None, **overrides):
 ])
 def test_each_problem_has_its_id_and_message(overrides, expected):
     assert run({**settings.FASTPOLL, **GOOD_SERVERS, **overrides}) == expected
+
+
+def test_a_missing_key_prefix_is_warned_of_with_the_fix():
+    """The default prefix is every site's: two sites (or a site and its tests) on one memcached
+    would serve each other's answers.  Setting it, even to the default's value, is a choice."""
+    without = {k: v for k, v in {**settings.FASTPOLL, **GOOD_SERVERS}.items() if k != "KEY_PREFIX"}
+    with override_settings(FASTPOLL=without):
+        [warning] = [e for e in checks.run_checks(tags=[fastpoll_checks.TAG])]
+    assert warning.id == "fastpoll.W003" and warning.level == checks.WARNING
+    assert warning.msg.startswith("FASTPOLL['KEY_PREFIX'] is not set: every site using the default ('p1')")
+    assert warning.hint == ("Set FASTPOLL['KEY_PREFIX'] to a name of this site (1-16 of A-Z a-z 0-9 - _), "
+                            "and a different one in the settings your tests run with.")
+    assert run({**without, "KEY_PREFIX": "p1"}) == []
+
+
+def test_no_notice_directory_hint_names_the_setting():
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "NOTIFY_DIRS": []}):
+        [warning] = checks.run_checks(tags=[fastpoll_checks.TAG])
+    assert warning.level == checks.WARNING and warning.hint == (
+        "Set FASTPOLL['NOTIFY_DIRS'] to [the directory of fastpath's notice sockets] (fastpoll_fastpath passes "
+        "it as --notify-dir), or LONGPOLL_MAX_WAIT to 0 to never hold.")
+
+
+#: a value of each setting only the renderers read that they refuse, and the line they refuse it with
+RENDERED_BAD = [
+    ("FASTPATH_ADDRESS", "localhost", "FASTPOLL['FASTPATH_ADDRESS'] = 'localhost': expected host:port, [v6]:port "
+                                      "or unix:/path, for example 127.0.0.1:8001"),
+    ("FASTPATH_ADDRESS", "unix:run/fp.sock", "FASTPOLL['FASTPATH_ADDRESS'] = 'unix:run/fp.sock': give "
+                                             "unix:/absolute/path (nginx and fastpath resolve a relative one differently)"),
+    ("FASTPATH_ADMIN", "10.0.0.1:8002", "FASTPOLL['FASTPATH_ADMIN']: fastpath --admin 10.0.0.1:8002 must be a "
+                                        "loopback address (stats are not public)"),
+    ("FASTPATH_WORKERS", 999, "FASTPOLL['FASTPATH_WORKERS']: fastpath --workers must be in 0..256, got 999"),
+    ("FASTPATH_IDLE_TIMEOUT", 0, "FASTPOLL['FASTPATH_IDLE_TIMEOUT'] must be a whole number from 1 to 3600, got 0"),
+    ("LONGPOLL_MAX_WAIT", "55", "FASTPOLL['LONGPOLL_MAX_WAIT'] must be a whole number from 0 to 86400, got '55'"),
+    ("DJANGO_UPSTREAM", "127.0.0.1:8000; deny all", "FASTPOLL['DJANGO_UPSTREAM'] = '127.0.0.1:8000; deny all': give "
+                                                    "what follows http:// in proxy_pass: an upstream name, host:port or "
+                                                    "unix:/path:"),
+    ("NGINX_NAME", "My App", "FASTPOLL['NGINX_NAME'] must be 1-32 of a-z 0-9 _, got 'My App'"),
+    ("NGINX_UPSTREAM_KEEPALIVE", 0, "FASTPOLL['NGINX_UPSTREAM_KEEPALIVE'] must be a whole number from 1 to 1048576, "
+                                    "got 0"),
+    ("MEMCACHED_TIMEOUT", 120, "FASTPOLL['MEMCACHED_TIMEOUT'] must be seconds in (0, 60], got 120"),
+    # E012's rule takes it, fastpath's does not
+    ("PATH_PREFIX", "/a!b/", "FASTPOLL['PATH_PREFIX']: fastpath bad --path-prefix '/a!b/': at most 64 characters, "
+                             "starting and ending with /, one or more segments of letters, digits, . _ ~ - (not . or ..), "
+                             "for example /Poll/ (not / alone: the whole site would be polls)"),
+]
+
+
+@pytest.mark.parametrize("key, value, line", RENDERED_BAD, ids=[f"{k}={v!r}" for k, v, _ in RENDERED_BAD])
+def test_check_refuses_what_the_renderers_refuse_with_their_line(key, value, line):
+    """fastpoll.E015: `check` reports the settings only fastpoll_nginx / fastpoll_fastpath read,
+    in the words those commands use (one function judges both: commandline.setting_error)."""
+    config = {**settings.FASTPOLL, **GOOD_SERVERS, key: value}
+    with override_settings(FASTPOLL=config):
+        found = [(e.id, e.msg, e.hint) for e in checks.run_checks(tags=[fastpoll_checks.TAG])
+                 if e.level >= checks.ERROR]
+        assert [f[:2] for f in found] == [("fastpoll.E015", line + ".")]
+        assert found[0][2] == f"For example {fastpoll_checks._RENDERED_EXAMPLES[key]}."
+        with pytest.raises(CommandError) as refused:
+            try:
+                call_command("fastpoll_nginx", stdout=io.StringIO())
+            except CommandError as exc:
+                assert str(exc) == line
+                raise
+            call_command("fastpoll_fastpath", stdout=io.StringIO())
+        assert str(refused.value) == line
+
+
+def test_every_bad_rendered_setting_is_reported_at_once():
+    bad = {key: value for key, value, _ in RENDERED_BAD[2:8]}
+    found = run({**settings.FASTPOLL, **GOOD_SERVERS, **bad})
+    assert [i for i, _ in found] == ["fastpoll.E015"] * len(bad)
+    assert {m.split("]")[0] + "]" for _, m in found} == {f"FASTPOLL['{k}']" for k in bad}
+    assert set(commandline.RENDERED_SETTINGS) == {key for key, _, _ in RENDERED_BAD}
+
+
+def test_a_value_another_check_refuses_is_not_reported_twice():
+    assert [i for i, _ in run({**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1})] == ["fastpoll.E003"]
+    assert [i for i, _ in run({**settings.FASTPOLL, **GOOD_SERVERS, "PATH_PREFIX": "/"})] == ["fastpoll.E012"]
 
 
 def test_unreadable_secret_file():

@@ -204,7 +204,8 @@ INSTALLED_APPS = [
 ]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {str(path / "db.sqlite3")!r}}}}}
 USE_TZ = True
-FASTPOLL = {{"SECRET_FILE": {str(secret)!r}}}
+FASTPOLL = {{"SECRET_FILE": {str(secret)!r}, "KEY_PREFIX": "pkgtest",
+            "NOTIFY_DIRS": [{str(path / "notify")!r}]}}
 """)
     env = clean_env(DJANGO_SETTINGS_MODULE="pkgtest_settings", PYTHONPATH=str(path))
     return path, env, dist.python.parent / "django-admin"

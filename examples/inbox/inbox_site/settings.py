@@ -56,6 +56,7 @@ if not SECRET_FILE.exists():
 FASTPOLL = {
     "MEMCACHED_SERVERS": os.environ.get("INBOX_MEMCACHED", "127.0.0.1:11211").split(","),
     "SECRET_FILE": str(SECRET_FILE),
+    "KEY_PREFIX": "inbox",     # this site's keys: another site on the same memcached has its own
     # fastpath and nginx, rendered by `manage.py fastpoll_fastpath` and `manage.py fastpoll_nginx`
     "NOTIFY_DIRS": [os.environ.get("INBOX_NOTIFY_DIR", str(VAR / "notify"))],   # commits wake held polls
     "FASTPATH_ADDRESS": os.environ.get("INBOX_FASTPATH", "127.0.0.1:8001"),
