@@ -40,6 +40,11 @@ def test_a_thread_is_answered_and_cached_and_follows_new_responses(signup, cache
     assert body["count"] == 1 and body["responses"][0]["content"] == "first!"
 
 
+def _forge(url):
+    """``url`` with its capability's last character changed (to another one, always)."""
+    return url[:-1] + ("1" if url[-1] == "0" else "0")
+
+
 @pytest.mark.parametrize("tamper", ["missing", "other user", "other plurk", "forged"])
 def test_a_capability_opens_one_thread_for_one_user(signup, cache1, tamper):
     a, b = signup("a"), signup("b")
@@ -48,7 +53,7 @@ def test_a_capability_opens_one_thread_for_one_user(signup, cache1, tamper):
     url = {"missing": f"/Poll/getThread/{one}",
            "other user": _open(a, one),
            "other plurk": _open(b, two).replace(f"/getThread/{two}?", f"/getThread/{one}?"),
-           "forged": _open(b, one)[:-1] + "0"}[tamper]
+           "forged": _forge(_open(b, one))}[tamper]
     resp = b.get(url, HTTP_AUTHORIZATION=f"Bearer {b.token}")
     assert resp.status_code == 403 and "capability" in resp.json()["error"], resp.json()
 
