@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
 from fastpoll.http import event_bytes
@@ -315,12 +316,18 @@ def test_a_stream_does_not_starve_other_polls(fastpath_factory, memcached, cache
     stop = threading.Event()
 
     def churn():
+        # a client of its own: pymemcache's is not thread-safe (sharing the test's, the two
+        # threads' replies crossed on one socket and the test hung)
+        writer = Client(memcached.spec, default_noreply=False, timeout=5)
         n = 0
-        while not stop.is_set():
-            n += 1
-            cache.set(key(14), str(n).encode())
-            notifier.send([key(14)])
-            time.sleep(0.005)
+        try:
+            while not stop.is_set():
+                n += 1
+                writer.set(key(14), str(n).encode())
+                notifier.send([key(14)])
+                time.sleep(0.005)
+        finally:
+            writer.close()
 
     t = threading.Thread(target=churn)
     t.start()
