@@ -220,6 +220,8 @@ _RENDERED_EXAMPLES = {
     "FASTPATH_WORKERS": "0 (one per CPU) to 256",
     "FASTPATH_IDLE_TIMEOUT": "10 (seconds, 1 to 3600)",
     "LONGPOLL_MAX_WAIT": "55 (seconds, 0 to 86400; 0 never holds)",
+    "STREAM_HEARTBEAT": "25 (seconds, 1 to 3600)",
+    "STREAM_MAX": "300 (seconds, 1 to 86400)",
     "DJANGO_UPSTREAM": "'127.0.0.1:8000', 'unix:/run/myproject/gunicorn.sock:' or an upstream name",
     "NGINX_NAME": "'fastpoll' (1-32 of a-z 0-9 _)",
     "NGINX_UPSTREAM_KEEPALIVE": "512",

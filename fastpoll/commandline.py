@@ -60,6 +60,8 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
         "timeout_ms": _timeout_ms(config),
         "idle_timeout": config["FASTPATH_IDLE_TIMEOUT"],
         "max_wait": config["LONGPOLL_MAX_WAIT"],
+        "stream_heartbeat": config["STREAM_HEARTBEAT"],
+        "max_stream": config["STREAM_MAX"],
         "resources": list(resources) if resources is not None else None,
     }
     if "notify_dir" not in overrides:
@@ -77,6 +79,7 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
 SETTING_OF_OPTION = {"listen": "FASTPATH_ADDRESS", "admin": "FASTPATH_ADMIN", "memcached": "MEMCACHED_SERVERS",
                      "secret_file": "SECRET_FILE", "workers": "FASTPATH_WORKERS", "timeout_ms": "MEMCACHED_TIMEOUT",
                      "idle_timeout": "FASTPATH_IDLE_TIMEOUT", "max_wait": "LONGPOLL_MAX_WAIT",
+                     "stream_heartbeat": "STREAM_HEARTBEAT", "max_stream": "STREAM_MAX",
                      "notify_dir": "NOTIFY_DIRS", "cookie_name": "COOKIE_NAME", "path_prefix": "PATH_PREFIX",
                      "key_prefix": "KEY_PREFIX"}
 
@@ -114,7 +117,7 @@ def fastpath_argv(config=None, resources=None, object_resources=(), python=None,
 #: the settings only the renderers read (the other checks of fastpoll.checks judge the rest):
 #: ``manage.py check`` (fastpoll.E015) asks :func:`setting_error` of each
 RENDERED_SETTINGS = ("FASTPATH_ADDRESS", "FASTPATH_ADMIN", "FASTPATH_WORKERS", "FASTPATH_IDLE_TIMEOUT",
-                     "LONGPOLL_MAX_WAIT", "DJANGO_UPSTREAM", "NGINX_NAME", "NGINX_UPSTREAM_KEEPALIVE",
+                     "LONGPOLL_MAX_WAIT", "STREAM_HEARTBEAT", "STREAM_MAX", "DJANGO_UPSTREAM", "NGINX_NAME", "NGINX_UPSTREAM_KEEPALIVE",
                      "MEMCACHED_TIMEOUT", "PATH_PREFIX")
 
 

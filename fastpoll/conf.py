@@ -71,6 +71,11 @@ DEFAULTS = {
     # longest hold of a long-poll (`Prefer: wait=N`), seconds (fastpath --max-wait; 0: never
     # hold); nginx waits 15 s more for the answer before it answers a JSON 504 itself.
     "LONGPOLL_MAX_WAIT": 55,
+    # a Server-Sent Events stream's comment line every this many seconds (fastpath
+    # --stream-heartbeat); nginx waits 15 s more between two reads of a stream.
+    "STREAM_HEARTBEAT": 25,
+    # longest life of a stream, seconds, jittered (fastpath --max-stream); EventSource reconnects.
+    "STREAM_MAX": 300,
     # how nginx reaches Django for the polls fastpath does not answer: what follows http:// in
     # proxy_pass, an upstream name of the server block's or "host:port" / "unix:/path:".
     "DJANGO_UPSTREAM": "127.0.0.1:8000",

@@ -23,7 +23,6 @@ from . import conf
 TEMPLATES = ("nginx-http.conf", "nginx-server.conf")
 LONGPOLL_READ_MARGIN_S = 15     # nginx's read timeout of a long-poll: fastpath's longest hold + this
 KEEPALIVE_MARGIN_S = 2          # nginx drops an idle connection to fastpath this much sooner than it
-STREAM_HEARTBEAT_S = 25         # fastpath's --stream-heartbeat default: a stream is never quiet longer
 STREAM_READ_MARGIN_S = 15       # nginx's read timeout of a stream: the heartbeat + this
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
@@ -86,6 +85,7 @@ def context(config=None):
         raise RenderError(f"FASTPOLL['DJANGO_UPSTREAM'] = {django!r}: give what follows http:// in "
                           f"proxy_pass: an upstream name, host:port or unix:/path:")
     max_wait = _integer(config, "LONGPOLL_MAX_WAIT", 0, 86400)
+    heartbeat = _integer(config, "STREAM_HEARTBEAT", 1, 3600)
     idle = _integer(config, "FASTPATH_IDLE_TIMEOUT", 1, 3600)
     return {
         "name": name,
@@ -96,8 +96,8 @@ def context(config=None):
         "fastpath_keepalive_timeout": f"{max(1, idle - KEEPALIVE_MARGIN_S)}s",
         "max_wait": str(max_wait),
         "longpoll_read_timeout": f"{max_wait + LONGPOLL_READ_MARGIN_S}s",
-        "stream_heartbeat": str(STREAM_HEARTBEAT_S),
-        "stream_read_timeout": f"{STREAM_HEARTBEAT_S + STREAM_READ_MARGIN_S}s",
+        "stream_heartbeat": str(heartbeat),
+        "stream_read_timeout": f"{heartbeat + STREAM_READ_MARGIN_S}s",
     }
 
 

@@ -118,6 +118,8 @@ RENDERED_BAD = [
     ("FASTPATH_WORKERS", 999, "FASTPOLL['FASTPATH_WORKERS']: fastpath --workers must be in 0..256, got 999"),
     ("FASTPATH_IDLE_TIMEOUT", 0, "FASTPOLL['FASTPATH_IDLE_TIMEOUT'] must be a whole number from 1 to 3600, got 0"),
     ("LONGPOLL_MAX_WAIT", "55", "FASTPOLL['LONGPOLL_MAX_WAIT'] must be a whole number from 0 to 86400, got '55'"),
+    ("STREAM_HEARTBEAT", 0, "FASTPOLL['STREAM_HEARTBEAT'] must be a whole number from 1 to 3600, got 0"),
+    ("STREAM_MAX", 0, "FASTPOLL['STREAM_MAX']: fastpath --max-stream must be in 1..86400, got 0"),
     ("DJANGO_UPSTREAM", "127.0.0.1:8000; deny all", "FASTPOLL['DJANGO_UPSTREAM'] = '127.0.0.1:8000; deny all': give "
                                                     "what follows http:// in proxy_pass: an upstream name, host:port or "
                                                     "unix:/path:"),

@@ -257,3 +257,11 @@ def test_the_renderers_take_a_plain_mapping_over_the_defaults():
     argv = commandline.fastpath_argv({"SECRET_FILE": "/s"}, ["b", "a"], python="py")
     assert argv[:3] == ["py", "-m", "fastpath"] and argv[argv.index("--resources") + 1] == "b,a"
     assert "--resources" not in commandline.fastpath_argv({"SECRET_FILE": "/s"})
+
+
+def test_streams_are_rendered_from_the_same_settings_on_both_sides():
+    argv = commandline.fastpath_argv({"SECRET_FILE": "/s", "STREAM_HEARTBEAT": 7, "STREAM_MAX": 90})
+    assert argv[argv.index("--stream-heartbeat") + 1] == "7" and argv[argv.index("--max-stream") + 1] == "90"
+    stream = nginx.render_server({"STREAM_HEARTBEAT": 7}).split("/_fastpoll_stream/ {", 1)[1].split("\n}", 1)[0]
+    assert "proxy_read_timeout 22s;" in stream
+    assert commandline.setting_error("STREAM_HEARTBEAT", {"STREAM_HEARTBEAT": 0}) is not None

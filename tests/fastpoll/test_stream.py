@@ -74,15 +74,17 @@ def test_event_bytes_split_lines_as_eventsource_does():
 
 def test_the_stream_location_is_unbuffered_with_a_read_timeout_above_the_heartbeat():
     from fastpath.options import OPTIONS
-    from fastpoll import nginx
+    from fastpoll import conf, nginx
 
     server, http = nginx.render_server({}), nginx.render_http({})
     location = server.split("location ^~ /_fastpoll_stream/ {", 1)[1].split("\n}", 1)[0]
     assert "proxy_buffering off;" in location
     heartbeat = next(opt.default for opt in OPTIONS if opt.flag == "--stream-heartbeat")
-    assert heartbeat == nginx.STREAM_HEARTBEAT_S
+    assert heartbeat == conf.DEFAULTS["STREAM_HEARTBEAT"]          # fastpath alone agrees
     timeout = int(location.split("proxy_read_timeout ", 1)[1].split("s;", 1)[0])
     assert timeout > heartbeat
+    quick = nginx.render_server({"STREAM_HEARTBEAT": 5})
+    assert "proxy_read_timeout 20s;" in quick.split("location ^~ /_fastpoll_stream/ {", 1)[1].split("\n}", 1)[0]
     for header in ("Accept $http_accept", "Last-Event-ID $http_last_event_id"):
         assert f"proxy_set_header {header};" in location
     assert "error_page 404 502 503 = @fastpoll_django;" in location
