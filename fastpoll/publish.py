@@ -370,6 +370,8 @@ def _retire_revoked(written, epochs):
     if not written:
         return
     now = db.epochs(epochs)
+    if now == epochs:                 # the usual case: none moved (one comparison in C)
+        return
     moved = {uid for uid, epoch in epochs.items() if now.get(uid) != epoch}
     if moved:
         delete_keys([key for key, (name, uid) in written.items() if uid in moved and _per(name) == "user"])
