@@ -104,6 +104,12 @@ def expand(wanted):
                 pairs = _members(found, chunk, using)
                 known = db.epochs({user for _, user in pairs})
                 rows = [(key, user, known[user]) for key, user in pairs if user in known]
+            if len(chunk) == 1 and rows:          # one author's followers: no test per row
+                key = rows[0][0]
+                found_members = [user for _, user, _ in rows]
+                members.setdefault((name, key), set()).update(found_members)
+                epochs.update(zip(found_members, [epoch for _, _, epoch in rows]))
+                continue
             for key, user, epoch in rows:
                 members.setdefault((name, key), set()).add(user)
                 epochs[user] = epoch
@@ -120,6 +126,8 @@ def _members_with_epochs(found, ids, using):
                        f"JOIN {UserState._meta.db_table} s ON s.user_id = f.{member} WHERE {where}{active}",
                        params + active_params)
         rows = cursor.fetchall()
+    if found.key_field.get_internal_type() in db.INTEGER_FIELDS and db.integer_user_ids():
+        return rows                   # the values as they are: no conversion per row
     return list(zip(found.keys_from_db([r[0] for r in rows]), db.user_ids_from_db([r[1] for r in rows]),
                     (r[2] for r in rows)))
 

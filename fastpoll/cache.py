@@ -15,6 +15,7 @@
 """
 import collections
 import logging
+import re
 import select
 import socket
 import struct
@@ -193,6 +194,8 @@ class AnswerCache:
 
     # -- pipelined batches -----------------------------------------------------------------
     def _send(self, node, commands, parse):
+        """Send ``commands`` (a list of commands, or (bytes, how many commands they are)), each
+        answered by one line; returns their :class:`Pending`."""
         self._skip_if_down(node)
         client = self.client.clients[node]
         try:
@@ -221,8 +224,27 @@ class AnswerCache:
     def request_uniques(self, node, keys):
         """Send ``mg <key> c`` for ``keys`` (the cas unique without the value, which the writer
         does not need); the :class:`Pending`'s result is {key: cas unique} of those present."""
-        return self._send(node, [b"mg %s c\r\n" % k.encode("ascii") for k in keys],
-                          lambda replies: _uniques(keys, replies))
+        keys = list(keys)
+        data = ("mg " + " c\r\nmg ".join(keys) + " c\r\n").encode("ascii") if keys else b""
+        return self._send(node, (data, len(keys)), lambda replies: _uniques(keys, replies))
+
+    def request_cas_or_add(self, node, keys, values, uniques, expire):
+        """Send, for each of ``keys`` with its value in ``values``, ``cas`` with its unique in
+        ``uniques`` {key: cas unique}, or ``add`` where it has none (the writer's step 3); the
+        :class:`Pending`'s result is the list of replies, in the order of ``keys``."""
+        expire = int(expire)
+        # each command's line formatted as text and encoded at once (a fan-out sends 20,000),
+        # then joined with its value: line, value, line, value, ... each followed by \r\n
+        lines = "\n".join([f"cas {key} 0 {expire} {len(value)} {uniques[key]}" if key in uniques
+                           else f"add {key} 0 {expire} {len(value)}"
+                           for key, value in zip(keys, values)]).encode("ascii").split(b"\n")
+        if len(lines) != len(keys):
+            raise ValueError(f"a key holds a line break: {[k for k in keys if chr(10) in k][:1]}")
+        parts = [b""] * (2 * len(lines))
+        parts[0::2] = lines
+        parts[1::2] = values
+        parts.append(b"")
+        return self._send(node, (b"\r\n".join(parts), len(lines)), None)
 
     def request_stores(self, node, ops, expire):
         """Send ``ops`` = [(command, key, value, cas)] with command b"cas" or b"add"; the
@@ -310,7 +332,14 @@ class Pending:
         return replies if self.parse is None else self.parse(replies)
 
 
+#: replies to ``mg <key> c`` as memcached gives them: ``HD c<unique>`` or ``EN`` (a miss)
+_PLAIN_UNIQUES = re.compile(rb"(?:(?:HD c[0-9]+|EN)\r\n)*\Z")
+
+
 def _uniques(keys, replies):
+    if _PLAIN_UNIQUES.match(b"\r\n".join(replies) + b"\r\n" if replies else b""):
+        # the usual replies, checked in C at once: no check per line
+        return {key: int(reply[4:]) for key, reply in zip(keys, replies) if reply != b"EN"}
     found = {}
     for key, reply in zip(keys, replies):
         if reply[:4] == b"HD c" and reply[4:].isdigit():      # the usual "HD c<unique>"
@@ -357,11 +386,17 @@ class _Wire:
         self._poll = None
 
     def send(self, commands):
-        batch = _Batch(len(commands))
-        if not commands:
+        """Write ``commands`` (a list of commands, or (bytes, how many commands they are)) whole;
+        returns their :class:`_Batch`."""
+        if type(commands) is tuple:
+            data, count = commands
+        else:
+            data, count = b"".join(commands), len(commands)
+        batch = _Batch(count)
+        if not count:
             return batch             # complete as it is: nothing to wait for
         self.batches.append(batch)
-        data = memoryview(b"".join(commands))
+        data = memoryview(data)
         while data:
             sent = self.sock.send(data) if self._writable() else 0
             data = data[sent:]

@@ -28,7 +28,7 @@ def id_filter(column, ids, field=None, using=None):
     on (the default database when None)."""
     connection = connections[using or DEFAULT_DB_ALIAS]
     ids = list(ids)
-    integers = all(type(i) is int for i in ids)
+    integers = {*map(type, ids)} <= {int}                 # no bool, no str (one pass in C)
     if not integers:
         ids = [_db_value(i, field, connection) for i in ids]
     if connection.vendor == "postgresql":
@@ -49,10 +49,16 @@ def _db_value(value, field, connection):
 def user_ids_from_db(values):
     """The user ids read by raw SQL as Python values of the primary key (a UUID that SQLite
     keeps as hex text becomes a UUID); integers are returned as they are."""
-    field = get_user_model()._meta.pk
-    if field.get_internal_type() in INTEGER_FIELDS:
+    if integer_user_ids():
         return values
+    field = get_user_model()._meta.pk
     return [field.to_python(v) for v in values]
+
+
+def integer_user_ids():
+    """True if the user model's primary key is an integer: ids read by raw SQL are then the
+    Python values as they are."""
+    return get_user_model()._meta.pk.get_internal_type() in INTEGER_FIELDS
 
 
 INTEGER_FIELDS = frozenset({"AutoField", "BigAutoField", "SmallAutoField", "IntegerField",
@@ -85,10 +91,14 @@ def epochs(user_ids):
     table = UserState._meta.db_table
     active, active_params = active_clause(table)
     using = state_db()
+    integers = integer_user_ids()
     with connections[using].cursor() as cursor:
         for start in range(0, len(user_ids), 5000):
             where, params = id_filter("user_id", user_ids[start:start + 5000], using=using)
             cursor.execute(f"SELECT user_id, epoch FROM {table} WHERE {where}{active}", params + active_params)
             rows = cursor.fetchall()
-            result.update(zip(user_ids_from_db([uid for uid, _ in rows]), (epoch for _, epoch in rows)))
+            if integers:
+                result.update(rows)               # (uid, epoch) pairs as they are
+            else:
+                result.update(zip(user_ids_from_db([uid for uid, _ in rows]), (epoch for _, epoch in rows)))
     return result

@@ -10,6 +10,7 @@ memcached confirms, :func:`_after_store` sends :data:`fastpoll.signals.answers_s
 Nothing here raises into the request that committed: memcached problems are logged and counted.
 """
 import logging
+from itertools import repeat
 
 from . import _testhooks, audiences, conf, db, keys, ledger, resources, signals
 from .cache import CacheUnavailable, get_cache
@@ -133,26 +134,34 @@ def _write_chunks(write, by_resource, alive):
             alive()
         current = ahead
         uniques = _read_uniques(current, write.failed)
-        _testhooks.fire("write.after_gets", keys=sorted(current.todo), attempt=0)
+        _fire("write.after_gets", current.todo, 0)
         ahead = write.begin(next(chunks, None))          # its gets, while this chunk is computed
         if behind is not None:
             write.finish(behind)                         # its stores, answered meanwhile
-        values = _compute_round(current.todo, write.failed)
-        _testhooks.fire("write.after_read", keys=sorted(current.todo), attempt=0)
+        values = _compute_round(current.todo, write.failed, current.wanted)
+        _fire("write.after_read", current.todo, 0)
         _send_stores(write.cache, current, uniques, values, write.failed)
         behind = current
     if behind is not None:
         write.finish(behind)
 
 
+def _fire(name, key_set, attempt):
+    """``_testhooks.fire(name)`` with ``key_set`` sorted, sorted only when a test set the hook:
+    a fan-out would sort its 20,000 keys a few times per chunk for nobody."""
+    if name in _testhooks._hooks:
+        _testhooks.fire(name, keys=sorted(key_set), attempt=attempt)
+
+
 class _Chunk:
     """One chunk of a write: ``todo`` {key: (resource name, uid)} still to store, and its
-    batches in flight, {node: (Pending, keys)}."""
+    batches in flight, {node: (Pending, keys)}; ``wanted`` {resource name: ids} of its keys
+    as built (None: read from ``todo``)."""
 
-    __slots__ = ("todo", "node_of", "gets", "stores")
+    __slots__ = ("todo", "node_of", "gets", "stores", "wanted")
 
-    def __init__(self, todo, node_of):
-        self.todo, self.node_of = todo, node_of
+    def __init__(self, todo, node_of, wanted=None):
+        self.todo, self.node_of, self.wanted = todo, node_of, wanted
         self.gets, self.stores = {}, {}
 
 
@@ -170,20 +179,28 @@ class _Write:
         """Step 1 sent for a chunk ({resource name: uids}): ``gets`` of every key, per server."""
         if by_resource is None:
             return None
-        todo = {}
+        todo, wanted = {}, {}
         users = {name: ids for name, ids in by_resource.items() if _per(name) == "user"}
         for name, ids in by_resource.items():
             if name not in users:
-                todo.update((keys.object_key(name, obj), (name, obj)) for obj in ids)
+                ids = list(ids)
+                todo.update(zip([keys.object_key(name, obj) for obj in ids], zip(repeat(name), ids)))
+                wanted[name] = ids
         uids = set().union(*users.values()) if users else set()
-        epochs = {uid: self.known[uid] for uid in uids if uid in self.known}
+        known = self.known
+        epochs = {uid: known[uid] for uid in uids if uid in known}
         if len(epochs) < len(uids):
             epochs.update(db.epochs(uids - epochs.keys()))
         self.epochs.update(epochs)
+        every = len(epochs) == len(uids)          # no user gone: no test per id
         for name, uids in users.items():
+            # the keys of keys.answer_key, from a checked prefix and the ids and epochs the
+            # database gave (no check per key): one comprehension, pairs zipped in C
             prefix = keys.key_prefix(name)
-            todo.update(("%s%s:%d" % (prefix, uid, epochs[uid]), (name, uid)) for uid in uids if uid in epochs)
-        chunk = _Chunk(todo, self.cache.nodes_for(todo))
+            ids = list(uids) if every else [uid for uid in uids if uid in epochs]
+            todo.update(zip([f"{prefix}{uid}:{epochs[uid]:d}" for uid in ids], zip(repeat(name), ids)))
+            wanted[name] = ids
+        chunk = _Chunk(todo, self.cache.nodes_for(todo), wanted)
         _send_gets(self.cache, chunk, self.failed)
         return chunk
 
@@ -193,7 +210,7 @@ class _Write:
         stored = _read_stores(chunk, self.failed)
         self.written.update(stored)
         _after_store(stored, ())
-        _testhooks.fire("write.after_store", keys=sorted(self.written), attempt=0)
+        _fire("write.after_store", self.written, 0)
         if chunk.todo:
             self.written.update(_write_keys(self.cache, chunk.todo, chunk.node_of, self.failed, first_attempt=1))
 
@@ -218,15 +235,15 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
         chunk = _Chunk(todo, node_of)
         _send_gets(cache, chunk, failed)
         uniques = _read_uniques(chunk, failed)
-        _testhooks.fire("write.after_gets", keys=sorted(todo), attempt=attempt)
+        _fire("write.after_gets", todo, attempt)
         values = _compute_round(todo, failed)
-        _testhooks.fire("write.after_read", keys=sorted(todo), attempt=attempt)
+        _fire("write.after_read", todo, attempt)
         _send_stores(cache, chunk, uniques, values, failed)
         stored = _read_stores(chunk, failed)
         todo = chunk.todo
         written.update(stored)
         _after_store(stored, ())
-        _testhooks.fire("write.after_store", keys=sorted(written), attempt=attempt)
+        _fire("write.after_store", written, attempt)
     if todo:
         ledger.mark_stale(todo)
         failed.update(todo)
@@ -268,12 +285,15 @@ def _read_uniques(chunk, failed):
     return found
 
 
-def _compute_round(todo, failed):
-    """Step 2, after step 1: {resource name: {uid: body}} read from the database.  A resource
-    that raises has its keys marked stale (the others are still written)."""
-    wanted = {}
-    for name, uid in todo.values():
-        wanted.setdefault(name, set()).add(uid)
+def _compute_round(todo, failed, wanted=None):
+    """Step 2, after step 1: {resource name: {uid: body}} read from the database, for
+    ``wanted`` {resource name: ids} (those of ``todo`` when None; a chunk's first round passes
+    the ids its keys were built from).  A resource that raises has its keys marked stale (the
+    others are still written)."""
+    if wanted is None:
+        wanted = {}
+        for name, uid in todo.values():
+            wanted.setdefault(name, set()).add(uid)
     values = {}
     with resources.computing():
         for name, uids in wanted.items():
@@ -292,26 +312,33 @@ def _compute_round(todo, failed):
     return values
 
 
-def _store_ops(todo, node_of, uniques, values):
-    """{node: [(command, key, value, cas)]}: ``cas`` with the unique read in step 1, ``add``
-    where the key was absent; nothing for a user who is gone (its keys were queued for deletion)."""
+def _store_ops(todo, node_of, values):
+    """{node: ([key, ...], [value, ...])} of the keys to store: nothing for a user who is gone
+    (its keys were queued for deletion)."""
     ops = {}
+    last = node_keys = node_values = None
     for key, (name, uid) in todo.items():
         value = values[name].get(uid)
         if value is None:
             continue
-        op = (b"cas", key, value, uniques[key]) if key in uniques else (b"add", key, value, None)
-        ops.setdefault(node_of[key], []).append(op)
+        node = node_of[key]
+        if node is not last:                 # one server: once per chunk
+            last = node
+            node_keys, node_values = ops.get(node) or ops.setdefault(node, ([], []))
+        node_keys.append(key)
+        node_values.append(value)
     return ops
 
 
 def _send_stores(cache, chunk, uniques, values, failed):
-    """Step 3 sent: ``cas`` (or ``add``) of every key computed."""
-    for node, ops in _store_ops(chunk.todo, chunk.node_of, uniques, values).items():
+    """Step 3 sent: ``cas`` with the unique read in step 1 of every key computed, ``add`` where
+    the key was absent."""
+    ttl = conf.get_config()["CACHE_TTL"]
+    for node, (node_keys, node_values) in _store_ops(chunk.todo, chunk.node_of, values).items():
         try:
-            chunk.stores[node] = (cache.request_stores(node, ops, conf.get_config()["CACHE_TTL"]), ops)
+            chunk.stores[node] = (cache.request_cas_or_add(node, node_keys, node_values, uniques, ttl), node_keys)
         except CacheUnavailable:
-            _server_failed(node, chunk.todo, failed, [key for _, key, _, _ in ops])
+            _server_failed(node, chunk.todo, failed, node_keys)
 
 
 def _read_stores(chunk, failed):
@@ -319,14 +346,18 @@ def _read_stores(chunk, failed):
     keys that conflicted (step 4 sends them back to step 1).  A key with no store (its user is
     gone) leaves too."""
     stored, retry = {}, {}
-    for node, (pending, ops) in chunk.stores.items():
+    todo = chunk.todo
+    for node, (pending, node_keys) in chunk.stores.items():
         try:
             replies = pending.result()
         except CacheUnavailable:
-            _server_failed(node, chunk.todo, failed, [key for _, key, _, _ in ops])
+            _server_failed(node, todo, failed, node_keys)
             continue
-        for key, reply in replies.items():
-            (stored if reply == b"STORED" else retry)[key] = chunk.todo[key]
+        if replies.count(b"STORED") == len(replies):       # the usual case: every store took
+            stored.update(zip(node_keys, map(todo.__getitem__, node_keys)))
+            continue
+        for key, reply in zip(node_keys, replies):
+            (stored if reply == b"STORED" else retry)[key] = todo[key]
     chunk.stores = {}
     chunk.todo = retry
     stats["conflicts"] += len(retry)
@@ -339,6 +370,8 @@ def _retire_revoked(written, epochs):
     if not written:
         return
     now = db.epochs(epochs)
+    if now == epochs:                 # the usual case: none moved (one comparison in C)
+        return
     moved = {uid for uid, epoch in epochs.items() if now.get(uid) != epoch}
     if moved:
         delete_keys([key for key, (name, uid) in written.items() if uid in moved and _per(name) == "user"])

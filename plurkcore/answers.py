@@ -182,8 +182,13 @@ def unread_messages(user_ids, limit=MESSAGES_LIMIT):
                 "created": isoformat(created),
             }
     result = {}
+    lists = {}                  # users with the same newest ids (a fan-out's followers) share one list
     for uid, count in counts.items():
-        items = [entries[eid] for eid in newest[uid] if eid in entries]
+        ids = newest[uid]
+        shown = tuple(ids)
+        items = lists.get(shown)
+        if items is None:
+            items = lists[shown] = [entries[eid] for eid in ids if eid in entries]
         result[uid] = (count if items else 0, items)
     if memo is not None:
         memo[memo_key] = result
@@ -202,11 +207,14 @@ def _newest_unread(user_ids, limit):
         items = cursor.fetchall()
         if len(items) <= most:
             for uid, eid in items:
-                if uid not in counts:
-                    counts[uid], newest[uid] = 0, []
-                if eid is not None:                   # (uid, NULL): the user exists
-                    counts[uid] += 1
+                if eid is None:                       # (uid, NULL): the user exists
+                    if uid not in newest:
+                        newest[uid] = []
+                elif uid in newest:
                     newest[uid].append(eid)
+                else:
+                    newest[uid] = [eid]
+            counts = {uid: len(ids) for uid, ids in newest.items()}   # a row per unread item
         else:
             sql, params = _sources_sql(user_ids, limit)
             cursor.execute(sql, params)
@@ -219,8 +227,10 @@ def _newest_unread(user_ids, limit):
                         if listed:
                             newest[uid].extend(map(int, listed.split(",")) if isinstance(listed, str) else listed)
     for ids in newest.values():
-        ids.sort(reverse=True)
-        del ids[limit:]
+        if len(ids) > 1:
+            ids.sort(reverse=True)
+        if len(ids) > limit:
+            del ids[limit:]
     return counts, newest
 
 
@@ -271,13 +281,18 @@ def get_unread_count(user_ids):
 @fastpoll.resource("getMessages", watch=WATCH)
 def get_messages(user_ids):
     # Followers of the same people often have the very same unread items: encode each once.
+    # unread_messages() gives such users one list of items, so the list's identity (the lists
+    # live in ``found`` meanwhile) and the count name the body; two lists of the same items
+    # only encode the same bytes twice.
     bodies = {}
     result = {}
-    for uid, (n, items) in unread_messages(user_ids).items():
-        signature = (n, tuple(item["id"] for item in items))
-        if signature not in bodies:
-            bodies[signature] = fastpoll.dumps({"count": n, "items": items}) if n else b""
-        result[uid] = bodies[signature]
+    found = unread_messages(user_ids)
+    for uid, (n, items) in found.items():
+        signature = (n, id(items))
+        body = bodies.get(signature)
+        if body is None:
+            body = bodies[signature] = fastpoll.dumps({"count": n, "items": items}) if n else b""
+        result[uid] = body
     return result
 
 

@@ -176,3 +176,32 @@ def test_a_dead_server_is_skipped_for_the_retry_interval_but_never_ejected(memca
     dead.start()
     time.sleep(0.35)
     assert cache.request_uniques(dead.spec, ["p1:a:1:0"]).result() == {}
+
+
+def test_cas_or_add_in_one_batch_answers_in_the_order_of_the_keys(memcached):
+    cache = AnswerCache([memcached.spec], 1.0, 1.0)
+    node = memcached.spec
+    keys = [f"p1:getMessages:{i}:0" for i in range(1, 6)]
+    cache.store_many(node, [(b"add", k, b"old", None) for k in keys[:3]], 60)
+    uniques = cache.request_uniques(node, keys).result()
+    assert sorted(uniques) == keys[:3]
+    uniques[keys[1]] += 1000                                      # someone stored meanwhile
+    values = [b"a\r\nb", b"", b"\x00" * 70000, b"x", b"y"]        # line breaks, empty, larger than a recv
+    sent = dict(uniques)
+    replies = cache.request_cas_or_add(node, keys + [keys[3]], values + [b"z"], sent, 60).result()
+    assert replies == [b"STORED", b"EXISTS", b"STORED", b"STORED", b"STORED", b"NOT_STORED"]
+    raw = server_client(node)
+    assert [raw.get(k) for k in keys] == [b"a\r\nb", b"old", b"\x00" * 70000, b"x", b"y"]
+
+
+def test_uniques_read_unusual_meta_replies_and_refuse_unknown_ones():
+    from pymemcache.exceptions import MemcacheError
+
+    from fastpoll.cache import _uniques
+    keys = ["k1", "k2", "k3"]
+    assert _uniques(keys, [b"HD c5", b"EN", b"HD c70"]) == {"k1": 5, "k3": 70}
+    assert _uniques(keys, [b"HD t-1 c5", b"EN", b"HD c7 t3"]) == {"k1": 5, "k3": 7}
+    assert _uniques([], []) == {}
+    for bad in ([b"HD c5", b"XX c5", b"EN"], [b"HD c", b"EN", b"EN"], [b"HD t1", b"EN", b"EN"]):
+        with pytest.raises((MemcacheError, ValueError)):
+            _uniques(keys, bad)

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from fastpoll import changes, publish
+from fastpoll import changes, keys, publish
 from fastpoll.cache import get_cache
 from fastpoll.models import SuspectServer, UserState
 from plurkcore.models import ReadCursor, Follow, Plurk
@@ -428,3 +428,19 @@ def test_a_fan_out_is_large_above_fanout_in_request_followers_and_never_with_a_r
         assert publish.is_large([post]) is large, limit
     assert not publish.is_large([outbox.make(None, {author.pk})])
     assert not publish.is_large([post, outbox.make(None, {author.pk}, dead_keys={"p1:k:1:0"})])
+
+
+def test_a_chunk_whose_resources_name_different_users_skips_only_those_gone(signup, cache1):
+    # the keys of a chunk are built per resource from the epochs read for the whole chunk: a
+    # user with no poll state (gone) is left out of the resource that names it, not of the
+    # others, and a present user of the same count is still written
+    a, b = signup("a"), signup("b")
+    gone = b.user["id"] + 1000                               # no such user, no poll state
+    raw = server_client(cache1.spec)
+    raw.delete(key_of("getUnreadCount", a.user["id"]))
+    raw.delete(key_of("getMessages", b.user["id"]))
+    failed = publish.write_answers({"getUnreadCount": {a.user["id"], gone}, "getMessages": {b.user["id"]}})
+    assert failed == set()
+    assert raw.get(key_of("getUnreadCount", a.user["id"])) == b""
+    assert raw.get(key_of("getMessages", b.user["id"])) == b""
+    assert raw.get(keys.answer_key("getUnreadCount", gone, 0)) is None

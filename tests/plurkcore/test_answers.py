@@ -203,3 +203,41 @@ def test_a_followers_backlog_is_counted_in_the_database_and_only_its_newest_read
         assert len(rows) <= max(plain + 1, len(uids) * sources), len(rows)
     listed = [len(ids.split(",") if isinstance(ids, str) else ids) for _, _, *lists in rows for ids in lists if ids]
     assert sum(listed) <= len(uids) * sources * limit, sum(listed)
+
+
+@pytest.mark.parametrize("plan", ["plain", "per source"])
+@pytest.mark.parametrize("seed", [6, 7])
+def test_answers_are_the_bytes_of_the_rule_read_literally(seed, plan, monkeypatch):
+    """The exact bodies, inside a write round (the two resources share what they read, as the
+    writer computes them) and outside one: users with the same unread items share their items
+    and their body, which must change nothing in any user's bytes."""
+    import fastpoll
+    from fastpoll import resources
+
+    if plan == "per source":
+        monkeypatch.setattr(answers, "_PLAIN_ROWS_PER_USER", 0)
+    uids, follows, rows, cursors = _world(seed, users=30)
+    # followers with the very same unread items: one author, cursors at the same place
+    author, followers = _author_and_followers(f"same{seed}", f"same{seed}r", 6)
+    Plurk.objects.create(author=author, content="for all of you")
+    uids += [u.pk for u in followers]
+    entries = {p.pk: p for p in Plurk.entries.select_related("author")}
+
+    def want(uid):
+        if uid in cursors:
+            ids = _expected(uid, follows, rows, cursors)
+        else:
+            ids = sorted((pk for pk, p in entries.items() if p.author_id == author.pk), reverse=True)
+        items = [{"id": i, "plurk_id": entries[i].parent_id or i,
+                  "kind": "response" if entries[i].parent_id else "plurk", "author": entries[i].author.username,
+                  "content": entries[i].content, "created": answers.isoformat(entries[i].created)}
+                 for i in ids[:answers.MESSAGES_LIMIT]]
+        return (fastpoll.dumps({"count": len(ids)}) if ids else b"",
+                fastpoll.dumps({"count": len(ids), "items": items}) if ids else b"")
+
+    expected = {uid: want(uid) for uid in uids}
+    with resources.computing():
+        inside = (answers.get_unread_count(uids), answers.get_messages(uids))
+    outside = (answers.get_unread_count(uids), answers.get_messages(uids))
+    for counts, messages in (inside, outside):
+        assert {uid: (counts[uid], messages[uid]) for uid in uids} == expected
