@@ -54,10 +54,20 @@ def stack(lp_stack):
     """The module's stack with every service running again after a test that stopped one, and
     the debts that test left (a memcached that must be flushed before it is trusted again) paid
     now, as the repair service would within its interval: not during the next test's holds."""
+    memcached = {svc.name: svc.pid for svc in lp_stack.services if svc.name.startswith("memcached")}
     yield lp_stack
     for svc in lp_stack.services:
         if not svc.alive():
             _start(svc)
+    if any(svc.pid != memcached[svc.name] for svc in lp_stack.services if svc.name in memcached):
+        # every gunicorn worker still holds a connection to the memcached that died: the first
+        # write on each fails, marks the server suspect, and the next publish's quick repair
+        # flushes it (correct, and every held poll then gets Django's 304).  In production that
+        # happens once per restart; here it would land in the next test's holds, so restart
+        # gunicorn's workers now, and pay the debt before the next test begins.
+        gunicorn = lp_stack.service("gunicorn")
+        gunicorn.stop()
+        _start(gunicorn)
     manage(lp_stack.config, "repaircache")
 
 
@@ -306,7 +316,11 @@ def test_logout_while_held_gives_401_and_the_others_stay_held(stack):
             answers = await _answers_after(out, mark, SLACK_S, stack)
             assert all(not isinstance(a, str) and a.status == 401 and not a.held for a in answers), answers
             assert all(a.ended - logged_out[0] < SLACK_S for a in answers)
-            assert _seen(stays) == stays_mark, "another user's hold was ended"
+            ended = [(a.status, a.cache, a.held, a.etag, round(a.ended - logged_out[0], 3))
+                     for p, (n, _) in zip(stays, stays_mark) for a in p.answers[n:]]
+            assert _seen(stays) == stays_mark, (
+                f"another user's hold was ended (status, cache, held, etag, ended after logout): {ended};"
+                f" held with {[p.etag for p in stays]}; {[e for p in stays for e in p.errors]}")
             assert await asyncio.to_thread(metric, stack.config, "fastpath_held_polls") == len(stays)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
