@@ -159,9 +159,10 @@ OPTIONS = (
     Option("--edge-max-per-address", "edge_max_per_address", int, 64,
            "held edge connections (long-polls and streams) per client address, per worker; "
            "beyond it 429 with Retry-After; 0: no cap", 0, 1 << 20, c_field="edge_max_per_address"),
-    Option("--max-held-per-user", "max_held_per_user", int, 32,
+    Option("--max-held-per-user", "max_held_per_user", int, 0,
            "held connections (long-polls and streams) per user (the token's uid), per worker, on "
-           "both listeners; beyond it 429 with Retry-After; 0: no cap", 0, 1 << 20,
+           "both listeners; beyond it 429 with Retry-After; 0: no cap (give one, e.g. 32, when "
+           "--edge faces the internet)", 0, 1 << 20,
            c_field="max_held_per_user"),
     Option("--edge-header-timeout", "edge_header_timeout", int, 10,
            "seconds an edge request may take to arrive from its first byte (slowloris; silence "
