@@ -545,3 +545,75 @@ def test_an_idle_edge_connection_is_closed(fastpath_factory, memcached, cache):
         assert conn.closed(timeout=SLACK) and time.monotonic() - started < 1 + 3
     finally:
         conn.close()
+
+
+# ---- 5. the hardening probes, against the edge ---------------------------------------------
+
+from tests.fastpath.test_hostile import _exchange, _parse, _raw  # noqa: E402
+
+_H = b"Host: x\r\nConnection: close\r\n"
+
+
+@pytest.fixture
+def hostile(fastpath_factory, memcached, cache):
+    return start(fastpath_factory, memcached, "--idle-timeout", "2", "--max-body", "1024")
+
+
+@pytest.mark.parametrize("data, status", [
+    (b"\x00\x01\x02garbage\r\n\r\n", 400),
+    (b"GET /Poll/getMessages HTTP/9.9\r\n\r\n", 505),
+    (b"GET /Poll/" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nX-Note: one\r\n two\r\n" + _H + b"\r\n", 400),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nCookie: plurk_token=\x0b\r\n" + _H + b"\r\n", 400),
+    (b"GET /Poll/getMessages HTTP/1.1\nHost: x\n\n", 400),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n" + _H
+     + b"\r\n0\r\n\r\n", 400),
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+], ids=["binary", "http-9.9", "long-uri", "obs-fold", "control-byte", "bare-lf", "cl-and-chunked", "http2"])
+def test_malformed_requests_on_the_edge_are_refused_then_closed(hostile, data, status):
+    got, headers, body = _parse(_raw(hostile.edge_port, data))
+    assert got == status and headers["connection"] == "close" and "x-cache" not in headers
+    assert "error" in json.loads(body)
+    assert edge(hostile)[0] == 200                       # and the edge is still fine
+
+
+def test_slowloris_on_the_edge_is_cut_off(hostile):
+    with socket.create_connection(("127.0.0.1", hostile.edge_port), timeout=10) as sock:
+        sock.sendall(b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        assert sock.recv(100) == b""                     # closed without an answer
+        assert time.monotonic() - started < 6            # --idle-timeout 2
+    assert edge(hostile)[0] == 200
+
+
+def test_a_bad_entry_on_the_edge_sends_the_client_to_the_site(fake_memcached, fastpath_factory):
+    fake_memcached.set(b"p1:getMessages:1:0", b"x", flags=b"zz")          # a malformed VALUE line
+    fp = fastpath_factory([fake_memcached], extra=("--timeout-ms", "2000"), edge=True)
+    status, headers, body = edge(fp)
+    assert status == 409 and headers["x-cache"] == "MISS" and json.loads(body)["retry"] == "site"
+
+
+def test_seeded_mutation_fuzz_on_the_edge(hostile):
+    """As test_hostile's: random flips, cuts and splices of edge requests (preflights, Origin,
+    streams); every answer is HTTP or a close, never a hang, never user 2's entry."""
+    import random
+    rng = random.Random(20261127)
+    seeds = [request(headers=[("Origin", SITE)]), request(uid=1, headers=[("Accept", "text/event-stream")]),
+             request(method="OPTIONS", auth=False, headers=[("Origin", SITE), ("Access-Control-Request-Method", "GET")]),
+             request(headers=[("If-None-Match", etag(b'{"mine":1}')), ("Prefer", "wait=1")])]
+    for i in range(150):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 6)):
+            pos = rng.randrange(len(data))
+            op = rng.random()
+            if op < 0.4:
+                data[pos] = rng.randrange(256)
+            elif op < 0.7:
+                del data[pos:pos + rng.randint(1, 20)]
+            else:
+                data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+        out, ending = _exchange(hostile.edge_port, bytes(data), wait=0.3, then_wait=3.0)
+        assert ending != "timeout", (i, bytes(data)[:200], out[:200])
+        assert out == b"" or out.startswith(b"HTTP/1."), (i, bytes(data)[:200], out[:200])
+        assert b'{"mine":2}' not in out
+    assert edge(hostile)[0] == 200
