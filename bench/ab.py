@@ -112,15 +112,20 @@ def main(argv=None):
         if not os.path.exists(os.path.join(path, "bench", "common.py")):
             raise SystemExit(f"ab: --{side} {path} is not a checkout of this project")
     got = {bench: {"a": [], "b": []} for bench in args.benches}
+    failed = None
     with tempfile.TemporaryDirectory(prefix="ab-") as scratch:
-        for i in range(args.rounds):
-            order = ("a", "b") if i % 2 == 0 else ("b", "a")
-            for bench in args.benches:
-                for side in order:
-                    figures, took = run_one(sides[side], bench, scratch)
-                    got[bench][side].append(figures)
-                    print(f"round {i + 1}/{args.rounds} {bench} {side}: {took:.0f} s", flush=True)
-    result = {"benchmark": "ab", "machine": machine_info(), "a": sides["a"], "b": sides["b"],
+        try:
+            for i in range(args.rounds):
+                order = ("a", "b") if i % 2 == 0 else ("b", "a")
+                for bench in args.benches:
+                    for side in order:
+                        figures, took = run_one(sides[side], bench, scratch)
+                        got[bench][side].append(figures)
+                        print(f"round {i + 1}/{args.rounds} {bench} {side}: {took:.0f} s", flush=True)
+        except SystemExit as exc:          # the rounds so far are kept, and the failure said
+            failed = str(exc)
+            print(failed, file=sys.stderr)
+    result = {"benchmark": "ab", "machine": machine_info(), "a": sides["a"], "b": sides["b"], "failed": failed,
               "commits": {side: _commit(path) for side, path in sides.items()}, "rounds": args.rounds,
               "benches": {bench: summarise(got[bench]["a"], got[bench]["b"], BENCHES[bench][2])
                           for bench in args.benches}}
@@ -131,6 +136,8 @@ def main(argv=None):
             print(f"  {figure:48} {row['a']:>10.4g} {row['b']:>10.4g}  x{row['b_over_a']:<6} "
                   f"spread {row['spread_a']}/{row['spread_b']}")
     print(path)
+    if failed:
+        raise SystemExit(1)
 
 
 def _commit(path):

@@ -25,6 +25,42 @@ LONGPOLL_READ_MARGIN_S = 15     # nginx's read timeout of a long-poll: fastpath'
 KEEPALIVE_MARGIN_S = 2          # nginx drops an idle connection to fastpath this much sooner than it
 STREAM_READ_MARGIN_S = 15       # nginx's read timeout of a stream: the heartbeat + this
 
+#: nginx's own errors answered as JSON, one row each: (status, the statuses nginx sends to it,
+#: the words of its body).  Rendered as the /_<name>_error/<status> locations and the error_page
+#: lines pointing at them, here and in the demo's templates (plurksite.nginxconf).
+JSON_ERRORS = (
+    (400, (400, 494), "bad request"),
+    (404, (404,), "not found"),
+    (405, (405,), "method not allowed"),
+    (413, (413,), "request body too large"),
+    (414, (414,), "request URI too long"),
+    (500, (500,), "internal error"),
+    (501, (501,), "transfer coding not implemented"),
+    (502, (502,), "backend unavailable"),
+    (503, (503,), "service unavailable"),
+    (504, (504,), "backend timed out"),
+    (505, (505,), "HTTP version not supported"),
+)
+#: the error_page lines of fastpoll's own locations (a location's list replaces the server's):
+#: what fastpath's answers leave to nginx, and the fallback's (Django down or slow)
+POLL_ERRORS = (400, 413, 414, 500)
+HOLD_ERRORS = (400, 413, 414, 500, 504)
+DJANGO_ERRORS = (500, 502, 503, 504)
+
+
+def error_locations(name, indent=""):
+    """The internal locations that answer nginx's own errors as JSON (URIs, not named
+    locations: a named location cannot serve an error met while reading the request line)."""
+    return "\n".join(f"{indent}location = /_{name}_error/{status} {{ internal; default_type application/json; "
+                     f"return {status} '{{\"error\":\"{words}\"}}'; }}" for status, _, words in JSON_ERRORS)
+
+
+def error_pages(name, only=None, indent=""):
+    """``error_page`` lines sending nginx's errors (``only`` these statuses) to those locations."""
+    return "\n".join(f"{indent}error_page {' '.join(map(str, sent))} /_{name}_error/{status};"
+                     for status, sent, _ in JSON_ERRORS if only is None or status in only)
+
+
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 _NAME_RE = re.compile(r"\A[a-z0-9_]{1,32}\Z")
 # what follows http:// in proxy_pass: an upstream name, host:port, [v6]:port or unix:/path:
@@ -96,6 +132,10 @@ def context(config=None):
         "fastpath_keepalive_timeout": f"{max(1, idle - KEEPALIVE_MARGIN_S)}s",
         "max_wait": str(max_wait),
         "longpoll_read_timeout": f"{max_wait + LONGPOLL_READ_MARGIN_S}s",
+        "error_locations": error_locations(name),
+        "poll_error_pages": error_pages(name, POLL_ERRORS, "    "),
+        "hold_error_pages": error_pages(name, HOLD_ERRORS, "    "),
+        "django_error_pages": error_pages(name, DJANGO_ERRORS, "    "),
         "stream_heartbeat": str(heartbeat),
         "stream_read_timeout": f"{heartbeat + STREAM_READ_MARGIN_S}s",
     }

@@ -187,6 +187,9 @@ def balancer_context(config):
                                  f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),
         "upstream_keepalive_timeout": f"{BALANCER_UPSTREAM_KEEPALIVE_S}s",
         "longpoll_read_timeout": f"{config.longpoll_max_wait_s + BALANCER_READ_MARGIN_S}s",
+        # nginx's own errors as JSON, from fastpoll's one table (fastpoll.nginx.JSON_ERRORS)
+        "error_pages": fastpoll_nginx.error_pages("plurk", indent="    "),
+        "error_locations": fastpoll_nginx.error_locations("plurk", indent="    "),
     }
 
 
@@ -208,6 +211,8 @@ def web_context(config):
         # fastpoll's parts: the long-poll map and fastpath's upstream; the poll locations
         "fastpoll_http": fastpoll_nginx.render_http(settings).rstrip("\n"),
         "fastpoll_server": fastpoll_nginx.indent(fastpoll_nginx.render_server(settings)),
+        # the server's error_page lines point at the JSON error locations the poll part defines
+        "error_pages": fastpoll_nginx.error_pages(settings["NGINX_NAME"], indent="    "),
     }
 
 

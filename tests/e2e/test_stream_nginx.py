@@ -32,9 +32,10 @@ def _recorder(who, seen):
                 self.end_headers()
                 return
             if who == "fastpath" and self.headers.get("Accept") == "text/event-stream":
-                # as fastpath streams: chunked, one chunk per event, nothing saying "buffer it"
+                # as fastpath streams: chunked, one chunk per event, "X-Accel-Buffering: no"
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
+                self.send_header("X-Accel-Buffering", "no")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 for data in (b"id: 1\nevent: r\ndata: one\n\n", b"id: 2\nevent: r\ndata: two\n\n"):
@@ -88,6 +89,7 @@ def test_a_stream_reaches_fastpath_with_its_headers_and_each_event_at_once(nginx
     sock.close()
     assert first < GAP_S * 0.75, f"the first event took {first:.2f} s: buffered"
     assert b"text/event-stream" in got
+    assert b"\r\nX-Accel-Buffering: no\r\n" in got       # for a balancer in front, also nginx
     assert seen == [{"who": "fastpath", "method": "GET", "path": "/Poll/getMessages?x=1",
                      "accept": "text/event-stream", "last": '"a"'}]
 

@@ -14,7 +14,7 @@ import fastpath._server  # noqa: F401  (a build that does not import fails here,
 from fastpoll.http import event_bytes
 from tests.fastpath.conftest import token
 from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, held, key,  # noqa: F401
-                                          metric, notify_dir, wait_metric)
+                                          metric, notify_dir, start, wait_metric)
 
 
 class Stream:
@@ -122,13 +122,6 @@ def parse(block):
     if data:
         out["data"] = "\n".join(data)
     return out
-
-
-def start(fastpath_factory, memcached, *extra, notify=None):
-    args = ["--reread-interval", "60", "--timeout-ms", "2000", *extra]
-    if notify is not None:
-        args += ["--notify-dir", str(notify)]
-    return fastpath_factory([memcached], extra=tuple(args))
 
 
 def test_first_event_is_the_current_answer_in_the_documented_format(fastpath_factory, memcached, cache):

@@ -79,6 +79,7 @@ def test_the_stream_location_is_unbuffered_with_a_read_timeout_above_the_heartbe
     server, http = nginx.render_server({}), nginx.render_http({})
     location = server.split("location ^~ /_fastpoll_stream/ {", 1)[1].split("\n}", 1)[0]
     assert "proxy_buffering off;" in location
+    assert "proxy_pass_header X-Accel-Buffering;" in location      # a balancer in front buffers nothing either
     heartbeat = next(opt.default for opt in OPTIONS if opt.flag == "--stream-heartbeat")
     assert heartbeat == conf.DEFAULTS["STREAM_HEARTBEAT"]          # fastpath alone agrees
     timeout = int(location.split("proxy_read_timeout ", 1)[1].split("s;", 1)[0])

@@ -409,3 +409,27 @@ def test_a_web_host_tells_a_probe_that_fastpath_answered(tmp_path):
     assert probe.status_code == 200 and probe.headers.get("X-Plurk-Probe") == "fastpath"
     assert plain.status_code == 200 and "X-Plurk-Probe" not in plain.headers
     assert len(Fastpath.seen) == 2
+
+
+def _error_targets(text):
+    """(the URIs the error_page lines send nginx's own errors to, the error locations defined)."""
+    import re
+
+    sent = set(re.findall(r"error_page [\d ]+ (/_\w+_error/\d+);", text))
+    defined = set(re.findall(r"location = (/_\w+_error/\d+) \{", text))
+    return sent, defined
+
+
+def test_every_json_error_page_of_both_roles_has_its_location(tmp_path):
+    """nginx's JSON errors come from one table (fastpoll.nginx.JSON_ERRORS) for the balancer, the
+    web host and the poll locations: each error_page names a location that exists, for every
+    status of the table."""
+    from fastpoll import nginx as fastpoll_nginx
+
+    balancer = open(nginxconf.render(_balancer_config(tmp_path, ["127.0.0.21:8080"]), worker_processes=1)).read()
+    web = nginxconf.render_include(StackConfig.from_env({"PLURK_VAR_DIR": str(tmp_path / "web")}))
+    table = {status for status, _, _ in fastpoll_nginx.JSON_ERRORS}
+    for text in (balancer, web):
+        sent, defined = _error_targets(text)
+        assert sent and sent <= defined, sent - defined
+        assert {int(uri.rsplit("/", 1)[1]) for uri in defined} == table
