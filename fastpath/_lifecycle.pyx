@@ -73,8 +73,9 @@ def _raise_fd_limit(needed):
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
             raise ConfigurationError(
-                f"--max-connections needs {needed} file descriptors but the hard limit is {hard}; "
-                f"raise it (ulimit -Hn, LimitNOFILE=) or lower --max-connections")
+                f"--max-connections (with --edge-max-connections when --edge is set) needs {needed} "
+                f"file descriptors but the hard limit is {hard}; raise it (ulimit -Hn, LimitNOFILE=) "
+                f"or lower --max-connections")
 
 
 def _log(message):
@@ -88,12 +89,16 @@ def _run_worker(opts, int index, stats, shared_listener=None):
 
     listener = shared_listener or _listen_socket(opts.listen_addr, "--listen")
     admin = _listen_socket(opts.admin_addr, "--admin") if opts.admin_addr else None
+    edge = _listen_socket(opts.edge_addr, "--edge") if opts.edge_addr else None
     try:
-        _server.run_worker(opts, index, listener.fileno(), admin.fileno() if admin else -1, stats)
+        _server.run_worker(opts, index, listener.fileno(), admin.fileno() if admin else -1, stats,
+                           edge.fileno() if edge else -1)
     finally:
         listener.close()
         if admin:
             admin.close()
+        if edge:
+            edge.close()
 
 
 cdef enum:
@@ -345,7 +350,8 @@ def serve(options=None, **kwargs):
         # the supervisor blocks its signals in the calling thread only: anywhere else, SIGTERM
         # would reach the main thread's default handler and kill the process instead
         raise ConfigurationError("fastpath.serve() must run in the main thread")
-    _raise_fd_limit(opts.max_connections + 64 + len(opts.node_names))
+    _raise_fd_limit(opts.max_connections + (opts.edge_max_connections if opts.edge_addr else 0) + 64
+                    + len(opts.node_names))
     if opts.notify_dir:
         # made here, with its parents, so that every worker (and a restarted one) finds it; a
         # directory that cannot be made stops fastpath now with one line, not in a restart loop
@@ -357,6 +363,8 @@ def serve(options=None, **kwargs):
         _check_notify_udp(opts.notify_udp_addr, opts.workers)
     if opts.admin_addr:
         _check_port_free(opts.admin_addr, "--admin")
+    if opts.edge_addr:
+        _check_port_free(opts.edge_addr, "--edge")
     stats = mmap.mmap(-1, max(_server.STATS_SLOT_SIZE * opts.workers, 1))   # shared with children
     # a passed socket (never bound, unlinked or closed here), or a unix one bound now, before
     # the workers fork, so that they all accept on it (SO_REUSEPORT is TCP-only); without
@@ -373,7 +381,8 @@ def serve(options=None, **kwargs):
                                 opts.workers, opts.drain_timeout)
         supervisor.run(f"listening on {opts.listen} ({opts.workers} workers, memcached "
                        f"{','.join(opts.node_addrs)}"
-                       f"{', metrics on ' + opts.admin + '/metrics' if opts.admin else ''})")
+                       f"{', metrics on ' + opts.admin + '/metrics' if opts.admin else ''}"
+                       f"{', edge on ' + opts.edge if opts.edge else ''})")
     finally:
         if inherited:
             shared_listener.detach()      # the supervisor's: it stays open, and its path stays

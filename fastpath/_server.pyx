@@ -89,6 +89,15 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
         keep.append(b)
         cfg.object_resources[i] = b
         cfg.object_resource_len[i] = len(b)
+    edge_origins = opts.edge_origins or ()
+    if len(edge_origins) > fp.FP_MAX_ORIGINS:
+        raise FastpathError(f"need at most {fp.FP_MAX_ORIGINS} edge origins")
+    cfg.n_edge_origins = len(edge_origins)
+    for i in range(cfg.n_edge_origins):
+        b = edge_origins[i].encode("ascii")
+        keep.append(b)
+        cfg.edge_origins[i] = b
+        cfg.edge_origin_len[i] = len(b)
     for i in range(len(avoid_backends)):
         b = avoid_backends[i].encode("ascii")
         keep.append(b)
@@ -106,9 +115,9 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
     return 0
 
 
-def run_worker(opts, int worker_index, int listen_fd, int admin_fd, stats):
+def run_worker(opts, int worker_index, int listen_fd, int admin_fd, stats, int edge_fd=-1):
     """Run worker ``worker_index``'s event loop for validated Options until SIGTERM/SIGINT; raise
-    FastpathError on failure."""
+    FastpathError on failure.  ``edge_fd``: the edge listener's socket, or -1."""
     cdef fp.fp_config_t cfg
     cdef char err[256]
     cdef int rc
@@ -121,6 +130,7 @@ def run_worker(opts, int worker_index, int listen_fd, int admin_fd, stats):
     memset(err, 0, sizeof(err))
     cfg.listen_fd = listen_fd
     cfg.admin_fd = admin_fd
+    cfg.edge_fd = edge_fd
     cfg.stats = <fp.fp_stats_t *>&stats_view[0]
     cfg.worker_index = worker_index
     with nogil:
@@ -240,7 +250,9 @@ def _testhelper_config(opts=None, int worker_index=0):
             raise FastpathError(f"fp_config_get_text does not know {name}")
         out[name] = text[:text_len].decode("ascii")
     out.update(
-        listen_fd=cfg.listen_fd, admin_fd=cfg.admin_fd, n_workers=cfg.n_workers,
+        listen_fd=cfg.listen_fd, admin_fd=cfg.admin_fd, edge_fd=cfg.edge_fd, n_workers=cfg.n_workers,
+        edge_origins=[cfg.edge_origins[i][:cfg.edge_origin_len[i]].decode("ascii")
+                      for i in range(cfg.n_edge_origins)],
         worker_index=cfg.worker_index,
         node_names=[cfg.nodes[i].name[:cfg.nodes[i].name_len].decode("ascii") for i in range(cfg.n_nodes)],
         node_addrs=[(<bytes>cfg.node_addr[i]).decode("ascii") for i in range(cfg.n_nodes)],

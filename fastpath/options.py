@@ -24,6 +24,10 @@ BACKENDS = ("epoll", "poll", "select")
 _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
+# an origin as a browser serializes it (lower case, no path): scheme "://" host [":" port]
+_ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)https?://(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
+                        r"|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?\Z")
+_MAX_ORIGINS = 16
 
 
 def is_decimal(text):
@@ -141,6 +145,28 @@ OPTIONS = (
     Option("--object-resources", "object_resources", comma_separated, None,
            "per-object poll resources (GET <path-prefix><resource>/<object>?cap=<capability>, "
            "docs/contract.md section 8); unset: none"),
+    # the edge (docs/contract.md section 10): polls straight from clients, without nginx
+    Option("--edge", "edge", str, None,
+           "HOST:PORT of the edge listener: clients reach it without nginx, for GET/HEAD polls, "
+           "long-polls, streams and CORS preflights only; a miss there sends the client to the "
+           "site (409 {\"error\":...,\"retry\":\"site\"}; a stream: event: miss); unset: no edge"),
+    Option("--edge-origins", "edge_origins", comma_separated, None,
+           "comma-separated page origins (exact, e.g. https://www.example.com) whose scripts may "
+           "read edge answers with credentials (CORS); unset: none"),
+    Option("--edge-max-connections", "edge_max_connections", int, 2048,
+           "open edge connections per worker; more are closed at once", 1, 1 << 20,
+           c_field="edge_max_connections"),
+    Option("--edge-max-per-address", "edge_max_per_address", int, 64,
+           "held edge connections (long-polls and streams) per client address, per worker; "
+           "beyond it 429 with Retry-After; 0: no cap", 0, 1 << 20, c_field="edge_max_per_address"),
+    Option("--max-held-per-user", "max_held_per_user", int, 0,
+           "held connections (long-polls and streams) per user (the token's uid), per worker, on "
+           "both listeners; beyond it 429 with Retry-After; 0: no cap (give one, e.g. 32, when "
+           "--edge faces the internet)", 0, 1 << 20,
+           c_field="max_held_per_user"),
+    Option("--edge-header-timeout", "edge_header_timeout", int, 10,
+           "seconds an edge request may take to arrive from its first byte (slowloris; silence "
+           "is cut by --idle-timeout)", 1, 3600, c_field="edge_header_timeout_s"),
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
            choices=BACKENDS),
     # the names a Django project chooses (docs/contract.md sections 2-3; fastpoll passes them)
@@ -252,9 +278,10 @@ def _bound_addresses(host, port):
     return {getattr(a, "ipv4_mapped", None) or a for a in addrs}
 
 
-def check_admin_apart(listen_addr, admin_addr, listen, admin):
-    """--admin on --listen's port and address: both bind with SO_REUSEPORT, so the kernel would
-    share the connections out between the poll and the admin listeners (polls answered 404)."""
+def check_admin_apart(listen_addr, admin_addr, listen, admin, flag="--admin", other="--listen"):
+    """--admin (or --edge: ``flag``) on --listen's (or ``other``'s) port and address: both bind
+    with SO_REUSEPORT, so the kernel would share the connections out between the two listeners
+    (polls answered 404)."""
     if listen_addr[0] == "unix" or listen_addr[1] != admin_addr[1]:
         return
     polls, stats = _bound_addresses(*listen_addr), _bound_addresses(*admin_addr)
@@ -262,8 +289,8 @@ def check_admin_apart(listen_addr, admin_addr, listen, admin):
     # stack); the kernel prefers the exact address, so polls sent to it would reach admin
     wildcard = any(p.is_unspecified and (p.version == 6 or s.version == 4) for p in polls for s in stats)
     if polls & stats or wildcard:
-        raise ConfigurationError(f"--admin {admin} is the address of --listen {listen}; "
-                                 f"give --admin another port")
+        raise ConfigurationError(f"{flag} {admin} is the address of {other} {listen}; "
+                                 f"give {flag} another port")
 
 
 def read_secret(path):
@@ -318,7 +345,7 @@ class Options:
     checks them and derives ``listen_addr``, ``admin_addr``, ``node_names``, ``node_addrs`` and
     ``notify_udp_addr``."""
     __slots__ = tuple(_BY_ATTR) + ("secret", "listen_addr", "admin_addr", "node_names", "node_addrs",
-                                   "notify_udp_addr")
+                                   "notify_udp_addr", "edge_addr")
 
     def __init__(self, **kwargs):
         for name in kwargs:
@@ -328,7 +355,7 @@ class Options:
             setattr(self, opt.attr, kwargs.get(opt.attr, opt.default))
         self.secret = kwargs.get("secret")
         self.listen_addr = self.admin_addr = self.node_names = self.node_addrs = None
-        self.notify_udp_addr = None
+        self.notify_udp_addr = self.edge_addr = None
 
     def __setattr__(self, name, value):
         opt = _BY_ATTR.get(name)
@@ -353,6 +380,7 @@ class Options:
             if not is_loopback(self.admin_addr[0]):
                 raise ConfigurationError("--admin must be a loopback address (stats are not public)")
             check_admin_apart(self.listen_addr, self.admin_addr, self.listen, self.admin)
+        self._validate_edge()
         for res in self.resources:
             if not _RESOURCE_RE.match(res):
                 raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
@@ -382,6 +410,22 @@ class Options:
             check_notify_dir(self.notify_dir, self.workers)
         self.notify_udp_addr = parse_notify_udp(self.notify_udp, self.workers) if self.notify_udp else None
         return self
+
+    def _validate_edge(self):
+        """--edge apart from --listen and --admin, and its origins exact (unused without it)."""
+        for origin in self.edge_origins or ():
+            if not _ORIGIN_RE.match(origin):
+                raise ConfigurationError(
+                    f"bad --edge-origins entry {origin!r}: an origin as a browser sends it, "
+                    f"scheme://host[:port] in lower case without a path, e.g. https://www.example.com")
+        if len(self.edge_origins or ()) > _MAX_ORIGINS:
+            raise ConfigurationError(f"--edge-origins takes at most {_MAX_ORIGINS} origins")
+        if not self.edge:
+            return
+        self.edge_addr = parse_address(self.edge, "--edge")
+        check_admin_apart(self.listen_addr, self.edge_addr, self.listen, self.edge, "--edge")
+        if self.admin_addr:
+            check_admin_apart(self.admin_addr, self.edge_addr, self.admin, self.edge, "--edge", "--admin")
 
     def avoid_backends(self):
         return [b for b in BACKENDS if self.backend and b != self.backend]

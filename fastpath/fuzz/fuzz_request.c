@@ -9,6 +9,10 @@
  * also opens the connection as a TCP listener that defers accept does: its first piece is
  * already there, and it is read at once, unarmed until it must wait for the client.
  *
+ * A first byte with its top bit set opens the connection on the edge listener instead (docs/
+ * contract.md section 10: CORS, preflights, refusals, misses sent to the site, caps of 1 held
+ * per address and per user).
+ *
  * A finding is a sanitizer report, a crash, a hang, or an answer that is not HTTP.
  */
 #include <signal.h>
@@ -57,6 +61,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cfg.n_object_resources = 1;      /* object polls (the corpus has some with a valid capability) */
     cfg.object_resources[0] = "thread";
     cfg.object_resource_len[0] = 6;
+    static const char *const origins[] = {"https://www.example.com", "http://localhost:8000"};
+    cfg.n_edge_origins = 2;
+    for (int i = 0; i < 2; i++) {
+        cfg.edge_origins[i] = origins[i];
+        cfg.edge_origin_len[i] = strlen(origins[i]);
+    }
+    cfg.edge_max_connections = 64;
+    cfg.edge_max_per_address = 1;    /* a socketpair has no address: never counted, never refused */
+    cfg.max_held_per_user = 1;
+    cfg.edge_header_timeout_s = 5;
     cfg.stats = &stats;
     cfg.n_workers = 1;
     if (fp_server_init(&srv, &cfg, err, sizeof(err)) < 0) {
@@ -77,10 +91,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     size_t piece = size;
     int read_now = 0;
+    fp_conn_kind_t kind = FP_CONN_POLL;
 
     if (size > 0) {
         piece = data[0] ? data[0] : size;
         read_now = data[0] & 1;
+        kind = data[0] & 0x80 ? FP_CONN_EDGE : FP_CONN_POLL;
         data++;
         size--;
     }
@@ -91,7 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (n > 0)
             sent = (size_t)n;
     }
-    fp_listener_t ls = {.srv = &srv, .fd = -1, .kind = FP_CONN_POLL, .nodelay = FP_NODELAY_NONE,
+    fp_listener_t ls = {.srv = &srv, .fd = -1, .kind = (uint8_t)kind, .nodelay = FP_NODELAY_NONE,
                         .read_on_accept = (uint8_t)read_now};
     fp_conn_open(&ls, sv[0]);
     for (int round = 0; round < 100000 && srv.n_conns > 0; round++) {

@@ -69,11 +69,13 @@ cdef extern from "fp_server.h" nogil:
         FP_MAX_SERVERS
         FP_MAX_RESOURCES
         FP_MAX_RESOURCE_LEN
+        FP_MAX_ORIGINS
     ctypedef struct fp_stats_t:
         pass
     ctypedef struct fp_config_t:
         int listen_fd
         int admin_fd
+        int edge_fd
         int n_nodes
         fp_node_t nodes[64]
         const char *node_addr[64]
@@ -87,6 +89,9 @@ cdef extern from "fp_server.h" nogil:
         int n_object_resources
         const char *object_resources[16]
         size_t object_resource_len[16]
+        int n_edge_origins
+        const char *edge_origins[16]
+        size_t edge_origin_len[16]
         const char *notify_dir
         const char *notify_udp_host
         int notify_udp_port

@@ -24,6 +24,7 @@ void fp_config_defaults(fp_config_t *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->listen_fd = -1;
     cfg->admin_fd = -1;
+    cfg->edge_fd = -1;
     cfg->n_workers = 1;
 #define DEFAULT_(type, field, dflt) cfg->field = (dflt);
     FP_CONFIG_SCALARS(DEFAULT_)

@@ -32,7 +32,8 @@
 
 #include "fp_internal.h"
 
-#define HEAD_CAP 512                 /* our response head, always well below */
+#define HEAD_CAP 1536                /* our response head, always well below (an edge answer
+                                        carries an origin of up to 255 bytes) */
 #define STATS_CAP 16384
 #define LINGER_S 2                   /* how long a closing connection's input is still read */
 #define LINGER_MAX_BYTES (1u << 20)
@@ -42,6 +43,7 @@ static int _conn_after_response(fp_conn_t *c);
 static int _conn_process(fp_conn_t *c);
 static void _conn_readable(fp_conn_t *c);
 static void _object_free(fp_conn_t *c);
+static void _held_put(fp_conn_t *c);
 
 /* ---- answer modes ----------------------------------------------------------------------- *
  *
@@ -186,6 +188,7 @@ static void _conn_close(fp_conn_t *c)
     _object_free(c);                 /* ... and an object poll's marker get */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     fp_wait_remove(&srv->waits, &c->marker_waiter);
+    _held_put(c);
     if (c->stream_open)
         srv->st->streams--;
     event_del(_ev(c));               /* its memory goes with c's: nothing of it may stay armed */
@@ -367,12 +370,15 @@ static int _conn_send(fp_conn_t *c, const char *head, size_t head_len, const cha
     return _conn_keep_rest(c, head, head_len, body, body_len, (size_t)n);
 }
 
-/* Send a reply (fp_reply.c built it).  -1: the connection was closed or is closing. */
-static int _conn_reply(fp_conn_t *c, const fp_reply_t *a)
+/* Send a reply (fp_reply.c built it; on a listener that hands nothing on, an answer for Django
+ * becomes one that sends the client to the site).  -1: the connection was closed or is closing. */
+static int _conn_reply(fp_conn_t *c, fp_reply_t *a)
 {
     char head[HEAD_CAP];
-    size_t body_len = a->code == 204 || a->code == 304 ? 0 : a->body_len;
 
+    if (!fp_kinds[c->kind].hands_on)
+        fp_reply_site(a);
+    size_t body_len = a->code == 204 || a->code == 304 ? 0 : a->body_len;
     if (fp_kinds[c->kind].counted)
         c->srv->st->status[fp_status_slot(a->code)]++;
     size_t head_len = fp_reply_head(c, a, body_len, head, sizeof(head));
@@ -384,6 +390,15 @@ static int _conn_respond_error(fp_conn_t *c, int code, const char *message, cons
 {
     fp_reply_t a;
     fp_reply_error(&a, code, message, cache);
+    return _conn_reply(c, &a);
+}
+
+/* An allowed origin's CORS preflight (the edge): 204 with what its page may send. */
+static int _conn_respond_preflight(fp_conn_t *c)
+{
+    fp_reply_t a;
+    fp_reply_set(&a, 204, NULL, NULL, NULL, NULL, 0);
+    a.preflight = 1;
     return _conn_reply(c, &a);
 }
 
@@ -469,6 +484,7 @@ static int _conn_next_request(fp_conn_t *c)
             _conn_close(c);
         return -1;
     }
+    _held_put(c);                    /* a hold's answer is out: it no longer counts */
     if (c->state != CONN_READING)
         _conn_set_state(c, CONN_READING);
     c->deadline_s = fp_now_s() + srv->cfg->idle_timeout_s;
@@ -507,16 +523,114 @@ static fp_mode_t _conn_mode_of(const fp_conn_t *c)
 /* A stream is about to be dispatched: its events' name and framing.  -1: a draining worker
  * opens none (503 MISS: nginx hands it to Django, whose one event and retry: bring the client
  * back to another worker); the connection was answered. */
+static int _stream_miss(fp_conn_t *c);
+
 static int _stream_prepare(fp_conn_t *c)
 {
-    if (c->srv->stopping) {
-        c->mode = FP_MODE_ONCE;
-        return _conn_respond_error(c, 503, "draining", "MISS") < 0 ? -1 : 1;
-    }
     c->resource = c->in->req.resource;
     c->stream_chunked = c->parser.http_major == 1 && c->parser.http_minor >= 1;
     if (!c->stream_chunked)
         c->keep_alive = 0;           /* HTTP/1.0: the stream ends when the connection does */
+    if (c->srv->stopping && !fp_kinds[c->kind].hands_on)
+        return _stream_miss(c) < 0 ? -1 : 1;     /* the edge: to the site, then back */
+    if (c->srv->stopping) {
+        c->mode = FP_MODE_ONCE;
+        return _conn_respond_error(c, 503, "draining", "MISS") < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* ---- caps on held connections (fp_limit.c; docs/contract.md section 10) ------------------ *
+ *
+ * A poll about to be held or streamed counts, until its answer is out or its connection
+ * closes, toward the user's held connections (every listener) and toward its client
+ * address's (the edge).  Beyond a cap it is answered 429 at once, never queued. */
+
+static int _address_cap(const fp_config_t *cfg)
+{
+    return cfg->edge_max_per_address;
+}
+
+static int _user_cap(const fp_config_t *cfg)
+{
+    return cfg->max_held_per_user;
+}
+
+/* The client's address as a key (a family byte, then its bytes; IPv4-mapped IPv6 as IPv4), or
+ * 0 on a listener that does not count per address or when it cannot be known. */
+static size_t _address_key(const fp_conn_t *c, char *buf)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+    if (!fp_kinds[c->kind].per_address || getpeername(c->fd, (struct sockaddr *)&ss, &len) != 0)
+        return 0;
+    if (ss.ss_family == AF_INET) {
+        buf[0] = 4;
+        memcpy(buf + 1, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        return 5;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const unsigned char *a = ((struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
+        if (memcmp(a, mapped, sizeof(mapped)) == 0) {
+            buf[0] = 4;
+            memcpy(buf + 1, a + 12, 4);
+            return 5;
+        }
+        buf[0] = 6;
+        memcpy(buf + 1, a, 16);
+        return 17;
+    }
+    return 0;
+}
+
+/* The token's uid (kept in the request by fp_route.c). */
+static size_t _user_key(const fp_conn_t *c, char *buf)
+{
+    const fp_request_t *rq = &c->in->req;
+    memcpy(buf, rq->uid, rq->uid_len);
+    return rq->uid_len;
+}
+
+static const struct {
+    const char *refusal;                                 /* the 429's message */
+    int (*cap)(const fp_config_t *cfg);                  /* 0: no cap, nothing counted */
+    size_t (*key)(const fp_conn_t *c, char *buf);        /* FP_LIMIT_KEY_MAX bytes; 0: not counted */
+} _held_limits[FP_LIMIT_N] = {
+    [FP_LIMIT_ADDRESS] = {"too many held connections from this address", _address_cap, _address_key},
+    [FP_LIMIT_USER] = {"too many held connections for this user", _user_cap, _user_key},
+};
+
+static void _held_put(fp_conn_t *c)
+{
+    for (int i = 0; i < FP_LIMIT_N; i++) {
+        fp_limit_put(&c->srv->limits, (fp_limit_id_t)i, c->held_by[i]);
+        c->held_by[i] = NULL;
+    }
+}
+
+/* Count the hold about to start.  0, or 1 when a cap refused it (answered 429), or -1: the
+ * connection was closed. */
+static int _held_take(fp_conn_t *c)
+{
+    fp_server_t *srv = c->srv;
+    char key[FP_LIMIT_KEY_MAX];
+
+    for (int i = 0; i < FP_LIMIT_N; i++) {
+        int cap = _held_limits[i].cap(srv->cfg);
+        size_t len = cap > 0 ? _held_limits[i].key(c, key) : 0;
+        if (len == 0)
+            continue;
+        c->held_by[i] = fp_limit_take(&srv->limits, (fp_limit_id_t)i, key, len, (uint32_t)cap);
+        if (c->held_by[i] == NULL) {
+            _held_put(c);
+            srv->st->held_refused++;
+            c->mode = FP_MODE_ONCE;
+            c->wait_s = -1;          /* no Preference-Applied: nothing was held */
+            return _conn_respond_error(c, 429, _held_limits[i].refusal, NULL) < 0 ? -1 : 1;
+        }
+    }
     return 0;
 }
 
@@ -713,10 +827,31 @@ static int _stream_send(fp_conn_t *c, const char *bytes, size_t n)
     return 0;
 }
 
-/* Not opened after all (a miss, an error, no memory, a drain): the poll's ordinary answer. */
+/* The edge: a stream that cannot start (a miss, an error, a drain) is a stream of one
+ * `event: miss`, then its end: the client asks the site once (which fills the cache), then
+ * comes back (docs/contract.md section 10). */
+static int _stream_miss(fp_conn_t *c)
+{
+    static const char miss_event[] = "event: miss\ndata: \n\n";
+    char head[HEAD_CAP], buf[96];
+    size_t head_len = fp_reply_stream_head(c, head, sizeof(head));
+    size_t n = fp_reply_stream_text(c, miss_event, sizeof(miss_event) - 1, buf, sizeof(buf));
+
+    if (c->stream_chunked)
+        n += fp_reply_stream_text(c, "", 0, buf + n, sizeof(buf) - n);
+    c->srv->st->stream_misses++;
+    if (fp_kinds[c->kind].counted)
+        c->srv->st->status[fp_status_slot(200)]++;
+    return _conn_send(c, head, head_len, buf, n);
+}
+
+/* Not opened after all (a miss, an error, no memory, a drain): the poll's ordinary answer
+ * (nginx hands it to Django), or on the edge a stream of one miss. */
 static int _stream_fail(fp_conn_t *c, fp_mc_result_t r)
 {
     _stream_release(c);
+    if (!fp_kinds[c->kind].hands_on)
+        return _stream_miss(c);
     return _conn_answer_result(c, r, NULL, 0, NULL);
 }
 
@@ -849,7 +984,7 @@ static int _stream_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, con
 {
     if (r == FP_MC_HIT || r == FP_MC_EMPTY)
         return _stream_start(c, k);
-    return _conn_answer_result(c, r, data, len, NULL);
+    return _stream_fail(c, r);
 }
 
 /* The timer: the stream's end, or a heartbeat (a comment line) and the timer again. */
@@ -1023,11 +1158,15 @@ static int _dispatch(fp_conn_t *c)
     switch (rq->action) {
     case ACT_METRICS:
         return _conn_respond_metrics(c);
+    case ACT_PREFLIGHT:
+        return _conn_respond_preflight(c);
     case ACT_MEMCACHED:
         break;
     case ACT_OBJECT:
         c->mode = (uint8_t)_conn_mode_of(c);
         if (c->mode == FP_MODE_STREAM && (rc = _stream_prepare(c)) != 0)
+            return rc < 0 ? -1 : 0;
+        if (c->mode != FP_MODE_ONCE && (rc = _held_take(c)) != 0)
             return rc < 0 ? -1 : 0;
         return _object_start(c);
     default:
@@ -1036,6 +1175,8 @@ static int _dispatch(fp_conn_t *c)
     _keys_t k = {rq->key, NULL, rq->key_len, 0};
     c->mode = (uint8_t)_conn_mode_of(c);
     if (c->mode == FP_MODE_STREAM && (rc = _stream_prepare(c)) != 0)
+        return rc < 0 ? -1 : 0;
+    if (c->mode != FP_MODE_ONCE && (rc = _held_take(c)) != 0)
         return rc < 0 ? -1 : 0;
     return _modes[c->mode].start(c, &k);
 }

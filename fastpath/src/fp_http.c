@@ -72,9 +72,18 @@ static int _head_too_big(fp_conn_t *c, const char *at, size_t len)
     return _off(c, at) + len - c->in->req.start > c->srv->cfg->max_headers;
 }
 
+/* What fastpath cannot read as Django would: handed to Django behind nginx (404 MISS), refused
+ * with `status` on a listener clients reach straight (the edge: nothing is behind it). */
+static int _unreadable(fp_conn_t *c, int status, const char *message)
+{
+    if (fp_kinds[c->kind].hands_on)
+        return _http_fail(c, 404, message, "MISS");
+    return _http_fail(c, status, message, NULL);
+}
+
 static int _head_too_big_fail(fp_conn_t *c)
 {
-    return _http_fail(c, 404, "request head too large for fastpath", "MISS");
+    return _unreadable(c, 431, "request head too large for fastpath");
 }
 
 void fp_http_head_too_big(fp_conn_t *c)
@@ -109,7 +118,7 @@ void fp_http_error(fp_conn_t *c, llhttp_errno_t err, fp_reply_t *a)
 {
     fp_request_t *rq = &c->in->req;
     if (rq->error_status == 0 && _bad_value_char(&c->parser, err))
-        (void)_http_fail(c, 404, "header value fastpath cannot read", "MISS");
+        (void)_unreadable(c, 400, "header value fastpath cannot read");
     if (rq->error_status != 0)
         fp_reply_error(a, rq->error_status, rq->error_message, rq->error_cache);
     else
@@ -133,6 +142,9 @@ static int _on_message_begin(llhttp_t *p)
     c->body_len = 0;
     c->is_head = 0;
     c->mode = FP_MODE_ONCE;
+    c->origin = 0;
+    if (fp_kinds[c->kind].header_timeout != NULL)     /* from its first byte (slowloris) */
+        c->deadline_s = fp_now_s() + fp_kinds[c->kind].header_timeout(c->srv->cfg);
     return 0;
 }
 

@@ -19,6 +19,7 @@
 
 #include "fp_debug.h"
 #include "fp_etag.h"
+#include "fp_limit.h"
 #include "fp_mc.h"
 #include "fp_notify.h"
 #include "fp_server.h"
@@ -38,8 +39,9 @@ typedef enum {
     ACT_RESPOND = 0,                 /**< answer_code and answer_message, no lookup (a zeroed request) */
     ACT_METRICS,                     /**< the Prometheus text */
     ACT_MEMCACHED,                   /**< get key from memcached, answer with what it says */
-    ACT_OBJECT                       /**< get key (an object's) and marker together: the object's
+    ACT_OBJECT,                      /**< get key (an object's) and marker together: the object's
                                           answer if the user's epoch marker is there */
+    ACT_PREFLIGHT                    /**< a CORS preflight of an allowed origin (the edge): 204 */
 } fp_conn_action_t;
 
 /* The request headers fastpath reads: id, name (lower case), and the fp_http.c function that
@@ -51,7 +53,9 @@ typedef enum {
     X(FP_HDR_PREFER, "prefer", _header_unique)                 \
     X(FP_HDR_IF_NONE_MATCH, "if-none-match", _header_unique)  \
     X(FP_HDR_ACCEPT, "accept", _header_unique)                 \
-    X(FP_HDR_LAST_EVENT_ID, "last-event-id", _header_unique)
+    X(FP_HDR_LAST_EVENT_ID, "last-event-id", _header_unique)  \
+    X(FP_HDR_ORIGIN, "origin", _header_unique)                 \
+    X(FP_HDR_AC_REQUEST_METHOD, "access-control-request-method", _header_unique)
 
 typedef enum {
 #define FP_HDR_ENUM(id, name, handler) id,
@@ -84,6 +88,8 @@ typedef struct fp_request {
     uint8_t marker_len;
     uint8_t stream;                  /* a GET that accepts text/event-stream: answered as a stream */
     uint8_t resource;                /* the index of its resource (fp_conn_resource_name) */
+    uint8_t uid_len;                 /* the token's uid (ACT_MEMCACHED, ACT_OBJECT): whose hold */
+    char uid[FP_UID_MAX_LEN];
     char key[FP_KEY_CAP];            /* ACT_MEMCACHED's and ACT_OBJECT's key */
     char marker[FP_KEY_CAP];         /* ACT_OBJECT: the user's epoch marker key */
 } fp_request_t;
@@ -135,6 +141,8 @@ typedef enum {
 typedef enum {
     FP_CONN_POLL,                    /**< /Poll/<resource> from nginx; capped by --max-connections */
     FP_CONN_ADMIN,                   /**< /metrics on the loopback stats listener; small fixed cap */
+    FP_CONN_EDGE,                    /**< /Poll/<resource> from clients, no nginx (--edge): CORS,
+                                          caps per address, misses sent to the site */
     FP_CONN_KIND_N
 } fp_conn_kind_t;
 
@@ -145,6 +153,13 @@ typedef struct {
     void (*route)(struct fp_conn *c, uint8_t method, const char *url, size_t url_len);
     int (*cap)(const fp_config_t *cfg);      /* open connections of this kind per worker */
     uint8_t counted;                         /* answers count in fastpath_requests_total */
+    /* 1: behind nginx, which hands a 404 X-Cache: MISS to Django (what fastpath cannot read or
+     * does not hold is answered so).  0: clients come straight: such an answer tells the client
+     * to ask the site once (fp_reply_site), and what fastpath cannot read is refused. */
+    uint8_t hands_on;
+    uint8_t per_address;                     /* held connections count per client address */
+    int (*header_timeout)(const fp_config_t *cfg);  /* a request must arrive within this many s of
+                                                       its first byte; NULL: the idle timeout's */
 } fp_kind_t;
 
 /* How a listener's connections get Nagle turned off (fp_server.c _tune_listener). */
@@ -188,6 +203,8 @@ typedef struct fp_conn {
     uint8_t resource;                /* STREAM: its resource (the events' name) */
     uint8_t stream_open;             /* STREAM: the head is out, events follow (counted in streams) */
     uint8_t stream_chunked;          /* STREAM: HTTP/1.1, chunked (else HTTP/1.0, ended by close) */
+    uint8_t origin;                  /* the edge: 1 + the index of the request's allowed Origin
+                                        (cfg->edge_origins), or 0: no CORS headers */
     int32_t wait_s;                  /* Prefer: wait=N as applied; -1: no wait */
     char inm_tag[FP_ETAG_LEN];       /* If-None-Match's opaque-tag (inm == FP_INM_TAG) */
     int64_t deadline_s;              /* READING: the request must have arrived by then;
@@ -198,6 +215,7 @@ typedef struct fp_conn {
     fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */
     fp_waiter_t marker_waiter;       /* HELD object poll: on the user's epoch marker */
     fp_object_poll_t *obj;           /* an object poll waiting for its two gets */
+    fp_limit_entry_t *held_by[FP_LIMIT_N];   /* HOLD, STREAM: what its hold counts in (NULL: none) */
     int64_t hold_until_us;           /* HELD: answered 304 then (STREAM: its next timer) */
     int64_t stream_end_us;           /* STREAM: ended then (--max-stream, jittered) */
     int64_t beat_us;                 /* STREAM: the next heartbeat */
@@ -221,6 +239,7 @@ typedef struct fp_server {
     int n_listeners;
     fp_mc_pool_t mc;                 /* the memcached servers */
     fp_wait_table_t waits;           /* held polls by key */
+    fp_limits_t limits;              /* held connections per client address and per user */
     fp_notify_t notify;              /* its sources: --notify-dir, --notify-udp */
     uint64_t rng;                    /* xorshift: hold jitter */
     fp_slab_t conn_slab;             /* fp_conn_t, each followed by its struct event */
@@ -254,6 +273,7 @@ typedef struct fp_reply {
     const char *etag;                /* FP_ETAG_LEN bytes, or NULL: no ETag */
     const char *body;                /* body_len bytes (none for 204, 304) */
     size_t body_len;
+    uint8_t preflight;               /* a CORS preflight's 204: its Access-Control-Allow-* too */
     char tag[FP_ETAG_LEN];           /* the body's ETag, when fp_reply_result computed it */
     char error[160];                 /* an error's JSON body */
 } fp_reply_t;
@@ -284,6 +304,7 @@ void fp_route(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
 void fp_reply_set(fp_reply_t *a, int code, const char *ctype, const char *cache, const char *etag,
                   const char *body, size_t body_len);
 void fp_reply_error(fp_reply_t *a, int code, const char *message, const char *cache);
+void fp_reply_site(fp_reply_t *a);    /* the edge: an answer nginx would hand to Django, for the client */
 void fp_reply_result(fp_reply_t *a, const fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
                      const char *tag);
 int fp_reply_not_modified(const fp_conn_t *c, const char *etag);   /* If-None-Match names etag */

@@ -54,6 +54,7 @@ void fp_reply_set(fp_reply_t *a, int code, const char *ctype, const char *cache,
     a->etag = etag;
     a->body = body;
     a->body_len = body_len;
+    a->preflight = 0;
 }
 
 /* {"error":"<message>"} */
@@ -64,6 +65,28 @@ void fp_reply_error(fp_reply_t *a, int code, const char *message, const char *ca
     _put_str(&b, message, 128);
     PUT_LIT(&b, "\"}");
     fp_reply_set(a, code, "application/json", cache, NULL, b.p, b.len);
+}
+
+/* On the edge (docs/contract.md section 10) there is no nginx to hand an answer with X-Cache:
+ * MISS to Django (a miss, what fastpath does not read as Django would, memcached unavailable):
+ * the client is told to ask the site once, which fills the cache, and to come back.  409 and
+ * not 404, which on the edge means a path it does not serve; the reason stays, "retry" says
+ * where to go: {"error":"<why>","retry":"site"}. */
+#define EDGE_MISS_STATUS 409
+
+void fp_reply_site(fp_reply_t *a)
+{
+    static const char retry[] = ",\"retry\":\"site\"}";
+    size_t len = a->body_len;
+
+    if (a->cache == NULL || strcmp(a->cache, "MISS") != 0)
+        return;
+    a->code = EDGE_MISS_STATUS;
+    /* the body is fp_reply_error's {"error":"..."} in a->error: its "}" becomes retry */
+    if (a->body == a->error && len > 0 && len - 1 + sizeof(retry) - 1 <= sizeof(a->error)) {
+        memcpy(a->error + len - 1, retry, sizeof(retry) - 1);
+        a->body_len = len - 1 + sizeof(retry) - 1;
+    }
 }
 
 int fp_reply_not_modified(const fp_conn_t *c, const char *etag)
@@ -108,6 +131,44 @@ void fp_reply_result(fp_reply_t *a, const fp_conn_t *c, fp_mc_result_t r, const 
 
 /* ---- the head ---------------------------------------------------------------------------- */
 
+/* Headers a status always carries: what a 405 allows (only the edge refuses methods), when to
+ * come back after a 429 (a cap on held connections). */
+#define RETRY_AFTER_S "5"
+static const struct {
+    int code;
+    const char *text;
+    size_t len;
+} _status_headers[] = {
+#define _ROW(code, text) {code, text, sizeof(text) - 1}
+    _ROW(405, "Allow: GET, HEAD, OPTIONS\r\n"),
+    _ROW(429, "Retry-After: " RETRY_AFTER_S "\r\n"),
+#undef _ROW
+};
+
+/* The edge's CORS headers (docs/contract.md section 10): for a request whose Origin is one of
+ * --edge-origins, that origin with credentials, and the headers a page's script may read. */
+static void _put_cors(_text_t *h, const fp_conn_t *c)
+{
+    const fp_config_t *cfg = c->srv->cfg;
+    if (c->kind != FP_CONN_EDGE)
+        return;
+    PUT_LIT(h, "Vary: Origin\r\n");
+    if (c->origin == 0)
+        return;
+    PUT_LIT(h, "Access-Control-Allow-Origin: ");
+    _put(h, cfg->edge_origins[c->origin - 1], cfg->edge_origin_len[c->origin - 1]);
+    PUT_LIT(h, "\r\nAccess-Control-Allow-Credentials: true\r\n"
+               "Access-Control-Expose-Headers: ETag, Preference-Applied, X-Cache\r\n");
+}
+
+/* A preflight's answer: what an allowed origin's page may send, cached by the browser. */
+static void _put_preflight(_text_t *h)
+{
+    PUT_LIT(h, "Access-Control-Allow-Methods: GET, HEAD\r\n"
+               "Access-Control-Allow-Headers: Authorization, If-None-Match, Prefer, Last-Event-ID\r\n"
+               "Access-Control-Max-Age: 600\r\n");
+}
+
 /* Status line and headers of a with body_len bytes of body (0 for 204 and 304) into buf: its
  * length. */
 size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *buf, size_t cap)
@@ -146,6 +207,12 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
         _put_str(&h, a->cache, 8);
         PUT_LIT(&h, "\r\n");
     }
+    for (size_t i = 0; i < sizeof(_status_headers) / sizeof(_status_headers[0]); i++)
+        if (_status_headers[i].code == a->code)
+            _put(&h, _status_headers[i].text, _status_headers[i].len);
+    _put_cors(&h, c);
+    if (a->preflight)
+        _put_preflight(&h);
     if (!c->keep_alive || c->srv->stopping)
         PUT_LIT(&h, "Connection: close\r\n");
     else if (c->parser.http_major == 1 && c->parser.http_minor == 0)
@@ -174,6 +241,7 @@ size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap)
     _put(&h, date, date_len);
     PUT_LIT(&h, "\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
                 "X-Accel-Buffering: no\r\nX-Cache: HIT\r\n");
+    _put_cors(&h, c);
     if (c->stream_chunked)
         PUT_LIT(&h, "Transfer-Encoding: chunked\r\n");
     if (!c->keep_alive || !c->stream_chunked || c->srv->stopping)

@@ -15,6 +15,7 @@
 
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
 static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
+static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t url_len);
 
 /* ---- kinds ------------------------------------------------------------------------------ */
 
@@ -28,9 +29,21 @@ static int _admin_cap(const fp_config_t *cfg)
     return ADMIN_MAX_CONNECTIONS;
 }
 
+static int _edge_cap(const fp_config_t *cfg)
+{
+    return cfg->edge_max_connections;
+}
+
+static int _edge_header_timeout(const fp_config_t *cfg)
+{
+    return cfg->edge_header_timeout_s;
+}
+
 const fp_kind_t fp_kinds[FP_CONN_KIND_N] = {
-    [FP_CONN_POLL] = {"poll", _route_poll, _poll_cap, 1},
-    [FP_CONN_ADMIN] = {"admin", _route_admin, _admin_cap, 0},
+    /*               name     route         cap         counted hands_on per_address header_timeout */
+    [FP_CONN_POLL] = {"poll", _route_poll, _poll_cap, 1, 1, 0, NULL},
+    [FP_CONN_ADMIN] = {"admin", _route_admin, _admin_cap, 0, 1, 0, NULL},
+    [FP_CONN_EDGE] = {"edge", _route_edge, _edge_cap, 1, 0, 1, _edge_header_timeout},
 };
 
 /* At the end of a request's head: decide what it gets (its kind's route). */
@@ -233,6 +246,8 @@ static void _authenticate(fp_conn_t *c, const _target_t *t)
         _decide(c, 401, fp_token_strerror(tr), NULL);
         return;
     }
+    memcpy(rq->uid, token.uid_str, token.uid_len);      /* whose hold it would be */
+    rq->uid_len = (uint8_t)token.uid_len;
     if (t->obj != NULL) {
         _authorize_object(c, t, &token, now);
         if (rq->action == ACT_OBJECT)
@@ -298,6 +313,63 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
     }
     if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
         _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
+        return;
+    }
+    _authenticate(c, &t);
+    if (method == HTTP_GET)
+        _stream(c, &t);
+}
+
+/* ---- the edge (docs/contract.md section 10) ----------------------------------------------- *
+ *
+ * Clients come straight, from a page on another origin: only the poll path is served (GET and
+ * HEAD: short polls, long-polls, streams), CORS for the origins of --edge-origins, and
+ * everything else is refused here, never handed on (there is nothing behind the edge). */
+
+/* The request's Origin is one of --edge-origins (exactly, once): 1 + its index, else 0. */
+static uint8_t _allowed_origin(const fp_conn_t *c)
+{
+    const fp_config_t *cfg = c->srv->cfg;
+    const fp_request_t *rq = &c->in->req;
+    if (rq->have[FP_HDR_ORIGIN] != 1)
+        return 0;
+    fp_span_t o = rq->header[FP_HDR_ORIGIN];
+    int i = _find_name(cfg->edge_origins, cfg->edge_origin_len, cfg->n_edge_origins, c->in->data + o.off, o.len);
+    return (uint8_t)(i + 1);
+}
+
+/* OPTIONS from a page of an allowed origin that asks to GET (or HEAD) a poll: 204 with what it
+ * may send; anything else is refused, without CORS headers. */
+static void _preflight(fp_conn_t *c, const _target_t *t)
+{
+    const fp_request_t *rq = &c->in->req;
+    fp_span_t m = rq->header[FP_HDR_AC_REQUEST_METHOD];
+    const char *method = c->in->data + m.off;
+
+    if (c->origin == 0 || rq->have[FP_HDR_AC_REQUEST_METHOD] != 1 ||
+        !(_span_eq(method, m.len, "GET", 3) || _span_eq(method, m.len, "HEAD", 4))) {
+        c->origin = 0;
+        _decide(c, 403, "preflight refused", NULL);
+        return;
+    }
+    c->in->req.action = ACT_PREFLIGHT;
+}
+
+static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
+{
+    _target_t t;
+
+    c->origin = _allowed_origin(c);
+    if (method != HTTP_GET && method != HTTP_HEAD && method != HTTP_OPTIONS) {
+        _decide(c, 405, "method not allowed", NULL);
+        return;
+    }
+    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
+        _decide(c, 404, "not found", NULL);
+        return;
+    }
+    if (method == HTTP_OPTIONS) {
+        _preflight(c, &t);
         return;
     }
     _authenticate(c, &t);

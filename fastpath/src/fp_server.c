@@ -279,11 +279,14 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
         fp_notify_listen_udp(&srv->notify, srv->base, cfg->notify_udp_host,
                              cfg->notify_udp_port + cfg->worker_index, err, err_len) < 0)
         return -1;
-    /* the listeners: polls (which stop accepting when the worker drains), and /metrics */
+    /* the listeners: polls (which stop accepting when the worker drains), /metrics, the edge */
     if (cfg->listen_fd >= 0 && _listen(srv, cfg->listen_fd, FP_CONN_POLL, _LISTEN_TUNED | _LISTEN_DRAINS) < 0)
         return _init_fail(err, err_len, "cannot accept on the listening socket");
     if (cfg->admin_fd >= 0 && _listen(srv, cfg->admin_fd, FP_CONN_ADMIN, 0) < 0)
         return _init_fail(err, err_len, "cannot accept on the admin socket");
+    /* the edge: polls from clients straight (docs/contract.md section 10), drained as polls */
+    if (cfg->edge_fd >= 0 && _listen(srv, cfg->edge_fd, FP_CONN_EDGE, _LISTEN_TUNED | _LISTEN_DRAINS) < 0)
+        return _init_fail(err, err_len, "cannot accept on the edge socket");
     return 0;
 }
 
@@ -296,6 +299,7 @@ void fp_server_fini(fp_server_t *srv)
     fp_mc_pool_fini(&srv->mc);       /* waiting requests get 503 ("Connection: close") */
     fp_notify_fini(&srv->notify);
     fp_conn_close_all(srv);          /* held polls leave the wait table */
+    fp_limit_fini(&srv->limits);     /* ... and their counts (every one was given back) */
     fp_wait_fini(&srv->waits);
     fp_buf_pool_free(srv);
     fp_slab_fini(&srv->conn_slab);   /* every connection is closed */

@@ -11,6 +11,8 @@
 #define FP_MAX_SERVERS 64
 #define FP_MAX_RESOURCES 16
 #define FP_MAX_RESOURCE_LEN 32
+#define FP_MAX_ORIGINS 16
+#define FP_MAX_ORIGIN_LEN 255
 
 /* The scalar settings of fp_config_t, one row each: X(type, field, default).  Every row is an
  * option of fastpath/options.py (OPTIONS, its c_field), which names the same fields with the same
@@ -27,7 +29,11 @@
     X(int, max_wait_s, 55)            /* longest hold of a poll (Prefer: wait); 0: never hold */  \
     X(int, reread_interval_s, 5)      /* a held key is read again at least this often */          \
     X(int, stream_heartbeat_s, 25)    /* a stream's comment line this often */                     \
-    X(int, max_stream_s, 300)         /* longest stream (jittered down by up to 10%) */
+    X(int, max_stream_s, 300)         /* longest stream (jittered down by up to 10%) */          \
+    X(int, edge_max_connections, 2048) /* the edge listener's open connections per worker */      \
+    X(int, edge_max_per_address, 64)  /* held on the edge per client address, per worker; 0: no cap */ \
+    X(int, max_held_per_user, 0)      /* held per user (token uid), per worker, both listeners; 0: no cap */ \
+    X(int, edge_header_timeout_s, 10) /* an edge request must arrive within this of its first byte */
 
 #define FP_CONFIG_FIELD_(type, field, dflt) type field;
 #define FP_CONFIG_COUNT_(type, field, dflt) +1
@@ -54,6 +60,7 @@ enum { FP_CONFIG_N_TEXTS = 0 FP_CONFIG_TEXTS(FP_CONFIG_TEXT_COUNT_) };
 typedef struct {
     int listen_fd;                 /* bound, listening, non-blocking */
     int admin_fd;                  /* -1: no admin listener in this worker */
+    int edge_fd;                   /* -1: no edge listener (clients straight, docs/contract.md 10) */
     int n_nodes;
     fp_node_t nodes[FP_MAX_SERVERS];
     const char *node_addr[FP_MAX_SERVERS];    /* numeric "host:port" / "[v6]:port" for connect */
@@ -67,6 +74,9 @@ typedef struct {
     int n_object_resources;        /* per-object resources: <prefix><resource>/<object>?cap= */
     const char *object_resources[FP_MAX_RESOURCES];
     size_t object_resource_len[FP_MAX_RESOURCES];
+    int n_edge_origins;            /* the page origins the edge answers with CORS (exact) */
+    const char *edge_origins[FP_MAX_ORIGINS];
+    size_t edge_origin_len[FP_MAX_ORIGINS];
     const char *notify_dir;        /* NULL: no unix notices */
     const char *notify_udp_host;   /* numeric, no brackets; NULL: no UDP notices */
     int notify_udp_port;           /* worker i binds notify_udp_port + i */

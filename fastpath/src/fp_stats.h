@@ -13,10 +13,13 @@
     X(304, "Not Modified")                              \
     X(400, "Bad Request")                               \
     X(401, "Unauthorized")                              \
+    X(403, "Forbidden")                                 \
     X(404, "Not Found")                                 \
     X(405, "Method Not Allowed")                        \
+    X(409, "Conflict")                                  \
     X(413, "Content Too Large")                         \
     X(414, "URI Too Long")                              \
+    X(429, "Too Many Requests")                         \
     X(431, "Request Header Fields Too Large")           \
     X(503, "Service Unavailable")                       \
     X(505, "HTTP Version Not Supported")
@@ -51,6 +54,8 @@
       "Held keys read again (noticed, after a gap, or every --reread-interval).")                 \
     X(wait_reread_ticks, "fastpath_wait_reread_ticks_total",                                      \
       "Re-read queue ticks that started reads (each one batch of gets).")                         \
+    X(held_refused, "fastpath_held_refused_total",                                                \
+      "Holds and streams refused 429 at a cap (--max-held-per-user, --edge-max-per-address).")    \
     X(streams_started, "fastpath_streams_total", "Streams opened (Accept: text/event-stream).")   \
     X(stream_events, "fastpath_stream_events_total", "Events sent on streams (one per answer).")  \
     X(stream_heartbeats, "fastpath_stream_heartbeats_total", "Heartbeat comments sent on streams.") \

@@ -61,15 +61,18 @@ def asan_reports(tmp_path):
 
 
 class Fastpath:
-    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None):
+    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None, edge=False):
         self.port = free_port()
         self.admin_port = free_port()
+        self.edge_port = free_port() if edge else None     # --edge (docs/contract.md section 10)
         self.secret_file = tmp_path / "secret.key"
         self.secret_file.write_bytes(SECRET + b"\n")
         self.argv = [sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{self.port}",
                      "--admin", f"127.0.0.1:{self.admin_port}",
                      "--memcached", ",".join(s.spec for s in servers),
                      "--secret-file", str(self.secret_file), "--workers", str(workers), *extra]
+        if edge:
+            self.argv += ["--edge", f"127.0.0.1:{self.edge_port}"]
         self.log = tmp_path / "fastpath.log"
         self.tmp_path = tmp_path
         self.preload, self.env = preload, env
@@ -80,6 +83,8 @@ class Fastpath:
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
+        if self.edge_port:
+            wait_for_port("127.0.0.1", self.edge_port, process=self.proc, name="fastpath's edge")
         return self
 
     @property

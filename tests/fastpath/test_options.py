@@ -30,6 +30,8 @@ SAMPLES = {
     "path_prefix": "/api/v2/poll/",
     "key_prefix": "fp-2",
     "object_resources": ("thread", "room"),
+    "edge": "127.0.0.1:13",
+    "edge_origins": ("https://www.example.com", "http://localhost:8000"),
 }
 
 
