@@ -24,9 +24,9 @@ def edge_url(request=None):
     is ``edge_url() + PATH_PREFIX + resource``), or ``""`` when the page should poll the site.
 
     ``FASTPOLL["EDGE_URL"]`` when it is set.  Otherwise, for a loopback ``EDGE_ADDRESS``,
-    ``http://<EDGE_ADDRESS>``: only to a ``request`` made to a loopback host (a browser on
-    another machine cannot reach this one's loopback), and with ``localhost`` when the page was
-    opened as localhost (its cookie is that host's).  With no ``request``: that URL as such."""
+    ``http://<EDGE_ADDRESS>``: only to a ``request`` made to that very host, or to ``localhost``
+    (then by that name): a browser on another machine cannot reach this one's loopback, and a
+    page on another host has no cookie for the edge's.  With no ``request``: that URL as such."""
     config = conf.get_config()
     if config["EDGE_URL"]:
         return config["EDGE_URL"]
@@ -40,9 +40,11 @@ def edge_url(request=None):
     if not is_loopback(host):
         return ""              # fastpoll.E016: EDGE_URL is required
     if request is not None:
+        # the page's cookie is its host's: only a page on the edge's own host (or on localhost,
+        # which names both loopbacks) sends it there
         page_host = _request_host(request)
-        if page_host is None or not is_loopback(page_host):
-            return ""
         if page_host == "localhost":
             host = page_host
+        elif page_host != host.lower():
+            return ""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

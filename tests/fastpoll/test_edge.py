@@ -185,6 +185,9 @@ def _page(host):
     ({"EDGE_ADDRESS": "[::1]:8003"}, "[::1]:8080", "http://[::1]:8003"),
     # a browser on another machine cannot reach this one's loopback
     ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "testserver", ""),
+    # nor does a page on another loopback address have the cookie of the edge's
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "[::1]:8080", ""),
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "127.0.0.2:8080", ""),
     ({"EDGE_ADDRESS": "0.0.0.0:8443"}, "127.0.0.1", ""),          # E016: EDGE_URL is required
     ({"EDGE_ADDRESS": "nope"}, "127.0.0.1", ""),
 ])
