@@ -5,6 +5,8 @@ from django.shortcuts import render as django_render
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_safe
 
+import fastpoll
+
 
 POLL_MODES = ("long", "short")
 # The pages load one script and one stylesheet from here, and nothing inline: a second line of
@@ -20,9 +22,18 @@ def poll_mode(request):
     return mode if mode in POLL_MODES else "long"
 
 
+def content_security_policy(edge_url):
+    """The pages' policy; with an edge, its origin may be fetched too (polls, EventSource)."""
+    if not edge_url:
+        return CONTENT_SECURITY_POLICY
+    return f"{CONTENT_SECURITY_POLICY}; connect-src 'self' {edge_url}"
+
+
 def render(request, template, context):
-    response = django_render(request, template, {**context, "poll_mode": poll_mode(request)})
-    response["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    # <body data-edge-url>: where app.js polls first ("" : the site only); fastpoll.edge_url
+    edge_url = fastpoll.edge_url(request)
+    response = django_render(request, template, {**context, "poll_mode": poll_mode(request), "edge_url": edge_url})
+    response["Content-Security-Policy"] = content_security_policy(edge_url)
     return response
 
 
