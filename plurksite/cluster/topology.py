@@ -101,6 +101,9 @@ def shared_env(web_hosts=WEB_HOSTS):
         # default) for a CPU alone, and a writer's timed-out store marks a healthy memcached
         # suspect and flushes it (bench/load.py's 10k preset found the same)
         "PLURK_MEMCACHED_TIMEOUT_MS": "500",
+        # no edge on the web hosts yet: clients reach the site only through the balancer (an
+        # edge the balancer passes on, over TLS, is issue 32's)
+        "PLURK_EDGE": "",
     }
 
 
