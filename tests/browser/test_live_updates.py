@@ -8,9 +8,15 @@ against the real stack through nginx:
 - a response to a plurk that is not on the page is shown (with its plurk) before it is read;
 - the page load retries with the offline notice when the API is unreachable;
 - no horizontal overflow at 360 and 320 pixels;
-- the page long-polls (one getUnreadCount in flight with Prefer: wait and the last ETag), and a
-  plurk still arrives, by short polling through Django, while fastpath is stopped, and again
-  once it is back.
+- the page (?poll=long) long-polls (one getUnreadCount in flight with Prefer: wait and the last
+  ETag), and a plurk still arrives, by short polling through Django, while fastpath is stopped,
+  and again once it is back;
+- by default the count comes by a stream (EventSource) through nginx: plurks arrive with no poll
+  of the count; with fastpath killed the page falls back (Django's one-event stream, then
+  long-polls through Django) and comes back to the stream once fastpath is; plurks posted all
+  along are each shown once;
+- an edge the page cannot reach (refused, or not in the CSP) falls back to the stream through
+  nginx; the page on the stack's edge streams from it (skipped until the stack starts one).
 
 Screenshots of each step, and of every window at the end of each test (also when it fails), go
 to test-artifacts/browser/.  Without Chromium the tests skip, unless CI is set: then they fail.
@@ -160,8 +166,22 @@ def _login(driver, base, username):
 
 
 def _polls_done(driver):
+    """Answers of the count so far: polls (HIT or MISS) and stream events."""
     return driver.execute_script("const d = document.body.dataset;"
-                                 "return Number(d.pollHits) + Number(d.pollMisses);")
+                                 "return Number(d.pollHits) + Number(d.pollMisses) + Number(d.streamEvents || 0);")
+
+
+def _data(driver, name):
+    """<body data-NAME> (app.js's counters and the current transport)."""
+    return driver.execute_script("return document.body.dataset[arguments[0]] || ''", name)
+
+
+def _set_edge_url(driver, url):
+    """From the next page load on, <body data-edge-url> is ``url`` before app.js reads it (this
+    listener is registered before the deferred script registers its own)."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+        "document.addEventListener('DOMContentLoaded', () => {"
+        f" document.body.dataset.edgeUrl = {url!r}; }});")})
 
 
 def _badge(driver):
@@ -366,6 +386,7 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     (writer_name, writer_token), (reader_name, reader_token) = stack.follower_pair()
     reader = browsers("reader")
     _login(reader, base, reader_name)
+    reader.get(base + "/?poll=long")
     assert reader.execute_script("return document.body.dataset.pollMode") == "long"
     _wait(lambda: _polls_done(reader) >= 1, what="the reader's first poll")
     reader.execute_script(RECORD_LONG_POLLS_JS)
@@ -412,7 +433,7 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     quiet = f"quiet{int(time.time() * 1000) % 10**9}"
     assert requests.post(f"{base}/api/signup", json={"username": quiet, "password": PASSWORD},
                          timeout=10).status_code == 201
-    reader.get(f"{base}/u/{quiet}")
+    reader.get(f"{base}/u/{quiet}?poll=long")
     _wait(lambda: _by_id(reader, "follow").is_displayed(), what="the profile's follow button")
     _wait(lambda: _polls_done(reader) >= 1, what="the profile page's first poll")
     reader.execute_script(RECORD_LONG_POLLS_JS)
@@ -428,3 +449,116 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     assert reader.execute_script("return window.__counts")[before][1] is None       # without the ETag
     time.sleep(1)
     assert not _by_id(reader, "offline").is_displayed()
+
+
+def _arrives(stack, driver, token, text, timeout=20):
+    _post(stack, token, text)
+    _wait(lambda: text in _by_id(driver, "timeline").text, timeout=timeout, what=f"{text!r} for the reader")
+
+
+def test_a_plurk_arrives_by_the_stream_through_nginx(stack, browsers, pair):
+    base = stack.base_url
+    (_, writer_token), (reader_name, reader_token) = pair
+    reader = browsers("reader")
+    _set_edge_url(reader, "")                        # this test is about nginx's stream, not the edge
+    _login(reader, base, reader_name)
+    assert _data(reader, "pollMode") == "stream"
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the stream's first event")
+    reader.execute_script(RECORD_POLLS_JS)
+    events = int(_data(reader, "streamEvents"))
+
+    text = f"by the stream {time.time():.0f}"
+    _arrives(stack, reader, writer_token, text, timeout=10)
+    _wait(lambda: _badge(reader) == 1, timeout=5, what="the unread badge")
+    assert int(_data(reader, "streamEvents")) > events
+    _shot(reader, "10-stream-arrived")
+    _wait(lambda: _badge(reader) == 0 and _server_unread(stack, reader_token) == 0, timeout=15,
+          what="read once shown")
+    # the count came by the stream: nothing polled it; the messages were fetched, from fastpath
+    polls = reader.execute_script("return window.__polls")
+    assert polls and all(url == "/Poll/getMessages" and cache == "HIT" for url, cache in polls), polls
+    assert _data(reader, "transport") == "stream"
+    assert _data(reader, "pollHeld") == "0"
+
+
+def test_the_stream_falls_back_while_fastpath_is_stopped_and_nothing_is_lost(private_stack, browsers):
+    import threading
+
+    stack, base = private_stack, private_stack.base_url
+    (_, writer_token), (reader_name, _) = stack.follower_pair()
+    reader = browsers("reader")
+    _set_edge_url(reader, "")
+    _login(reader, base, reader_name)
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the stream's first event")
+
+    # a plurk a second all along: across the fall back and the return, each must be shown once
+    posted, stop = [], threading.Event()
+
+    def post_all_along():
+        while not stop.is_set():
+            text = f"all along {len(posted)} {time.time():.3f}"
+            posted.append((_post(stack, writer_token, text), text))
+            stop.wait(1.0)
+
+    poster = threading.Thread(target=post_all_along, daemon=True)
+    poster.start()
+    fastpath = stack.service("fastpath")
+    start = fastpath.start
+    fastpath.start = lambda: fastpath               # kept down until the test starts it
+    try:
+        _arrives(stack, reader, writer_token, f"on the stream {time.time():.0f}", timeout=10)
+        fastpath.kill()
+        _arrives(stack, reader, writer_token, f"as fastpath stops {time.time():.0f}")
+        _wait(lambda: _data(reader, "transport") in ("long", "short"), timeout=20,
+              what="the fall back from the stream")
+        misses = int(_data(reader, "pollMisses"))
+        _arrives(stack, reader, writer_token, f"while fastpath is stopped {time.time():.0f}")
+        assert int(_data(reader, "pollMisses")) > misses            # Django answered the polls
+        _shot(reader, "11-stream-fell-back")
+        assert not _by_id(reader, "offline").is_displayed()
+    finally:
+        fastpath.start = start
+        fastpath.start()
+        fastpath.wait_ready()
+    try:
+        _arrives(stack, reader, writer_token, f"as fastpath is back {time.time():.0f}")
+        _wait(lambda: _data(reader, "transport") == "stream", timeout=30, what="the stream again")
+        events = int(_data(reader, "streamEvents"))
+        _arrives(stack, reader, writer_token, f"on the stream again {time.time():.0f}", timeout=10)
+        assert int(_data(reader, "streamEvents")) > events
+    finally:
+        stop.set()
+        poster.join(15)
+    _shot(reader, "12-stream-back")
+
+    # everything posted is on the page, once: the reader follows only the writer
+    shown = lambda: reader.execute_script(  # noqa: E731
+        "return [...document.querySelectorAll('#timeline > li')].map((li) => Number(li.dataset.id))")
+    expected = {pid for pid, _ in posted}
+    _wait(lambda: expected <= set(shown()), timeout=15, what="every plurk posted all along")
+    ids = shown()
+    assert len(ids) == len(set(ids)), ids                          # nothing twice
+    assert len(ids) == len(expected) + 5, (len(ids), len(expected))   # and the 5 _arrives() plurks
+    assert len(posted) >= 10, posted
+
+
+def test_an_edge_the_page_cannot_use_falls_back_to_the_stream(stack, browsers, pair):
+    """An edge the page cannot reach (nothing listens there, and the CSP does not name it): the
+    first error is taken for a miss (one poll through the site), the second falls back to nginx's
+    stream."""
+    from plurksite.services import free_port
+
+    base = stack.base_url
+    (_, writer_token), (reader_name, _) = pair
+    reader = browsers("reader")
+    _set_edge_url(reader, f"http://127.0.0.1:{free_port()}")       # nothing listens there
+    _login(reader, base, reader_name)
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the fall back to nginx's stream")
+    assert _data(reader, "edgeUrl")
+    assert int(_data(reader, "streamMisses")) == 1                 # asked the site once
+    assert not _by_id(reader, "offline").is_displayed()
+    _arrives(stack, reader, writer_token, f"after the edge failed {time.time():.0f}", timeout=10)
+    _shot(reader, "13-edge-refused")
