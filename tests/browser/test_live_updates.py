@@ -147,7 +147,7 @@ def _wait(predicate, timeout=15, what="condition"):
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
 
 
 def _by_id(driver, element_id):
@@ -174,6 +174,11 @@ def _polls_done(driver):
 def _data(driver, name):
     """<body data-NAME> (app.js's counters and the current transport)."""
     return driver.execute_script("return document.body.dataset[arguments[0]] || ''", name)
+
+
+def _datas(driver):
+    """Every <body data-*> (for a failure's message)."""
+    return driver.execute_script("return Object.assign({}, document.body.dataset)")
 
 
 def _set_edge_url(driver, url):
@@ -562,3 +567,85 @@ def test_an_edge_the_page_cannot_use_falls_back_to_the_stream(stack, browsers, p
     assert not _by_id(reader, "offline").is_displayed()
     _arrives(stack, reader, writer_token, f"after the edge failed {time.time():.0f}", timeout=10)
     _shot(reader, "13-edge-refused")
+
+
+def _flush_memcached(stack):
+    import socket
+
+    for host, port in stack.config.memcached:
+        with socket.create_connection((host, port), timeout=5) as sock:
+            sock.sendall(b"flush_all\r\n")
+            assert sock.recv(64) == b"OK\r\n"
+
+
+def test_the_page_streams_from_the_edge_and_falls_back_when_it_is_gone(private_stack, browsers):
+    """The stack's fastpath restarted with an edge (another origin: another port of 127.0.0.1);
+    the page is pointed at it (data-edge-url, and the CSP set aside: this test starts the edge
+    itself, the site does not know it).  The count comes from the edge; a miss there is one poll
+    through the site and back to the edge; with fastpath killed the page goes down the transports
+    to polls through Django, and comes back to the edge once fastpath is back."""
+    from plurksite.services import free_port
+
+    stack, base = private_stack, private_stack.base_url
+    edge = f"127.0.0.1:{free_port()}"
+    fastpath = stack.service("fastpath")
+    fastpath.fastpath_argv += ["--edge", edge, "--edge-origins", base]
+    fastpath.restart()
+    fastpath.wait_ready()
+    (_, writer_token), (reader_name, reader_token) = stack.follower_pair()
+    reader = browsers("reader")
+    reader.execute_cdp_cmd("Page.setBypassCSP", {"enabled": True})
+    _set_edge_url(reader, f"http://{edge}")
+    _login(reader, base, reader_name)
+    _wait(lambda: _data(reader, "transport") == "edge" and _polls_done(reader) >= 1,
+          what="the edge's first event")
+    reader.execute_script(RECORD_POLLS_JS)
+    events = int(_data(reader, "streamEvents"))
+    _arrives(stack, reader, writer_token, f"from the edge {time.time():.0f}", timeout=10)
+    assert int(_data(reader, "streamEvents")) > events
+    assert not any(url == "/Poll/getUnreadCount" for url, _ in reader.execute_script("return window.__polls"))
+
+    # a miss on the edge: the key is gone when the page's stream starts (once the writes of the
+    # plurk and of its reading are done)
+    _wait(lambda: _badge(reader) == 0, timeout=15, what="the plurk read")
+    time.sleep(1)
+    _flush_memcached(stack)
+    assert stack.poll("getUnreadCount", reader_token, base=stack.fastpath_url).headers["X-Cache"] == "MISS"
+    reader.get(base + "/")                          # a new page: its counters start at 0
+    _wait(lambda: _data(reader, "streamMisses") == "1" and _data(reader, "transport") == "edge"
+          and int(_data(reader, "streamEvents") or 0) >= 1, timeout=10,
+          what=lambda: f"the miss, then the edge again: {_datas(reader)}")
+    _shot(reader, "14-edge")
+
+    start = fastpath.start
+    fastpath.start = lambda: fastpath
+    try:
+        fastpath.kill()
+        _wait(lambda: _data(reader, "transport") in ("long", "short"), timeout=30,
+              what=lambda: f"the fall back from the edge: {_datas(reader)}")
+        _arrives(stack, reader, writer_token, f"while the edge is gone {time.time():.0f}")
+        assert not _by_id(reader, "offline").is_displayed()
+    finally:
+        fastpath.start = start
+        fastpath.start()
+        fastpath.wait_ready()
+    _wait(lambda: _data(reader, "transport") == "edge", timeout=30,
+          what=lambda: f"the edge again: {_datas(reader)}")
+    events = int(_data(reader, "streamEvents"))
+    _arrives(stack, reader, writer_token, f"from the edge again {time.time():.0f}", timeout=10)
+    assert int(_data(reader, "streamEvents")) > events
+
+
+def test_the_page_on_the_stacks_edge_streams_from_it(stack, browsers, pair):
+    """The site's own edge (data-edge-url and the CSP from the site's settings), when the stack
+    starts one."""
+    if not getattr(stack.config, "edge", None):
+        pytest.skip("the test stack starts no edge (plurksite's edge settings, branch edgesite, not merged)")
+    (_, writer_token), (reader_name, _) = pair
+    reader = browsers("reader")
+    _login(reader, stack.base_url, reader_name)
+    assert _data(reader, "edgeUrl")
+    _wait(lambda: _data(reader, "transport") == "edge" and _polls_done(reader) >= 1, timeout=10,
+          what="the edge's first event")
+    _arrives(stack, reader, writer_token, f"from the site's edge {time.time():.0f}", timeout=10)
+    assert _data(reader, "transport") == "edge"

@@ -245,13 +245,15 @@ function openStream(kind) {
   });
   source.addEventListener("miss", () => endStream(s, "miss"));
   source.addEventListener("error", () => {
-    // each end of a connection (EventSource then reconnects by itself, with Last-Event-ID)
-    const lived = s.openedAt === null ? 0 : Date.now() - s.openedAt;
+    // Each end of a connection: EventSource reconnects by itself (with Last-Event-ID), unless it
+    // gave up (CLOSED).  Failed: it gave up, nothing ever came, a reconnect did not even connect
+    // (nothing answers there now), or the connections keep ending at once (nothing holds them:
+    // Django's one event and `retry:` each time, while fastpath is down).
+    const lived = s.openedAt === null ? -1 : Date.now() - s.openedAt;
     s.openedAt = null;
     s.quick = lived < STREAM_QUICK_MS ? s.quick + 1 : 0;
-    if (source.readyState === EventSource.CLOSED || s.events === 0 || s.quick >= STREAM_QUICK_ENDS) {
-      endStream(s, "failed");
-    }
+    if (source.readyState === EventSource.CLOSED || s.events === 0 || lived < 0 ||
+        s.quick >= STREAM_QUICK_ENDS) endStream(s, "failed");
   });
   return s;
 }
