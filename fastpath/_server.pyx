@@ -43,6 +43,21 @@ cdef int _set_field(fp.fp_config_t *cfg, opt, value, list keep) except -1:
     return 0
 
 
+cdef int _texts(items, const char **ptrs, size_t *lens, int cap, what, list keep) except -1:
+    """A list of names into a table of fp_config_t with ``cap`` slots (pointers into bytes
+    ``keep`` holds); their count."""
+    cdef int i
+    cdef bytes b
+    if len(items) > cap:
+        raise FastpathError(f"need at most {cap} {what}")
+    for i in range(len(items)):
+        b = items[i].encode("ascii")
+        keep.append(b)
+        ptrs[i] = b
+        lens[i] = len(b)
+    return len(items)
+
+
 cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
     """``cfg`` from validated Options: the C defaults, each OPTIONS row that has a c_field set
     by name, then the servers, the secret, the resources and the backends.  ``keep`` holds every
@@ -74,30 +89,12 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
     keep.append(b)
     cfg.secret = <const unsigned char *><char *>b
     cfg.secret_len = len(b)
-    cfg.n_resources = len(resources)
-    for i in range(cfg.n_resources):
-        b = resources[i].encode("ascii")
-        keep.append(b)
-        cfg.resources[i] = b
-        cfg.resource_len[i] = len(b)
-    object_resources = opts.object_resources or ()
-    if len(object_resources) > fp.FP_MAX_RESOURCES:
-        raise FastpathError(f"need at most {fp.FP_MAX_RESOURCES} per-object resources")
-    cfg.n_object_resources = len(object_resources)
-    for i in range(cfg.n_object_resources):
-        b = object_resources[i].encode("ascii")
-        keep.append(b)
-        cfg.object_resources[i] = b
-        cfg.object_resource_len[i] = len(b)
-    edge_origins = opts.edge_origins or ()
-    if len(edge_origins) > fp.FP_MAX_ORIGINS:
-        raise FastpathError(f"need at most {fp.FP_MAX_ORIGINS} edge origins")
-    cfg.n_edge_origins = len(edge_origins)
-    for i in range(cfg.n_edge_origins):
-        b = edge_origins[i].encode("ascii")
-        keep.append(b)
-        cfg.edge_origins[i] = b
-        cfg.edge_origin_len[i] = len(b)
+    cfg.n_resources = _texts(resources, cfg.resources, cfg.resource_len, fp.FP_MAX_RESOURCES,
+                             "poll resources", keep)
+    cfg.n_object_resources = _texts(opts.object_resources or (), cfg.object_resources,
+                                    cfg.object_resource_len, fp.FP_MAX_RESOURCES, "per-object resources", keep)
+    cfg.n_edge_origins = _texts(opts.edge_origins or (), cfg.edge_origins, cfg.edge_origin_len,
+                                fp.FP_MAX_ORIGINS, "edge origins", keep)
     for i in range(len(avoid_backends)):
         b = avoid_backends[i].encode("ascii")
         keep.append(b)

@@ -128,6 +128,10 @@ OPTIONS = (
     Option("--reread-interval", "reread_interval", int, 5,
            "a held poll's key is read again at least this often, seconds (lost notices cost at "
            "most this)", 1, 3600, c_field="reread_interval_s"),
+    Option("--reread-rate", "reread_rate", int, 8000,
+           "held keys read again per second at most, all workers together (each an equal "
+           "share): past rate x --reread-interval held keys the sweep takes longer instead of "
+           "costing more; notices are never limited", 50, 10000000, c_field="reread_rate"),
     Option("--stream-heartbeat", "stream_heartbeat", int, 25,
            "a stream (Accept: text/event-stream) gets a comment line this often, seconds (keep it "
            "below the proxy's read timeout)", 1, 3600, c_field="stream_heartbeat_s"),

@@ -23,6 +23,7 @@ _EXPORTS = {
     "error_response": ("http", "error_response"),
     "id_filter": ("db", "id_filter"),
     "active_clause": ("db", "active_clause"),
+    "edge_url": ("edge", "edge_url"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

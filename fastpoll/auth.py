@@ -84,16 +84,21 @@ def revoke(user, response=None):
 
 def set_cookie(response, token, request=None):
     # Secure as the session's cookie is (behind a TLS proxy without SECURE_PROXY_SSL_HEADER,
-    # is_secure() is False while the site is served over HTTPS), on the session's domain
+    # is_secure() is False while the site is served over HTTPS), on cookie_domain()
     secure = bool(request is not None and request.is_secure()) or settings.SESSION_COOKIE_SECURE
     response.set_cookie(conf.get_config()["COOKIE_NAME"], token, max_age=conf.get_config()["TOKEN_TTL"],
-                        path="/", domain=settings.SESSION_COOKIE_DOMAIN, secure=secure,
+                        path="/", domain=cookie_domain(), secure=secure,
                         httponly=True, samesite="Lax")
 
 
 def delete_cookie(response):
-    response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", domain=settings.SESSION_COOKIE_DOMAIN,
-                           samesite="Lax")
+    response.delete_cookie(conf.get_config()["COOKIE_NAME"], path="/", domain=cookie_domain(), samesite="Lax")
+
+
+def cookie_domain():
+    """The poll cookie's Domain: FASTPOLL["COOKIE_DOMAIN"], else the session cookie's (None:
+    host-only).  ".example.com" sends it to an edge on poll.example.com as well."""
+    return conf.get_config()["COOKIE_DOMAIN"] or settings.SESSION_COOKIE_DOMAIN
 
 
 def token_from_request(request):

@@ -20,6 +20,9 @@
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
 | E015 | a setting fastpoll_nginx or fastpoll_fastpath cannot render (FASTPATH_*, LONGPOLL_MAX_WAIT, DJANGO_UPSTREAM, NGINX_*, ...; fastpoll/commandline.py RENDERED_SETTINGS) |
+| E016 | an edge setting (EDGE_ADDRESS, EDGE_URL, EDGE_ORIGINS, EDGE_MAX_*, MAX_HELD_PER_USER, EDGE_HEADER_TIMEOUT) is not valid, alone or with the others (fastpoll_fastpath refuses it with the same line) |
+| E017 | COOKIE_DOMAIN is not None or a domain name |
+| W005 | the edge listens on a non-loopback address with no per-user cap (MAX_HELD_PER_USER 0) |
 | W003 | KEY_PREFIX is not set: every site (and test suite) on the same memcached shares the default's keys |
 | W004 | NOTIFY_DIRS (and NOTIFY_UDP) is empty while LONGPOLL_MAX_WAIT holds polls: they wake only on fastpath's re-read |
 
@@ -32,6 +35,7 @@ import re
 from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
+from fastpath.options import is_loopback, parse_address
 
 from . import commandline, conf, keys
 from .cache import parse_server
@@ -249,6 +253,59 @@ def check_rendered(config):
     return errors
 
 
+#: the example E016's hint gives of each edge setting
+_EDGE_EXAMPLES = {
+    "EDGE_ADDRESS": "None (no edge), '127.0.0.1:8003' or '0.0.0.0:8443' behind a TCP load balancer",
+    "EDGE_URL": "None (derived for a loopback EDGE_ADDRESS) or 'https://poll.example.com'",
+    "EDGE_ORIGINS": "['https://www.example.com']",
+    "EDGE_MAX_CONNECTIONS": "2048 (1 to 1048576)",
+    "EDGE_MAX_PER_ADDRESS": "64 (0: no cap)",
+    "MAX_HELD_PER_USER": "32 (0: no cap)",
+    "EDGE_HEADER_TIMEOUT": "10 (seconds, 1 to 3600)",
+}
+_EDGE_HINT = "See \"The edge\" in docs/deploy.md."
+
+
+@_of_config
+def check_edge(config):
+    """The edge settings, each alone by the very code of ``fastpoll_fastpath``
+    (commandline.setting_error), then together (commandline.edge_error)."""
+    errors = []
+    for key in conf.EDGE_SETTINGS:
+        message = commandline.setting_error(key, config)
+        if message is not None:
+            errors.append(checks.Error(message if message.endswith(".") else message + ".",
+                                       hint=f"For example {_EDGE_EXAMPLES[key]}.", id="fastpoll.E016"))
+    if errors:
+        return errors
+    message = commandline.edge_error(config)
+    if message is not None:
+        return [checks.Error(message + ".", hint=_EDGE_HINT, id="fastpoll.E016")]
+    edge = config["EDGE_ADDRESS"]
+    if edge is not None and not is_loopback(parse_address(edge)[0]) and config["MAX_HELD_PER_USER"] == 0:
+        errors.append(checks.Warning(
+            f"FASTPOLL['EDGE_ADDRESS'] = {edge!r} is not loopback and MAX_HELD_PER_USER is 0: one user's token "
+            f"may hold as many long-polls as the edge's connections.",
+            hint="Set FASTPOLL['MAX_HELD_PER_USER'] to a cap such as 32 (fastpath --max-held-per-user).",
+            id="fastpoll.W005"))
+    return errors
+
+
+#: a cookie Domain attribute: a host name, an optional leading dot (RFC 6265 ignores it)
+_DOMAIN_RE = re.compile(r"\A\.?(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\Z")
+
+
+@_of_config
+def check_cookie_domain(config):
+    domain = config["COOKIE_DOMAIN"]
+    if domain is None or (isinstance(domain, str) and _DOMAIN_RE.match(domain)):
+        return []
+    return [checks.Error(f"FASTPOLL['COOKIE_DOMAIN'] must be None or a domain name such as '.example.com', "
+                         f"got {domain!r}.",
+                         hint="None uses SESSION_COOKIE_DOMAIN; a parent domain of the site's and the edge's "
+                              "host sends the poll cookie to both.", id="fastpoll.E017")]
+
+
 POLL_MIDDLEWARE = "fastpoll.middleware.PollTokenMiddleware"
 SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
@@ -298,7 +355,8 @@ def _valid_server(spec):
 
 
 CHECKS = (check_type, check_memcached_servers, check_durations, check_counts, check_switches, check_secret_file,
-          check_names, check_key_prefix, check_notify, check_rendered, check_middleware)
+          check_names, check_key_prefix, check_notify, check_rendered, check_edge, check_cookie_domain,
+          check_middleware)
 
 
 def register():

@@ -12,9 +12,10 @@ to) reaches it as flags, rendered here from the one configuration.  A resource m
 import json
 import shlex
 import sys
+from urllib.parse import urlsplit
 
 from fastpath.errors import ConfigurationError
-from fastpath.options import OPTIONS, command_line, is_loopback, parse_address, parse_listen
+from fastpath.options import OPTIONS, Options, check_admin_apart, command_line, is_loopback, parse_address, parse_listen
 
 from . import conf, nginx
 from . import resources as registry
@@ -43,6 +44,31 @@ def _timeout_ms(config):
     return max(1, round(seconds * 1000))
 
 
+def _edge_origins(config):
+    origins = config["EDGE_ORIGINS"]
+    if isinstance(origins, str) or not isinstance(origins, (list, tuple)):
+        raise CommandLineError(f"FASTPOLL['EDGE_ORIGINS'] must be a list of origins such as "
+                               f"['https://www.example.com'], got {origins!r}")
+    return list(origins) or None
+
+
+def edge_url_error(url):
+    """Why ``url`` cannot be FASTPOLL['EDGE_URL'] (an origin: http(s)://host[:port], no path),
+    or None."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        parts and parts.port
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.username
+            or parts.password or parts.path or parts.query or parts.fragment or url != url.strip()):
+        return (f"FASTPOLL['EDGE_URL'] must be the URL browsers reach the edge by, http(s)://host[:port] "
+                f"without a path, such as 'https://poll.example.com', got {url!r}")
+    return None
+
+
 def fastpath_options(config=None, resources=None, object_resources=(), **overrides):
     """fastpath's option values (``fastpath.Options`` names) for the FASTPOLL-like ``config``
     (None: the project's settings).  ``resources``: the per-user resource names, as given (None:
@@ -63,7 +89,17 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
         "stream_heartbeat": config["STREAM_HEARTBEAT"],
         "max_stream": config["STREAM_MAX"],
         "resources": list(resources) if resources is not None else None,
+        # the edge's: checked whatever EDGE_ADDRESS is, on the command line only with it
+        "edge": config["EDGE_ADDRESS"],
+        "edge_origins": _edge_origins(config),
+        "edge_max_connections": config["EDGE_MAX_CONNECTIONS"],
+        "edge_max_per_address": config["EDGE_MAX_PER_ADDRESS"],
+        "edge_header_timeout": config["EDGE_HEADER_TIMEOUT"],
+        "max_held_per_user": config["MAX_HELD_PER_USER"],
     }
+    problem = edge_url_error(config["EDGE_URL"])
+    if problem:
+        raise CommandLineError(problem)
     if "notify_dir" not in overrides:
         values["notify_dir"] = _notify_dir(config)
     values.update(overrides)
@@ -81,7 +117,11 @@ SETTING_OF_OPTION = {"listen": "FASTPATH_ADDRESS", "admin": "FASTPATH_ADMIN", "m
                      "idle_timeout": "FASTPATH_IDLE_TIMEOUT", "max_wait": "LONGPOLL_MAX_WAIT",
                      "stream_heartbeat": "STREAM_HEARTBEAT", "max_stream": "STREAM_MAX",
                      "notify_dir": "NOTIFY_DIRS", "cookie_name": "COOKIE_NAME", "path_prefix": "PATH_PREFIX",
-                     "key_prefix": "KEY_PREFIX"}
+                     "key_prefix": "KEY_PREFIX", "edge": "EDGE_ADDRESS", "edge_origins": "EDGE_ORIGINS",
+                     "edge_max_connections": "EDGE_MAX_CONNECTIONS", "edge_max_per_address": "EDGE_MAX_PER_ADDRESS",
+                     "edge_header_timeout": "EDGE_HEADER_TIMEOUT", "max_held_per_user": "MAX_HELD_PER_USER"}
+#: options that mean nothing without --edge: checked always, rendered only with it
+EDGE_ONLY = ("edge_origins", "edge_max_connections", "edge_max_per_address", "edge_header_timeout")
 
 
 def _check_option(opt, value):
@@ -95,12 +135,13 @@ def _check_option(opt, value):
         host, _ = parse_address(value, "--admin")
         if not is_loopback(host):
             raise ConfigurationError(f"--admin {value} must be a loopback address (stats are not public)")
+    if opt.attr == "edge":
+        parse_address(value, "--edge")
+    if opt.attr == "edge_origins":
+        Options(edge_origins=value)._validate_edge()      # fastpath's own reading of each origin
 
 
-def fastpath_argv(config=None, resources=None, object_resources=(), python=None, **overrides):
-    """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`).
-    A value fastpath would refuse is a :class:`CommandLineError` naming its FASTPOLL key."""
-    values = fastpath_options(config, resources, object_resources, **overrides)
+def _check_values(values, overrides):
     for opt in OPTIONS:
         if values.get(opt.attr) is None:
             continue
@@ -111,6 +152,48 @@ def fastpath_argv(config=None, resources=None, object_resources=(), python=None,
             if key is None or opt.attr in overrides:
                 raise CommandLineError(f"fastpath {exc}") from None
             raise CommandLineError(f"FASTPOLL['{key}']: fastpath {exc}") from None
+
+
+def edge_error(config=None):
+    """The line refusing the edge settings *together* (each alone is judged by
+    :func:`setting_error`), or None: an edge needs the origins it answers, a URL browsers reach it
+    by (derived only for a loopback address) and a port of its own."""
+    config = nginx.settings_of(config)
+    edge = config["EDGE_ADDRESS"]
+    if edge is None:
+        return None
+    if not config["EDGE_ORIGINS"]:
+        return (f"FASTPOLL['EDGE_ADDRESS'] is set but FASTPOLL['EDGE_ORIGINS'] is empty: list the site origins "
+                f"whose pages poll the edge, such as ['https://www.example.com']")
+    edge_addr = parse_address(edge, "--edge")
+    if config["EDGE_URL"] is None and not is_loopback(edge_addr[0]):
+        return (f"FASTPOLL['EDGE_ADDRESS'] = {edge!r} is not a loopback address: set FASTPOLL['EDGE_URL'] to the "
+                f"URL browsers reach the edge by, such as 'https://poll.example.com'")
+    try:
+        listen = nginx.fastpath_address(config)
+        check_admin_apart(parse_listen(listen), edge_addr, listen, edge, "--edge")
+        if config["FASTPATH_ADMIN"]:
+            admin = config["FASTPATH_ADMIN"]
+            check_admin_apart(parse_address(admin, "--admin"), edge_addr, admin, edge, "--edge", "--admin")
+    except ConfigurationError as exc:
+        return f"FASTPOLL['EDGE_ADDRESS']: fastpath {exc}"
+    except (nginx.RenderError, TypeError):
+        return None                    # FASTPATH_ADDRESS / FASTPATH_ADMIN: their own line says it
+    return None
+
+
+def fastpath_argv(config=None, resources=None, object_resources=(), python=None, **overrides):
+    """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`).
+    A value fastpath would refuse is a :class:`CommandLineError` naming its FASTPOLL key."""
+    values = fastpath_options(config, resources, object_resources, **overrides)
+    _check_values(values, overrides)
+    problem = edge_error(config)
+    if problem:
+        raise CommandLineError(problem)
+    if values.get("edge") is None:
+        values = {attr: value for attr, value in values.items() if attr not in EDGE_ONLY}
+        if values.get("max_held_per_user") == 0:          # fastpath's default: the command line stays as it was
+            del values["max_held_per_user"]
     return [python or sys.executable, "-m", "fastpath", *command_line(**values)]
 
 
@@ -129,7 +212,7 @@ def setting_error(key, config=None):
     alone = {**conf.DEFAULTS, key: config[key]}
     try:
         nginx.context(alone)
-        fastpath_argv(alone)
+        _check_values(fastpath_options(alone), {})
     except (nginx.RenderError, CommandLineError) as exc:
         return str(exc)
     return None

@@ -85,7 +85,35 @@ DEFAULTS = {
     # idle connections to fastpath each nginx worker keeps (upstream keepalive): about the polls
     # one worker carries at once, as an answered client polls again at once.
     "NGINX_UPSTREAM_KEEPALIVE": 512,
+    # -- the edge: fastpath's second listener, polled by browsers without nginx (fastpath --edge;
+    # docs/contract.md section 10, docs/deploy.md "The edge")
+    # "host:port" the edge listens on (fastpath --edge); None: no edge, pages poll the site.
+    "EDGE_ADDRESS": None,
+    # the URL pages reach the edge by, an origin without path ("https://poll.example.com"), as
+    # fastpoll.edge_url() gives it to templates.  None: http://EDGE_ADDRESS when that is a
+    # loopback address (and only to a page opened on this machine); required otherwise.
+    "EDGE_URL": None,
+    # the site origins whose pages may read edge answers with their cookie (CORS with
+    # credentials; fastpath --edge-origins), as a browser sends them: ["https://www.example.com"].
+    # Required with EDGE_ADDRESS.
+    "EDGE_ORIGINS": [],
+    # open edge connections per fastpath worker (--edge-max-connections); more are closed at once.
+    "EDGE_MAX_CONNECTIONS": 2048,
+    # long-polls and streams held per client address on the edge, per worker (--edge-max-per-address; 0: no cap).
+    "EDGE_MAX_PER_ADDRESS": 64,
+    # long-polls and streams held per user, per worker, on both listeners (--max-held-per-user;
+    # 0: no cap).  Give one (32) when the edge faces the internet (fastpoll.W005).
+    "MAX_HELD_PER_USER": 0,
+    # seconds an edge request may take to arrive from its first byte (--edge-header-timeout).
+    "EDGE_HEADER_TIMEOUT": 10,
+    # the Domain of the poll cookie; None: settings.SESSION_COOKIE_DOMAIN (host-only when that
+    # is None).  ".example.com" sends it to an edge on poll.example.com too.
+    "COOKIE_DOMAIN": None,
 }
+
+#: the EDGE_* settings (and MAX_HELD_PER_USER, the per-user cap it comes with): fastpoll.E016
+EDGE_SETTINGS = ("EDGE_ADDRESS", "EDGE_URL", "EDGE_ORIGINS", "EDGE_MAX_CONNECTIONS", "EDGE_MAX_PER_ADDRESS",
+                 "MAX_HELD_PER_USER", "EDGE_HEADER_TIMEOUT")
 
 #: a PATH_PREFIX fastpath can take (fastpath/options.py) and nginx can route: "/", one or more
 #: segments, "/" again.  "/" alone would send every request of the site to fastpath, which

@@ -328,8 +328,61 @@ def _hostport_list(name, value, get):
     return parse_hostport_list(name, value)
 
 
+def _edge(name, value, get):
+    """PLURK_EDGE: host:port, or None when empty (no edge)."""
+    return parse_hostport(name, value) if value.strip() else None
+
+
+def _edge_url(name, value, get):
+    """PLURK_EDGE_URL: an origin (http(s)://host[:port], no path), or None when empty."""
+    value = value.strip()
+    if not value:
+        return None
+    parts = urlsplit(value)
+    try:
+        parts.port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path or \
+            parts.query or parts.fragment or "@" in parts.netloc:
+        raise ConfigError(f"{name}={value!r}: expected the URL browsers reach the edge by, http(s)://host[:port] "
+                          f"without a path, for example https://poll.example.com")
+    return value
+
+
+def _origins(name, value, get):
+    """PLURK_EDGE_ORIGINS: the page origins the edge answers with CORS, each as a browser sends it."""
+    from fastpath.errors import ConfigurationError
+    from fastpath.options import Options
+
+    origins = tuple(o.strip() for o in value.split(",") if o.strip())
+    try:
+        Options(edge_origins=origins)._validate_edge()      # fastpath's own reading of an origin
+    except ConfigurationError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return origins
+
+
+def default_edge_origins(get):
+    """PLURK_EDGE_ORIGINS when it is not set: the origin of PLURK_HTTP (and its localhost name
+    when it is loopback, as `make run` prints both)."""
+    host, port = parse_hostport("PLURK_HTTP", get("PLURK_HTTP"))
+    origins = [f"http://{format_hostport(host, port)}"]
+    if is_loopback(host) and host != "localhost":
+        origins.append(f"http://localhost:{port}")
+    return ",".join(origins)
+
+
 def _text(value):
     return str(value)
+
+
+def _optional(value):
+    return "" if value is None else str(value)
+
+
+def _optional_address(addr):
+    return "" if addr is None else format_hostport(*addr)
 
 
 def _joined(values):
@@ -445,6 +498,15 @@ VARIABLES = (
              "comma-separated host names clients reach the site by, besides `PLURK_HTTP`'s "
              "address (Django answers 400 to any other `Host`): behind a balancer, its address "
              "or the site's name, on every web host"),
+    Variable("PLURK_EDGE", "edge", _edge, _optional_address, "127.0.0.1:8003",
+             "fastpath's edge listener `host:port` (docs/deploy.md \"The edge\"): pages poll it directly, "
+             "without nginx, and ask the site only on a miss; empty: no edge, pages poll through nginx"),
+    Variable("PLURK_EDGE_URL", "edge_url", _edge_url, _optional, "",
+             "the URL browsers reach the edge by, such as `https://poll.example.com` (empty: "
+             "`http://PLURK_EDGE`, given only to pages opened on a loopback address)"),
+    Variable("PLURK_EDGE_ORIGINS", "edge_origins", _origins, _joined, "",
+             "comma-separated page origins the edge answers with CORS and credentials (empty: "
+             "`PLURK_HTTP`'s, and its `localhost` name when loopback)", default_of=default_edge_origins),
 )
 _BY_NAME = {var.name: var for var in VARIABLES}
 
@@ -502,6 +564,9 @@ class StackConfig:
     roles: tuple                    # parse_roles(): ROLES order, each once
     web_hosts: tuple                # ((host, port), ...): the balancer's upstreams
     public_hosts: tuple             # extra Django ALLOWED_HOSTS
+    edge: tuple                     # (host, port) of fastpath's edge listener, or None
+    edge_url: str                   # the URL browsers reach the edge by, or None: derived
+    edge_origins: tuple             # page origins the edge answers with CORS
 
     @classmethod
     def from_env(cls, environ=None):
@@ -519,6 +584,7 @@ class StackConfig:
         config = cls(**values)
         config.check_ports()
         config.check_roles()
+        config.check_edge()
         return config
 
     def runs(self, role):
@@ -535,11 +601,17 @@ class StackConfig:
             raise ConfigError(f"PLURK_HTTP={format_hostport(*self.http)!r} is also in PLURK_WEB_HOSTS: the "
                               f"balancer would send requests to itself; give it an address of its own")
 
+    def check_edge(self):
+        if self.edge and self.edge_url is None and not is_loopback(self.edge[0]):
+            raise ConfigError(f"PLURK_EDGE={format_hostport(*self.edge)!r} is not a loopback address: set "
+                              f"PLURK_EDGE_URL to the URL browsers reach it by, for example https://poll.example.com")
+
     def check_ports(self):
         seen = {}
         for name, addr in [("PLURK_HTTP", self.http), ("PLURK_DJANGO", self.django),
                            ("PLURK_FASTPATH", self.fastpath), ("PLURK_FASTPATH_ADMIN", self.fastpath_admin)] + \
-                [("PLURK_MEMCACHED", m) for m in self.memcached]:
+                [("PLURK_MEMCACHED", m) for m in self.memcached] + \
+                ([("PLURK_EDGE", self.edge)] if self.edge else []):
             if addr in seen:
                 raise ConfigError(f"{name} and {seen[addr]} both use {format_hostport(*addr)}")
             seen[addr] = name

@@ -117,6 +117,10 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 
 
+#: long-polls and streams one user may hold per fastpath worker when the stack runs an edge
+EDGE_MAX_HELD_PER_USER = 32
+
+
 def fastpoll_settings(config):
     """The FASTPOLL keys this stack's ``config`` decides that Django and fastpath must share
     (plurksite.settings' FASTPOLL says the same): fastpath's flags and the nginx include are
@@ -133,6 +137,14 @@ def fastpoll_settings(config):
         "FASTPATH_IDLE_TIMEOUT": FASTPATH_IDLE_TIMEOUT_S,
         "LONGPOLL_MAX_WAIT": config.longpoll_max_wait_s,
     }
+    if config.edge:
+        values.update({
+            "EDGE_ADDRESS": format_hostport(*config.edge),
+            "EDGE_URL": config.edge_url,
+            "EDGE_ORIGINS": list(config.edge_origins),
+            # docs/contract.md section 10's recommendation for an edge that faces the internet
+            "MAX_HELD_PER_USER": EDGE_MAX_HELD_PER_USER,
+        })
     if config.fastpath_notify_udp:
         values["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"
         values["NOTIFY_UDP"] = list(config.notify_udp_destinations)

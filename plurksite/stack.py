@@ -84,6 +84,10 @@ _LOGGED = re.compile(r'" (?P<status>\d{3}) .* upstream=(?P<upstream>.*?) ustatus
 _NGINX_ERROR = re.compile(r"\[(?:emerg|alert|crit|error)\] [\d#]+: (?:\*\d+ )?(?P<what>.*?)(?:, client: .*)?$")
 
 
+def _any_address(host):
+    return host in ("0.0.0.0", "::")
+
+
 def _logged_line(path, tag, timeout=3.0):
     """The line of the log at ``path`` that names ``tag``, waiting for nginx to write it."""
     deadline = time.monotonic() + timeout
@@ -372,6 +376,11 @@ class Stack:
         if web:
             listens[1:1] = [("PLURK_DJANGO", cfg.django), ("PLURK_FASTPATH", cfg.fastpath),
                             ("PLURK_FASTPATH_ADMIN", cfg.fastpath_admin)]
+            if cfg.edge:
+                if not _any_address(cfg.edge[0]) and not is_local_address(cfg.edge[0]):
+                    raise ServiceError(f"PLURK_EDGE={format_hostport(*cfg.edge)!r} is not an address of this host; "
+                                       f"set PLURK_EDGE to one of its addresses (or empty: no edge)")
+                listens.append(("PLURK_EDGE", cfg.edge))
         for name, (host, port) in listens:
             if services.port_in_use(host, port):
                 raise ServiceError(f"{name} {format_hostport(host, port)} is already in use "
@@ -470,6 +479,48 @@ class Stack:
                 continue
         return None
 
+    @property
+    def edge_url(self):
+        """The URL a browser on this machine polls the edge by ("" without an edge)."""
+        cfg = self.config
+        if not cfg.edge:
+            return ""
+        return cfg.edge_url or f"http://{format_hostport(*cfg.edge)}"
+
+    def verify_edge(self, timeout=10.0):
+        """Prove that pages can poll the edge: a CORS preflight from the site's origin (the first
+        of PLURK_EDGE_ORIGINS) gets fastpath's 204 with that origin allowed, as a browser needs
+        before its first poll there."""
+        cfg = self.config
+        resource = (self.poll_resources or ("getUnreadCount",))[0]
+        origin = cfg.edge_origins[0]
+        host, port = cfg.edge
+        if _any_address(host):             # a wildcard: ask it on this host's loopback
+            host = "::1" if ":" in host else "127.0.0.1"
+        seen, deadline = "no answer", time.monotonic() + timeout
+        while True:
+            try:
+                conn = http.client.HTTPConnection(host, port, timeout=5)
+                try:
+                    conn.request("OPTIONS", f"/Poll/{resource}",
+                                 headers={"Origin": origin, "Access-Control-Request-Method": "GET"})
+                    resp = conn.getresponse()
+                    resp.read()
+                finally:
+                    conn.close()
+                allowed = resp.getheader("Access-Control-Allow-Origin")
+                if resp.status == 204 and allowed == origin:
+                    return
+                seen = f"{resp.status} (Access-Control-Allow-Origin: {allowed})"
+            except OSError as exc:
+                seen = f"no answer ({exc})"
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.25)          # fastpath's workers bind the edge after its admin port answers
+        raise ServiceError(f"the edge at {format_hostport(*cfg.edge)} does not answer a CORS preflight from "
+                           f"{origin}: got {seen} (see {self._log('fastpath')}); fix that, or set PLURK_EDGE "
+                           f"empty to run without an edge")
+
     def verify_balancer(self, attempts=3):
         """The balancer answers; each web host that is up is a web host's nginx whose polls reach
         its fastpath; and when one is, a poll through the balancer reaches a fastpath.  Hosts start
@@ -515,6 +566,10 @@ class Stack:
         if self.config.runs("web"):
             self.verify_polls()
             log.info("a poll through nginx was answered by fastpath at %s", format_hostport(*self.config.fastpath))
+            if self.config.edge:
+                self.verify_edge()
+                log.info("the edge at %s answered a CORS preflight from %s", format_hostport(*self.config.edge),
+                         self.config.edge_origins[0])
         if self.config.runs("balancer"):
             self.verify_balancer()
 
@@ -527,6 +582,9 @@ class Stack:
         if cfg.runs("web"):
             lines.append(f"web        nginx {format_hostport(*cfg.http)}, fastpath {format_hostport(*cfg.fastpath)} "
                          f"(metrics {format_hostport(*cfg.fastpath_admin)}), gunicorn {format_hostport(*cfg.django)}")
+            if cfg.edge:
+                lines.append(f"edge       fastpath {format_hostport(*cfg.edge)} (pages poll {self.edge_url}, "
+                             f"origins {', '.join(cfg.edge_origins)})")
         if cfg.runs("repair") and self.with_repair:
             lines.append("repair     manage.py repaircache --loop --warm")
         if cfg.runs("balancer"):

@@ -7,6 +7,8 @@ from django.shortcuts import render as django_render
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_safe
 
+import fastpoll
+
 
 POLL_MODES = ("stream", "long", "short")
 # The pages load one script and one stylesheet from here, and nothing inline: a second line of
@@ -34,8 +36,10 @@ def poll_mode(request):
 
 
 def render(request, template, context):
-    response = django_render(request, template, {**context, "poll_mode": poll_mode(request)})
-    response["Content-Security-Policy"] = content_security_policy(context.get("edge_url"))
+    # <body data-edge-url>: where app.js streams first ("" : the site only); fastpoll.edge_url
+    edge_url = fastpoll.edge_url(request)
+    response = django_render(request, template, {**context, "poll_mode": poll_mode(request), "edge_url": edge_url})
+    response["Content-Security-Policy"] = content_security_policy(edge_url)
     return response
 
 

@@ -79,7 +79,7 @@ void fp_reply_site(fp_reply_t *a)
     static const char retry[] = ",\"retry\":\"site\"}";
     size_t len = a->body_len;
 
-    if (a->cache == NULL || strcmp(a->cache, "MISS") != 0)
+    if (a->cache == NULL || strncmp(a->cache, "MISS", sizeof("MISS")) != 0)
         return;
     a->code = EDGE_MISS_STATUS;
     /* the body is fp_reply_error's {"error":"..."} in a->error: its "}" becomes retry */

@@ -270,7 +270,8 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     if (fp_mc_pool_init(&srv->mc, srv->base, srv->st, cfg, err, err_len) < 0)
         return -1;
     srv->rng = ((uint64_t)getpid() << 32) ^ (uint64_t)fp_now_us() ^ 0x9e3779b97f4a7c15u;
-    if (fp_wait_init(&srv->waits, srv->base, &srv->mc, srv->st, cfg->reread_interval_s) < 0)
+    if (fp_wait_init(&srv->waits, srv->base, &srv->mc, srv->st, cfg->reread_interval_s,
+                     cfg->reread_rate / (cfg->n_workers > 0 ? cfg->n_workers : 1)) < 0)
         return _init_fail(err, err_len, "cannot set up the wait table (out of memory)");
     if (cfg->notify_dir != NULL &&
         fp_notify_listen_unix(&srv->notify, srv->base, cfg->notify_dir, cfg->worker_index, err, err_len) < 0)

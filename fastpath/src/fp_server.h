@@ -28,6 +28,7 @@
     X(size_t, max_headers, 32768)     /* largest request head (beyond: 404 MISS, Django's) */      \
     X(int, max_wait_s, 55)            /* longest hold of a poll (Prefer: wait); 0: never hold */  \
     X(int, reread_interval_s, 5)      /* a held key is read again at least this often */          \
+    X(int, reread_rate, 8000)         /* ... at most this many keys a second, all workers together */ \
     X(int, stream_heartbeat_s, 25)    /* a stream's comment line this often */                     \
     X(int, max_stream_s, 300)         /* longest stream (jittered down by up to 10%) */          \
     X(int, edge_max_connections, 2048) /* the edge listener's open connections per worker */      \

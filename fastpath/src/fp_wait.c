@@ -14,12 +14,18 @@
  * and one batch of gets for every key that fell due meanwhile, each read at most a tick late
  * (0.1 s on the default 5 s).  At 10 ms a tick, 40,000 held polls on 4 workers woke each worker
  * 100 times a second for ~20 keys, and memcached as often: 6.6% + 6.0% of a core while nothing
- * changed.  At most TICK_READS_PER_S reads start per second, so a burst (every key due at once
- * after a gap) is spread out as before (64 per 10 ms). */
+ * changed.  At most reads_per_s (--reread-rate, this worker's share) start per second: a burst
+ * (every key due at once after a gap) is spread out, and past rate x interval held keys the
+ * sweep stretches beyond the interval instead of costing more CPU (issue 31: the safety net
+ * must not grow with the held connections; notices, which carry the real changes, are never
+ * rate-limited). */
 #define TICK_DIVISOR 50
 #define TICK_MIN_US 10000
 #define TICK_MAX_US 100000
-#define TICK_READS_PER_S 6400
+/* After a notice gap (a change is known to be lost, and which key is not) the keys are read at
+ * GAP_BURST times the rate until every one has been: that is not the safety net but the repair
+ * of a known loss. */
+#define GAP_BURST 8
 
 static void _read(fp_wait_table_t *t, fp_wait_key_t *k);
 
@@ -96,7 +102,8 @@ static void _on_tick(evutil_socket_t fd, short what, void *arg)
     fp_wait_table_t *t = arg;
     int64_t now = fp_now_us();
     int n = 0;
-    for (; n < t->tick_reads && t->qhead != NULL && t->qhead->due_us <= now; n++) {
+    int reads = now < t->burst_until_us ? t->tick_reads * GAP_BURST : t->tick_reads;
+    for (; n < reads && t->qhead != NULL && t->qhead->due_us <= now; n++) {
         t->st->wait_rereads++;
         _read(t, t->qhead);          /* takes it off the queue */
     }
@@ -239,7 +246,7 @@ static void _read(fp_wait_table_t *t, fp_wait_key_t *k)
 /* ---- the API ---------------------------------------------------------------------------- */
 
 int fp_wait_init(fp_wait_table_t *t, struct event_base *base, fp_mc_pool_t *mc, fp_stats_t *st,
-                 int reread_s)
+                 int reread_s, int reads_per_s)
 {
     memset(t, 0, sizeof(*t));
     t->base = base;
@@ -251,7 +258,9 @@ int fp_wait_init(fp_wait_table_t *t, struct event_base *base, fp_mc_pool_t *mc, 
         t->tick_us = TICK_MIN_US;
     if (t->tick_us > TICK_MAX_US)
         t->tick_us = TICK_MAX_US;
-    t->tick_reads = (int)(TICK_READS_PER_S * t->tick_us / 1000000);
+    t->tick_reads = (int)((int64_t)reads_per_s * t->tick_us / 1000000);
+    if (t->tick_reads < 1)
+        t->tick_reads = 1;
     t->mask = WAIT_BUCKETS_START - 1;
     t->buckets = calloc(WAIT_BUCKETS_START, sizeof(*t->buckets));
     fp_slab_init(&t->key_slab, sizeof(fp_wait_key_t), WAIT_KEY_CHUNK);
@@ -346,8 +355,8 @@ int fp_wait_notice(fp_wait_table_t *t, const char *key, size_t key_len)
     return 1;
 }
 
-/* A gap: every key is read again, spread over ticks (tick_reads each) rather than at once,
- * the first within TICK_MIN_US (a tick already armed sooner stays: gaps that come faster than
+/* A gap: every key is read again, spread over ticks (GAP_BURST x tick_reads each) rather than
+ * at once, the first within TICK_MIN_US (a tick already armed sooner stays: gaps that come faster than
  * ticks never push the reads back).  A key with a get in flight is marked dirty; the others are
  * moved to the front of the queue, due now. */
 void fp_wait_reread_all(fp_wait_table_t *t)
@@ -367,10 +376,13 @@ void fp_wait_reread_all(fp_wait_table_t *t)
             }
         }
     }
-    for (k = due; k != NULL; k = next) {
+    uint32_t n = 0;
+    for (k = due; k != NULL; k = next, n++) {
         next = k->qnext;
         _queue_append(t, k);
         k->due_us = 0;
     }
-    _arm_tick(t, fp_now_us(), TICK_MIN_US);
+    int64_t now = fp_now_us(), ticks = n / ((uint32_t)t->tick_reads * GAP_BURST) + 1;
+    t->burst_until_us = now + ticks * t->tick_us + TICK_MIN_US;
+    _arm_tick(t, now, TICK_MIN_US);
 }

@@ -5,8 +5,9 @@
  * registration is either seen by that get or followed by a notice that reads again: no lost
  * wake-up).  There is at most one get per key however many wait on it; a key that is noticed
  * while its get is in flight is marked dirty and read once more afterwards.  Every key is also
- * read again every reread interval (a FIFO by due time, served in ticks of a fiftieth of it), so
- * a lost notice costs at most that long.  It knows nothing of HTTP: a waiter is woken through its
+ * read again every reread interval (a FIFO by due time, served in ticks of a fiftieth of it, at
+ * most reads_per_s a second), so a lost notice costs at most that long, or held keys / rate
+ * when there are more than the rate reads in an interval.  It knows nothing of HTTP: a waiter is woken through its
  * callback and context, as fp_mc.c answers a get.
  */
 #ifndef FP_WAIT_H
@@ -64,6 +65,7 @@ typedef struct fp_wait_table {
     int64_t tick_us;                 /* the re-read queue is served this often at most */
     int64_t tick_at_us;              /* when the armed tick fires */
     int tick_reads;                  /* ... starting at most this many reads a tick */
+    int64_t burst_until_us;          /* after a notice gap: GAP_BURST x tick_reads until then */
     fp_wait_key_t **buckets;
     uint32_t mask;                   /* buckets - 1 (a power of two) */
     fp_wait_key_t *qhead, *qtail;
@@ -74,7 +76,7 @@ typedef struct fp_wait_table {
 /* -1 when out of memory or libevent fails; fp_wait_fini must be called either way (on a table
  * zeroed before init, it does nothing). */
 int fp_wait_init(fp_wait_table_t *t, struct event_base *base, fp_mc_pool_t *mc, fp_stats_t *st,
-                 int reread_s);
+                 int reread_s, int reads_per_s);
 /* Every waiter must have been removed. */
 void fp_wait_fini(fp_wait_table_t *t);
 /* Registers w on key, then (or by joining the key's get) compares tag with the key's answer.

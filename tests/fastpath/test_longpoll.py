@@ -378,6 +378,50 @@ def test_a_gap_rereads_hundreds_of_held_keys_in_one_tick(fastpath_factory, memca
             poll.close()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_reread_rate_caps_the_sweep_and_never_the_notices(fastpath_factory, memcached, cache, notify_dir, workers):
+    """--reread-rate 50 (all workers together) with 200 held keys due every second: at most ~50
+    reads a second instead of 200 (the sweep stretches to ~4 s), yet a notice still wakes at once."""
+    fp = fastpath_factory([memcached], extra=("--reread-interval", "1", "--reread-rate", "50", "--workers",
+                                              str(workers), "--timeout-ms", "2000", "--notify-dir", str(notify_dir)))
+    _set_many(memcached, [(key(uid), b"a") for uid in range(2000, 2200)])
+    polls = {uid: Poll(fp, uid, etag(b"a"), wait=50) for uid in range(2000, 2200)}
+    try:
+        held(fp, 200)
+        before, started = metric(fp, "fastpath_wait_rereads_total"), time.monotonic()
+        time.sleep(3)
+        rate = (metric(fp, "fastpath_wait_rereads_total") - before) / (time.monotonic() - started)
+        assert 10 <= rate <= 80, rate            # uncapped: ~200 a second; 0: no sweep at all
+        cache.set(key(2100), b"b")
+        Notifier(notify_dir).send([key(2100)])   # to every worker's socket
+        assert polls[2100].answer(timeout=SLACK)[2] == b"b"
+        assert not any(p.ready() for uid, p in polls.items() if uid != 2100)
+    finally:
+        for poll in polls.values():
+            poll.close()
+
+
+def test_after_a_gap_the_keys_are_read_faster_than_the_sweep(fastpath_factory, memcached, cache, notify_dir):
+    """A gap is a known loss: its re-reads go at 8x --reread-rate.  At 50 a second (5 a 100 ms
+    tick) 200 keys would take 40 ticks; at 8x they take 5."""
+    fp = fastpath_factory([memcached], extra=("--reread-interval", "60", "--reread-rate", "50",
+                                              "--timeout-ms", "2000", "--notify-dir", str(notify_dir)))
+    notifier = Notifier(notify_dir)
+    _set_many(memcached, [(key(uid), b"a") for uid in range(3000, 3200)])
+    polls = [Poll(fp, uid, etag(b"a"), wait=50) for uid in range(3000, 3200)]
+    try:
+        held(fp, 200)
+        notifier.send([key(1)])                    # known sender: seq 1
+        wait_metric(fp, "fastpath_notices_total", 1)
+        rereads, ticks = metric(fp, "fastpath_wait_rereads_total"), metric(fp, "fastpath_wait_reread_ticks_total")
+        notifier.send([key(1)], skip=1)            # seq 3: a gap
+        wait_metric(fp, "fastpath_wait_rereads_total", rereads + 200)
+        assert metric(fp, "fastpath_wait_reread_ticks_total") - ticks <= 6
+    finally:
+        for poll in polls:
+            poll.close()
+
+
 @pytest.mark.parametrize("data", [   # a key is at most 136 bytes (FP_KEY_CAP)
     b"", b"PN1", b"PN2 0123456789abcdef 1\nk\n", b"PN1 0123456789ABCDEF 1\nk\n",
     b"PN1 0123456789abcdef 0\nk\n", b"PN1 0123456789abcdef 01\nk\n", b"PN1 0123456789abcdef 1\nk",

@@ -366,3 +366,62 @@ def test_runner_refuses_a_udp_entry_that_does_not_fit_this_host(notify, workers,
     with pytest.raises(services.ServiceError) as info:
         services.fastpath_command(config)
     assert words in str(info.value) and "\n" not in str(info.value)
+
+
+# ---- the edge (PLURK_EDGE*): fastpath's listener that pages poll without nginx ----
+
+def test_the_edge_is_on_by_default_on_loopback_for_the_sites_origins():
+    from plurksite import services
+
+    config = StackConfig.from_env({"PLURK_HTTP": "127.0.0.1:9090"})
+    assert config.edge == ("127.0.0.1", 8003) and config.edge_url is None
+    assert config.edge_origins == ("http://127.0.0.1:9090", "http://localhost:9090")
+    assert StackConfig.from_env(config.to_env()) == config
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--edge") + 1] == "127.0.0.1:8003"
+    assert argv[argv.index("--edge-origins") + 1] == "http://127.0.0.1:9090,http://localhost:9090"
+    assert argv[argv.index("--max-held-per-user") + 1] == str(services.EDGE_MAX_HELD_PER_USER)
+    fastpoll = services.fastpoll_settings(config)
+    assert (fastpoll["EDGE_ADDRESS"], fastpoll["EDGE_URL"]) == ("127.0.0.1:8003", None)
+
+
+def test_an_empty_plurk_edge_runs_no_edge():
+    from plurksite import services
+
+    config = StackConfig.from_env({"PLURK_EDGE": ""})
+    assert config.edge is None and config.to_env()["PLURK_EDGE"] == ""
+    assert StackConfig.from_env(config.to_env()) == config
+    argv = services.fastpath_command(config)
+    assert not [a for a in argv if a.startswith("--edge") or a == "--max-held-per-user"]
+    assert "EDGE_ADDRESS" not in services.fastpoll_settings(config)
+
+
+def test_a_public_edge_with_its_url_and_origins():
+    from plurksite import services
+
+    env = {"PLURK_EDGE": "0.0.0.0:8443", "PLURK_EDGE_URL": "https://poll.example.com",
+           "PLURK_EDGE_ORIGINS": "https://www.example.com, https://example.com"}
+    config = StackConfig.from_env(env)
+    assert config.edge_origins == ("https://www.example.com", "https://example.com")
+    assert StackConfig.from_env(config.to_env()) == config
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--edge") + 1] == "0.0.0.0:8443"
+    assert services.fastpoll_settings(config)["EDGE_URL"] == "https://poll.example.com"
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"PLURK_EDGE": "8003"}, "PLURK_EDGE='8003': expected host:port, for example 127.0.0.1:8080"),
+    ({"PLURK_EDGE": "127.0.0.1:8000"}, "PLURK_EDGE and PLURK_DJANGO both use 127.0.0.1:8000"),
+    ({"PLURK_EDGE": "0.0.0.0:8443"}, "PLURK_EDGE='0.0.0.0:8443' is not a loopback address: set PLURK_EDGE_URL to "
+                                     "the URL browsers reach it by, for example https://poll.example.com"),
+    ({"PLURK_EDGE_URL": "poll.example.com"}, "PLURK_EDGE_URL='poll.example.com': expected the URL browsers reach "
+                                             "the edge by, http(s)://host[:port] without a path, for example "
+                                             "https://poll.example.com"),
+    ({"PLURK_EDGE_ORIGINS": "https://www.example.com/"},
+     "PLURK_EDGE_ORIGINS: bad --edge-origins entry 'https://www.example.com/': an origin as a browser sends it, "
+     "scheme://host[:port] in lower case without a path, e.g. https://www.example.com"),
+])
+def test_bad_edge_settings_are_one_line_naming_the_variable(env, line):
+    with pytest.raises(ConfigError) as info:
+        StackConfig.from_env(env)
+    assert str(info.value) == line

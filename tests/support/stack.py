@@ -14,9 +14,12 @@ from plurksite.stack import Stack
 
 
 def stack_config(var_dir, memcached_count=1, **overrides):
-    """A StackConfig on free ports with everything (database, secret, logs) under ``var_dir``."""
-    ports = free_ports(4 + memcached_count)
+    """A StackConfig on free ports with everything (database, secret, logs) under ``var_dir``;
+    ``PLURK_EDGE=""`` in ``overrides`` runs it without the edge."""
+    ports = free_ports(5 + memcached_count)
     env = {
+        # fastpath's edge (stack.config.edge: (host, port); stack.edge_url), as `make run` has it
+        "PLURK_EDGE": f"127.0.0.1:{ports.pop()}",
         "PLURK_HTTP": f"127.0.0.1:{ports[0]}",
         "PLURK_DJANGO": f"127.0.0.1:{ports[1]}",
         "PLURK_FASTPATH": f"127.0.0.1:{ports[2]}",

@@ -52,6 +52,13 @@ class Command(BaseCommand):
             return ""
         return f"  demo logins: {', '.join(sorted(names))} (password plurkdemo1)\n"
 
+    @staticmethod
+    def _edge_note(stack):
+        if not stack.config.edge:
+            return "  edge    off (PLURK_EDGE is empty): pages poll through nginx\n"
+        return (f"  edge    {stack.edge_url}  (pages poll fastpath there directly, the site on a miss; "
+                f"origins {', '.join(stack.config.edge_origins)})\n")
+
     def handle(self, *args, **options):
         config = settings.STACK
         self._setup_logging(config)
@@ -82,6 +89,7 @@ class Command(BaseCommand):
                 f"fastpath {format_hostport(*config.fastpath)}   "
                 f"metrics http://{format_hostport(*config.fastpath_admin)}/metrics\n"
                 f"  memcached {', '.join(config.memcached_specs)}   logs {config.log_dir()}/\n"
+                f"{self._edge_note(stack)}"
                 "Press Ctrl-C to stop.\n")
         else:
             roles = "\n".join(f"  {line}" for line in stack.describe())

@@ -1,0 +1,203 @@
+"""The edge's settings (FASTPOLL["EDGE_*"], MAX_HELD_PER_USER, COOKIE_DOMAIN): rendered by
+``manage.py fastpoll_fastpath`` into fastpath's --edge flags, judged by fastpoll.E016 / E017 /
+W005 in the words the renderer refuses them with, and ``fastpoll.edge_url()`` for templates."""
+import io
+import json
+
+import pytest
+from django.core import checks
+from django.core.management import CommandError, call_command
+from django.http import HttpResponse
+from django.test import RequestFactory, override_settings
+
+import fastpoll
+from fastpath.options import Options, build_parser
+from fastpoll import auth, commandline
+from fastpoll import checks as fastpoll_checks
+
+SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+SITE = "https://www.example.com"
+#: an edge behind a TCP balancer: every key an operator sets for one
+PUBLIC_EDGE = {"EDGE_ADDRESS": "0.0.0.0:8443", "EDGE_URL": "https://poll.example.com", "EDGE_ORIGINS": [SITE],
+               "EDGE_MAX_CONNECTIONS": 4096, "EDGE_MAX_PER_ADDRESS": 16, "MAX_HELD_PER_USER": 32,
+               "EDGE_HEADER_TIMEOUT": 5}
+
+
+@pytest.fixture
+def fastpoll_settings(settings, tmp_path):
+    """The project's FASTPOLL without an edge, a secret fastpath can read and a KEY_PREFIX."""
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(SECRET)
+    base = {key: value for key, value in settings.FASTPOLL.items() if key not in ("EDGE_ADDRESS", "EDGE_URL",
+                                                                                   "EDGE_ORIGINS", "MAX_HELD_PER_USER")}
+    settings.FASTPOLL = dict(base, SECRET_FILE=str(secret), KEY_PREFIX="edge", FASTPATH_ADDRESS="127.0.0.1:8001",
+                             FASTPATH_ADMIN="127.0.0.1:8002")
+    return settings.FASTPOLL
+
+
+def argv_of(settings, **edge):
+    settings.FASTPOLL = dict(settings.FASTPOLL, **edge)
+    out = io.StringIO()
+    call_command("fastpoll_fastpath", "--format", "json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def parse(argv):
+    """fastpath's own parser and checks over the flags (what `python -m fastpath` does first)."""
+    return Options(**vars(build_parser().parse_args(argv[3:]))).validate()
+
+
+def found(fastpoll_settings, **edge):
+    with override_settings(FASTPOLL=dict(fastpoll_settings, **edge)):
+        return [(e.id, e.msg) for e in checks.run_checks(tags=[fastpoll_checks.TAG])]
+
+
+# ---- rendering ----
+
+def test_no_edge_no_edge_flags(fastpoll_settings, settings):
+    argv = argv_of(settings)
+    assert not [a for a in argv if a.startswith("--edge") or a == "--max-held-per-user"]
+    assert parse(argv).edge is None
+
+
+def test_the_edge_settings_become_fastpaths_flags(fastpoll_settings, settings):
+    argv = argv_of(settings, **PUBLIC_EDGE)
+    opts = parse(argv)
+    assert (opts.edge, opts.edge_origins) == ("0.0.0.0:8443", (SITE,))
+    assert (opts.edge_max_connections, opts.edge_max_per_address, opts.max_held_per_user,
+            opts.edge_header_timeout) == (4096, 16, 32, 5)
+    assert "https://poll.example.com" not in argv           # the URL is the page's, not fastpath's
+
+
+def test_a_loopback_edge_needs_no_url_and_the_per_user_cap_goes_alone(fastpoll_settings, settings):
+    opts = parse(argv_of(settings, EDGE_ADDRESS="127.0.0.1:8003", EDGE_ORIGINS=["http://127.0.0.1:8080",
+                                                                              "http://localhost:8080"]))
+    assert opts.edge == "127.0.0.1:8003" and opts.edge_origins == ("http://127.0.0.1:8080", "http://localhost:8080")
+    assert opts.edge_max_per_address == 64 and opts.max_held_per_user == 0       # fastpath's defaults
+    settings.FASTPOLL = {k: v for k, v in settings.FASTPOLL.items() if not k.startswith("EDGE_")}
+    assert parse(argv_of(settings, MAX_HELD_PER_USER=8)).max_held_per_user == 8  # both listeners' cap
+
+
+# ---- what `check` and the renderer refuse, in the same words ----
+
+#: (settings, the one E016 line: what fastpoll_fastpath says)
+EDGE_BAD = [
+    ({"EDGE_ADDRESS": "poll.example.com"},
+     "FASTPOLL['EDGE_ADDRESS']: fastpath bad --edge 'poll.example.com': expected host:port"),
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"},
+     "FASTPOLL['EDGE_ADDRESS'] is set but FASTPOLL['EDGE_ORIGINS'] is empty: list the site origins whose pages "
+     "poll the edge, such as ['https://www.example.com']"),
+    ({"EDGE_ADDRESS": "0.0.0.0:8443", "EDGE_ORIGINS": [SITE]},
+     "FASTPOLL['EDGE_ADDRESS'] = '0.0.0.0:8443' is not a loopback address: set FASTPOLL['EDGE_URL'] to the URL "
+     "browsers reach the edge by, such as 'https://poll.example.com'"),
+    ({"EDGE_ADDRESS": "127.0.0.1:8002", "EDGE_ORIGINS": [SITE]},
+     "FASTPOLL['EDGE_ADDRESS']: fastpath --edge 127.0.0.1:8002 is the address of --admin 127.0.0.1:8002; give "
+     "--edge another port"),
+    ({"EDGE_ADDRESS": "127.0.0.1:8001", "EDGE_ORIGINS": [SITE]},
+     "FASTPOLL['EDGE_ADDRESS']: fastpath --edge 127.0.0.1:8001 is the address of --listen 127.0.0.1:8001; give "
+     "--edge another port"),
+    ({"EDGE_ORIGINS": SITE},
+     "FASTPOLL['EDGE_ORIGINS'] must be a list of origins such as ['https://www.example.com'], got "
+     "'https://www.example.com'"),
+    ({"EDGE_ORIGINS": ["https://www.example.com/"]},
+     "FASTPOLL['EDGE_ORIGINS']: fastpath bad --edge-origins entry 'https://www.example.com/': an origin as a "
+     "browser sends it, scheme://host[:port] in lower case without a path, e.g. https://www.example.com"),
+    ({"EDGE_URL": "https://poll.example.com/Poll/"},
+     "FASTPOLL['EDGE_URL'] must be the URL browsers reach the edge by, http(s)://host[:port] without a path, "
+     "such as 'https://poll.example.com', got 'https://poll.example.com/Poll/'"),
+    ({"EDGE_MAX_CONNECTIONS": 0},
+     "FASTPOLL['EDGE_MAX_CONNECTIONS']: fastpath --edge-max-connections must be in 1..1048576, got 0"),
+    ({"EDGE_MAX_PER_ADDRESS": "64"},
+     "FASTPOLL['EDGE_MAX_PER_ADDRESS']: fastpath edge_max_per_address must be an int, not str"),
+    ({"MAX_HELD_PER_USER": -1},
+     "FASTPOLL['MAX_HELD_PER_USER']: fastpath --max-held-per-user must be in 0..1048576, got -1"),
+    ({"EDGE_HEADER_TIMEOUT": 0},
+     "FASTPOLL['EDGE_HEADER_TIMEOUT']: fastpath --edge-header-timeout must be in 1..3600, got 0"),
+]
+
+
+@pytest.mark.parametrize("edge, line", EDGE_BAD, ids=[",".join(e) + f"-{i}" for i, (e, _) in enumerate(EDGE_BAD)])
+def test_check_refuses_what_the_renderer_refuses_with_its_line(fastpoll_settings, settings, edge, line):
+    assert found(fastpoll_settings, **edge) == [("fastpoll.E016", line + ".")]
+    with pytest.raises(CommandError) as refused:
+        argv_of(settings, **edge)
+    assert str(refused.value) == line
+
+
+def test_each_bad_edge_setting_is_reported_at_once(fastpoll_settings):
+    bad = {"EDGE_MAX_CONNECTIONS": 0, "EDGE_HEADER_TIMEOUT": 0, "EDGE_URL": "poll.example.com"}
+    assert [i for i, _ in found(fastpoll_settings, **bad)] == ["fastpoll.E016"] * 3
+
+
+def test_a_public_edge_without_a_per_user_cap_is_warned_of(fastpoll_settings):
+    assert found(fastpoll_settings, **PUBLIC_EDGE) == []
+    [(check_id, message)] = found(fastpoll_settings, **dict(PUBLIC_EDGE, MAX_HELD_PER_USER=0))
+    assert check_id == "fastpoll.W005" and "MAX_HELD_PER_USER is 0" in message
+    # on loopback nobody else reaches it
+    assert found(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:8003", EDGE_ORIGINS=[SITE]) == []
+
+
+@pytest.mark.parametrize("domain, ok", [(None, True), (".example.com", True), ("example.com", True),
+                                        ("https://example.com", False), (".example.com:443", False), ("", False),
+                                        (42, False)])
+def test_cookie_domain(fastpoll_settings, domain, ok):
+    expected = [] if ok else [("fastpoll.E017", f"FASTPOLL['COOKIE_DOMAIN'] must be None or a domain name such as "
+                                                f"'.example.com', got {domain!r}.")]
+    assert found(fastpoll_settings, COOKIE_DOMAIN=domain) == expected
+
+
+def test_the_edge_settings_are_known_keys():
+    assert set(fastpoll_checks._EDGE_EXAMPLES) == set(fastpoll.conf.EDGE_SETTINGS) <= set(fastpoll.conf.DEFAULTS)
+    assert fastpoll_checks.check_edge in fastpoll_checks.CHECKS
+    assert set(commandline.SETTING_OF_OPTION.values()) >= set(fastpoll.conf.EDGE_SETTINGS) - {"EDGE_URL"}
+
+
+# ---- the poll cookie's domain ----
+
+@pytest.mark.parametrize("fastpoll_domain, session_domain, expected", [
+    (None, None, None), (None, ".site.example", ".site.example"), (".example.com", ".site.example", ".example.com")])
+def test_the_poll_cookie_goes_to_cookie_domain(fastpoll_settings, settings, fastpoll_domain, session_domain,
+                                               expected):
+    settings.FASTPOLL = dict(fastpoll_settings, COOKIE_DOMAIN=fastpoll_domain)
+    settings.SESSION_COOKIE_DOMAIN = session_domain
+    response = HttpResponse()
+    auth.set_cookie(response, "t.1.2.3.4")
+    cookie = response.cookies[fastpoll.conf.get_config()["COOKIE_NAME"]]
+    assert cookie["domain"] == (expected or "") and cookie["samesite"] == "Lax" and cookie["httponly"]
+    gone = HttpResponse()
+    auth.delete_cookie(gone)
+    assert gone.cookies[fastpoll.conf.get_config()["COOKIE_NAME"]]["domain"] == (expected or "")
+
+
+# ---- fastpoll.edge_url() ----
+
+def _page(host):
+    return RequestFactory().get("/", HTTP_HOST=host)
+
+
+@pytest.mark.parametrize("edge, host, expected", [
+    ({}, "127.0.0.1:8080", ""),
+    ({"EDGE_URL": "https://poll.example.com"}, "www.example.com", "https://poll.example.com"),
+    ({"EDGE_URL": "https://poll.example.com", "EDGE_ADDRESS": "0.0.0.0:8443"}, "127.0.0.1", "https://poll.example.com"),
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "127.0.0.1:8080", "http://127.0.0.1:8003"),
+    # the page's cookie is localhost's: the edge is asked by that name too
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "localhost:8080", "http://localhost:8003"),
+    ({"EDGE_ADDRESS": "[::1]:8003"}, "[::1]:8080", "http://[::1]:8003"),
+    # a browser on another machine cannot reach this one's loopback
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "testserver", ""),
+    # nor does a page on another loopback address have the cookie of the edge's
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "[::1]:8080", ""),
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "127.0.0.2:8080", ""),
+    ({"EDGE_ADDRESS": "0.0.0.0:8443"}, "127.0.0.1", ""),          # E016: EDGE_URL is required
+    ({"EDGE_ADDRESS": "nope"}, "127.0.0.1", ""),
+])
+def test_edge_url(fastpoll_settings, settings, edge, host, expected):
+    settings.FASTPOLL = dict(fastpoll_settings, **edge)
+    settings.ALLOWED_HOSTS = ["*"]
+    assert fastpoll.edge_url(_page(host)) == expected
+
+
+def test_edge_url_without_a_request_is_the_address(fastpoll_settings, settings):
+    settings.FASTPOLL = dict(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:8003")
+    assert fastpoll.edge_url() == "http://127.0.0.1:8003"
+    assert "edge_url" in fastpoll.__all__
