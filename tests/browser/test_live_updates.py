@@ -8,9 +8,16 @@ against the real stack through nginx:
 - a response to a plurk that is not on the page is shown (with its plurk) before it is read;
 - the page load retries with the offline notice when the API is unreachable;
 - no horizontal overflow at 360 and 320 pixels;
-- the page long-polls (one getUnreadCount in flight with Prefer: wait and the last ETag), and a
-  plurk still arrives, by short polling through Django, while fastpath is stopped, and again
-  once it is back.
+- the page (?poll=long) long-polls (one getUnreadCount in flight with Prefer: wait and the last
+  ETag), and a plurk still arrives, by short polling through Django, while fastpath is stopped,
+  and again once it is back;
+- by default the count comes by a stream (EventSource) through nginx: plurks arrive with no poll
+  of the count; with fastpath killed the page falls back (Django's one-event stream, then
+  long-polls through Django) and comes back to the stream once fastpath is; plurks posted all
+  along are each shown once;
+- an edge the page cannot reach (refused, or not in the CSP) falls back to the stream through
+  nginx; the page streams from the stack's edge (the site's data-edge-url and CSP), and from an
+  edge the test starts, with a miss there and fastpath killed and back.
 
 Screenshots of each step, and of every window at the end of each test (also when it fails), go
 to test-artifacts/browser/.  Without Chromium the tests skip, unless CI is set: then they fail.
@@ -141,7 +148,7 @@ def _wait(predicate, timeout=15, what="condition"):
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
 
 
 def _by_id(driver, element_id):
@@ -160,8 +167,27 @@ def _login(driver, base, username):
 
 
 def _polls_done(driver):
+    """Answers of the count so far: polls (HIT or MISS) and stream events."""
     return driver.execute_script("const d = document.body.dataset;"
-                                 "return Number(d.pollHits) + Number(d.pollMisses);")
+                                 "return Number(d.pollHits) + Number(d.pollMisses) + Number(d.streamEvents || 0);")
+
+
+def _data(driver, name):
+    """<body data-NAME> (app.js's counters and the current transport)."""
+    return driver.execute_script("return document.body.dataset[arguments[0]] || ''", name)
+
+
+def _datas(driver):
+    """Every <body data-*> (for a failure's message)."""
+    return driver.execute_script("return Object.assign({}, document.body.dataset)")
+
+
+def _set_edge_url(driver, url):
+    """From the next page load on, <body data-edge-url> is ``url`` before app.js reads it (this
+    listener is registered before the deferred script registers its own)."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+        "document.addEventListener('DOMContentLoaded', () => {"
+        f" document.body.dataset.edgeUrl = {url!r}; }});")})
 
 
 def _badge(driver):
@@ -366,6 +392,7 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     (writer_name, writer_token), (reader_name, reader_token) = stack.follower_pair()
     reader = browsers("reader")
     _login(reader, base, reader_name)
+    reader.get(base + "/?poll=long")
     assert reader.execute_script("return document.body.dataset.pollMode") == "long"
     _wait(lambda: _polls_done(reader) >= 1, what="the reader's first poll")
     reader.execute_script(RECORD_LONG_POLLS_JS)
@@ -412,7 +439,7 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     quiet = f"quiet{int(time.time() * 1000) % 10**9}"
     assert requests.post(f"{base}/api/signup", json={"username": quiet, "password": PASSWORD},
                          timeout=10).status_code == 201
-    reader.get(f"{base}/u/{quiet}")
+    reader.get(f"{base}/u/{quiet}?poll=long")
     _wait(lambda: _by_id(reader, "follow").is_displayed(), what="the profile's follow button")
     _wait(lambda: _polls_done(reader) >= 1, what="the profile page's first poll")
     reader.execute_script(RECORD_LONG_POLLS_JS)
@@ -428,3 +455,204 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     assert reader.execute_script("return window.__counts")[before][1] is None       # without the ETag
     time.sleep(1)
     assert not _by_id(reader, "offline").is_displayed()
+
+
+def _arrives(stack, driver, token, text, timeout=20):
+    _post(stack, token, text)
+    _wait(lambda: text in _by_id(driver, "timeline").text, timeout=timeout, what=f"{text!r} for the reader")
+
+
+def test_a_plurk_arrives_by_the_stream_through_nginx(stack, browsers, pair):
+    base = stack.base_url
+    (_, writer_token), (reader_name, reader_token) = pair
+    reader = browsers("reader")
+    _set_edge_url(reader, "")                        # this test is about nginx's stream, not the edge
+    _login(reader, base, reader_name)
+    assert _data(reader, "pollMode") == "stream"
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the stream's first event")
+    reader.execute_script(RECORD_POLLS_JS)
+    events = int(_data(reader, "streamEvents"))
+
+    text = f"by the stream {time.time():.0f}"
+    _arrives(stack, reader, writer_token, text, timeout=10)
+    _wait(lambda: _badge(reader) == 1, timeout=5, what="the unread badge")
+    assert int(_data(reader, "streamEvents")) > events
+    _shot(reader, "10-stream-arrived")
+    _wait(lambda: _badge(reader) == 0 and _server_unread(stack, reader_token) == 0, timeout=15,
+          what="read once shown")
+    # the count came by the stream: nothing polled it; the messages were fetched, from fastpath
+    polls = reader.execute_script("return window.__polls")
+    assert polls and all(url == "/Poll/getMessages" and cache == "HIT" for url, cache in polls), polls
+    assert _data(reader, "transport") == "stream"
+    assert _data(reader, "pollHeld") == "0"
+
+
+def test_the_stream_falls_back_while_fastpath_is_stopped_and_nothing_is_lost(private_stack, browsers):
+    import threading
+
+    stack, base = private_stack, private_stack.base_url
+    (_, writer_token), (reader_name, _) = stack.follower_pair()
+    reader = browsers("reader")
+    _set_edge_url(reader, "")
+    _login(reader, base, reader_name)
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the stream's first event")
+
+    # a plurk a second all along: across the fall back and the return, each must be shown once
+    posted, stop = [], threading.Event()
+
+    def post_all_along():
+        while not stop.is_set():
+            text = f"all along {len(posted)} {time.time():.3f}"
+            posted.append((_post(stack, writer_token, text), text))
+            stop.wait(1.0)
+
+    poster = threading.Thread(target=post_all_along, daemon=True)
+    poster.start()
+    fastpath = stack.service("fastpath")
+    start = fastpath.start
+    fastpath.start = lambda: fastpath               # kept down until the test starts it
+    try:
+        _arrives(stack, reader, writer_token, f"on the stream {time.time():.0f}", timeout=10)
+        fastpath.kill()
+        _arrives(stack, reader, writer_token, f"as fastpath stops {time.time():.0f}")
+        _wait(lambda: _data(reader, "transport") in ("long", "short"), timeout=20,
+              what="the fall back from the stream")
+        misses = int(_data(reader, "pollMisses"))
+        _arrives(stack, reader, writer_token, f"while fastpath is stopped {time.time():.0f}")
+        assert int(_data(reader, "pollMisses")) > misses            # Django answered the polls
+        _shot(reader, "11-stream-fell-back")
+        assert not _by_id(reader, "offline").is_displayed()
+    finally:
+        fastpath.start = start
+        fastpath.start()
+        fastpath.wait_ready()
+    try:
+        _arrives(stack, reader, writer_token, f"as fastpath is back {time.time():.0f}")
+        _wait(lambda: _data(reader, "transport") == "stream", timeout=30, what="the stream again")
+        events = int(_data(reader, "streamEvents"))
+        _arrives(stack, reader, writer_token, f"on the stream again {time.time():.0f}", timeout=10)
+        assert int(_data(reader, "streamEvents")) > events
+    finally:
+        stop.set()
+        poster.join(15)
+    _shot(reader, "12-stream-back")
+
+    # everything posted is on the page, once: the reader follows only the writer
+    shown = lambda: reader.execute_script(  # noqa: E731
+        "return [...document.querySelectorAll('#timeline > li')].map((li) => Number(li.dataset.id))")
+    expected = {pid for pid, _ in posted}
+    _wait(lambda: expected <= set(shown()), timeout=15, what="every plurk posted all along")
+    ids = shown()
+    assert len(ids) == len(set(ids)), ids                          # nothing twice
+    assert len(ids) == len(expected) + 5, (len(ids), len(expected))   # and the 5 _arrives() plurks
+    assert len(posted) >= 10, posted
+
+
+def test_an_edge_the_page_cannot_use_falls_back_to_the_stream(stack, browsers, pair):
+    """An edge the page cannot reach (nothing listens there, and the CSP does not name it): the
+    first error is taken for a miss (one poll through the site), the second falls back to nginx's
+    stream."""
+    from plurksite.services import free_port
+
+    base = stack.base_url
+    (_, writer_token), (reader_name, _) = pair
+    reader = browsers("reader")
+    _set_edge_url(reader, f"http://127.0.0.1:{free_port()}")       # nothing listens there
+    _login(reader, base, reader_name)
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the fall back to nginx's stream")
+    assert _data(reader, "edgeUrl")
+    assert int(_data(reader, "streamMisses")) == 1                 # asked the site once
+    assert not _by_id(reader, "offline").is_displayed()
+    _arrives(stack, reader, writer_token, f"after the edge failed {time.time():.0f}", timeout=10)
+    _shot(reader, "13-edge-refused")
+
+
+def _flush_memcached(stack):
+    import socket
+
+    for host, port in stack.config.memcached:
+        with socket.create_connection((host, port), timeout=5) as sock:
+            sock.sendall(b"flush_all\r\n")
+            assert sock.recv(64) == b"OK\r\n"
+
+
+def test_the_page_streams_from_the_edge_and_falls_back_when_it_is_gone(private_stack, browsers):
+    """The stack's fastpath restarted with an edge (another origin: another port of 127.0.0.1);
+    the page is pointed at it (data-edge-url, and the CSP set aside: this test starts the edge
+    itself, the site's is another).  The count comes from the edge; a miss there is one poll
+    through the site and back to the edge; with fastpath killed the page goes down the transports
+    to polls through Django, and comes back to the edge once fastpath is back."""
+    from plurksite.services import free_port
+
+    stack, base = private_stack, private_stack.base_url
+    edge = f"127.0.0.1:{free_port()}"
+    fastpath = stack.service("fastpath")
+    fastpath.fastpath_argv += ["--edge", edge, "--edge-origins", base]
+    fastpath.restart()
+    fastpath.wait_ready()
+    (_, writer_token), (reader_name, reader_token) = stack.follower_pair()
+    reader = browsers("reader")
+    reader.execute_cdp_cmd("Page.setBypassCSP", {"enabled": True})
+    _set_edge_url(reader, f"http://{edge}")
+    _login(reader, base, reader_name)
+    _wait(lambda: _data(reader, "transport") == "edge" and _polls_done(reader) >= 1,
+          what="the edge's first event")
+    reader.execute_script(RECORD_POLLS_JS)
+    events = int(_data(reader, "streamEvents"))
+    _arrives(stack, reader, writer_token, f"from the edge {time.time():.0f}", timeout=10)
+    assert int(_data(reader, "streamEvents")) > events
+    assert not any(url == "/Poll/getUnreadCount" for url, _ in reader.execute_script("return window.__polls"))
+
+    # a miss on the edge: the key goes while the page streams (fastpath reads held keys again
+    # every few seconds, --reread-interval): the stream says `event: miss`, the page asks the site
+    # once (Django answers and fills the cache), then streams from the edge again
+    _wait(lambda: _badge(reader) == 0, timeout=15, what="the plurk read")   # its writes are done
+    time.sleep(1)
+    counts = lambda: [int(_data(reader, name) or 0)  # noqa: E731
+                      for name in ("streamMisses", "pollMisses", "streamOpens")]
+    misses, site_misses, opens = counts()
+    _flush_memcached(stack)
+    _wait(lambda: counts()[0] == misses + 1 and counts()[1] > site_misses and counts()[2] > opens
+          and _data(reader, "transport") == "edge", timeout=15,
+          what=lambda: f"the miss, one poll of the site, then the edge again: {_datas(reader)}")
+    assert stack.poll("getUnreadCount", reader_token, base=stack.fastpath_url).headers["X-Cache"] == "HIT"
+    _shot(reader, "14-edge")
+
+    start = fastpath.start
+    fastpath.start = lambda: fastpath
+    try:
+        fastpath.kill()
+        _wait(lambda: _data(reader, "transport") in ("long", "short"), timeout=30,
+              what=lambda: f"the fall back from the edge: {_datas(reader)}")
+        _arrives(stack, reader, writer_token, f"while the edge is gone {time.time():.0f}")
+        assert not _by_id(reader, "offline").is_displayed()
+    finally:
+        fastpath.start = start
+        fastpath.start()
+        fastpath.wait_ready()
+    _wait(lambda: _data(reader, "transport") == "edge", timeout=30,
+          what=lambda: f"the edge again: {_datas(reader)}")
+    events = int(_data(reader, "streamEvents"))
+    _arrives(stack, reader, writer_token, f"from the edge again {time.time():.0f}", timeout=10)
+    assert int(_data(reader, "streamEvents")) > events
+
+
+def test_the_page_on_the_stacks_edge_streams_from_it(stack, browsers, pair):
+    """The site's own edge (data-edge-url and the CSP from the site's settings), when the stack
+    starts one."""
+    if not getattr(stack.config, "edge", None):
+        pytest.skip("the test stack starts no edge (PLURK_EDGE is empty)")
+    (_, writer_token), (reader_name, _) = pair
+    reader = browsers("reader")
+    _login(reader, stack.base_url, reader_name)
+    host, port = stack.config.edge
+    assert _data(reader, "edgeUrl") == f"http://{host}:{port}"
+    _wait(lambda: _data(reader, "transport") == "edge" and _polls_done(reader) >= 1, timeout=10,
+          what=lambda: f"the edge's first event: {_datas(reader)}")
+    reader.execute_script(RECORD_POLLS_JS)
+    _arrives(stack, reader, writer_token, f"from the site's edge {time.time():.0f}", timeout=10)
+    assert _data(reader, "transport") == "edge"
+    assert not any(url == "/Poll/getUnreadCount" for url, _ in reader.execute_script("return window.__polls"))

@@ -51,10 +51,28 @@ def test_accessible_markup(client):
 
 
 @pytest.mark.parametrize("query, setting, mode", [
-    ("", None, "long"), ("?poll=short", None, "short"), ("?poll=nonsense", None, "long"),
-    ("", "short", "short"), ("?poll=long", "short", "long"),
+    ("", None, "stream"), ("?poll=short", None, "short"), ("?poll=nonsense", None, "stream"),
+    ("?poll=long", None, "long"), ("", "short", "short"), ("", "long", "long"),
+    ("?poll=long", "short", "long"), ("?poll=stream", "short", "stream"),
 ])
-def test_the_page_long_polls_unless_told_to_short_poll(client, settings, query, setting, mode):
+def test_the_page_streams_unless_told_to_poll(client, settings, query, setting, mode):
     if setting:
         settings.PLURKWEB_POLL_MODE = setting
     assert f'data-poll-mode="{mode}"'.encode() in client.get("/" + query).content
+
+
+@pytest.mark.parametrize("edge_url, connect", [
+    ("http://127.0.0.1:8081", "http://127.0.0.1:8081"),
+    ("https://poll.example.com/", "https://poll.example.com"),
+    ("https://poll.example.com:8443/Poll/?x=1#y", "https://poll.example.com:8443"),
+    ("", None), (None, None), ("javascript:alert(1)", None), ("//poll.example.com", None),
+    ("poll.example.com", None),
+])
+def test_the_policy_lets_the_page_connect_to_its_edge(edge_url, connect):
+    from plurkweb.views import CONTENT_SECURITY_POLICY, content_security_policy
+
+    policy = content_security_policy(edge_url)
+    if connect is None:
+        assert policy == CONTENT_SECURITY_POLICY
+    else:
+        assert policy == f"{CONTENT_SECURITY_POLICY}; connect-src 'self' {connect}"

@@ -36,6 +36,7 @@ async function api(method, path, body) {
   // that ETag, so it is woken to ask again without it
   if (method !== "GET") {
     live.etag = null;
+    live.reopen = true;                             // a stream is asked again too (its first event)
     if (live.held) live.held.abort();
   }
   let data = null;
@@ -120,34 +121,67 @@ function responseNode(r) {
 
 // ---- live updates --------------------------------------------------------------------------
 //
-// Every tick polls /Poll/getUnreadCount and sets the badge.  Only the timeline page goes further:
-// it fetches /Poll/getMessages whenever the count differs from the count it has fully rendered
-// (live.known), renders every item (fetching the plurk of a response that is not on the page),
-// and once they have been visible for READ_AFTER_MS marks read up to the newest rendered id.
-// Ticks never overlap, so a markRead cannot race a fetch.  Other pages only show the badge.
-// getMessages returns the newest 50: when more are unread the older ones cannot be shown, so
-// nothing is marked read until the person asks for it ("Mark all as read").
+// Every tick asks for the unread count (pollCount) and sets the badge.  Only the timeline page
+// goes further: it fetches /Poll/getMessages whenever the count differs from the count it has
+// fully rendered (live.known), renders every item (fetching the plurk of a response that is not on
+// the page), and once they have been visible for READ_AFTER_MS marks read up to the newest
+// rendered id.  Ticks never overlap, so a markRead cannot race a fetch.  Other pages only show
+// the badge.  getMessages returns the newest 50: when more are unread the older ones cannot be
+// shown, so nothing is marked read until the person asks for it ("Mark all as read").
 //
-// Two modes (<body data-poll-mode>, from settings.PLURKWEB_POLL_MODE or ?poll=short|long):
-// "short" polls every POLL_MS.  "long" keeps one getUnreadCount in flight with `Prefer: wait`
-// and `If-None-Match: <its last ETag>`: fastpath holds it until the count changes (200/204) or the
-// wait ends (304), and says so with Preference-Applied; the page then polls again at once.  An
-// answer without Preference-Applied came from Django (fastpath down, or a miss): the page waits
-// POLL_MS, i.e. short-polls until fastpath is back.  Marking read cannot wait for a held poll:
-// a due read aborts it (pollNow) and the next tick marks read before it polls again.
+// How the count arrives: the transports (docs/web.md), fastest first, from <body data-poll-mode>
+// (settings.PLURKWEB_POLL_MODE or ?poll=stream|long|short) and <body data-edge-url>:
+//
+//   "edge"    an EventSource on the edge (fastpath's listener on another origin, CORS with
+//             credentials), when data-edge-url is set;
+//   "stream"  an EventSource on /Poll/getUnreadCount through nginx (fastpath's stream, or
+//             Django's one event and `retry:` when nginx hands it to Django);
+//   "long"    one getUnreadCount in flight with `Prefer: wait` and `If-None-Match: <its last
+//             ETag>`: fastpath holds it until the count changes (200/204) or the wait ends (304),
+//             and says so with Preference-Applied; the page then polls again at once.  An answer
+//             without Preference-Applied came from Django (fastpath down, or a miss): the page
+//             waits POLL_MS, i.e. short-polls until fastpath is back;
+//   "short"   a poll every POLL_MS.
+//
+// A stream's tick waits for its next event, as a long-poll's waits for its answer.  A transport
+// that fails falls to the next one (a stream: an error before its first event, the browser giving
+// up (CORS, HTTP status), or STREAM_QUICK_ENDS connections in a row that end within
+// STREAM_QUICK_MS, i.e. nothing holds them; a long-poll: LONG_FAILURES errors in a row).  After
+// live.retryAt (RETRY_MS, doubling to MAX_RETRY_MS while the faster one keeps failing) the page
+// tries the fastest again: from a stream at once, from a poll once an answer was a fastpath HIT.
+// A miss (`event: miss`; the edge also refuses a stream it cannot start) is one poll through the
+// site (nginx, where Django fills the cache), then the same stream again.  Marking read cannot
+// wait for a held poll or the next event: a due read wakes it (pollNow) and the next tick marks
+// read before it waits again.
+
+const STREAM_QUICK_MS = 2000, STREAM_QUICK_ENDS = 3, LONG_FAILURES = 2;
+const RETRY_MS = 5000, MAX_RETRY_MS = 300000, STREAM_PROVEN_MS = 60000;
 
 const live = { delay: POLL_MS, timer: null, started: false, running: false, soon: false,
                known: 0, shownUpto: 0, readUpto: 0, readDue: 0, complete: true, markAll: false,
-               long: false, etag: null, count: 0, held: null, next: POLL_MS, readTimer: null };
+               etag: null, count: 0, held: null, next: POLL_MS, readTimer: null,
+               transports: ["short"], level: 0, stream: null, reopen: false, retryAt: 0,
+               retryDelay: RETRY_MS, lastHit: false, longFailures: 0, lastMiss: -Infinity,
+               edgeRefused: false };
+
+const transport = () => live.transports[live.level];
+const isStream = (t) => t === "edge" || t === "stream";
+// The transports that hold (streams, long-polls) wake the page themselves; short polls do not.
+const holding = () => transport() !== "short";
+
+function bump(attr) {
+  document.body.dataset[attr] = String(Number(document.body.dataset[attr] || 0) + 1);
+}
 
 function countCache(resp) {
   const state = resp.headers.get("X-Cache");
-  const attr = state === "HIT" ? "pollHits" : state === "MISS" ? "pollMisses" : null;
-  if (attr) document.body.dataset[attr] = String(Number(document.body.dataset[attr]) + 1);
+  if (state === "HIT") bump("pollHits");
+  else if (state === "MISS") bump("pollMisses");
+  live.lastHit = state === "HIT";                   // fastpath answered: a faster transport may work again
 }
 
 async function poll(resource) {
-  const resp = await fetch(`/Poll/${resource}`, { credentials: "same-origin" });
+  const resp = await fetch(`/Poll/${resource}`, { credentials: "same-origin", cache: "no-store" });
   countCache(resp);
   if (resp.status === 401) { location.href = "/login"; throw new Error("logged out"); }
   if (resp.status === 204) return { count: 0, items: [] };
@@ -155,14 +189,163 @@ async function poll(resource) {
   return resp.json();
 }
 
-// The unread count, long-polled: held by fastpath while the count equals the one we hold.  Sets
-// live.next, the delay before the next tick (0: fastpath held it, poll again at once).
-async function pollCount() {
-  if (!live.long) {
-    live.next = POLL_MS;
-    return (await poll("getUnreadCount")).count;
+function chooseTransports() {
+  const mode = document.body.dataset.pollMode;
+  const edge = document.body.dataset.edgeUrl || "";
+  const streams = typeof EventSource === "function" ? [...(edge ? ["edge"] : []), "stream"] : [];
+  live.transports = mode === "short" ? ["short"] : mode === "long" ? ["long", "short"]
+                                                : [...streams, "long", "short"];
+  setLevel(0);
+}
+
+function setLevel(level) {
+  if (isStream(transport()) && live.level !== level) closeStream();
+  live.level = level;
+  live.etag = null;                                 // nothing carries over from another transport
+  document.body.dataset.transport = transport();
+}
+
+// The current transport failed: the next one takes over at once, and the fastest is tried again later.
+function demote() {
+  const s = live.stream;
+  if (s && Date.now() - s.created >= STREAM_PROVEN_MS) live.retryDelay = RETRY_MS;
+  if (live.level === 0) {
+    live.retryAt = Date.now() + live.retryDelay;
+    live.retryDelay = Math.min(live.retryDelay * 2, MAX_RETRY_MS);
   }
-  const headers = { Prefer: `wait=${WAIT_S}` };
+  live.lastHit = false;
+  if (live.level < live.transports.length - 1) setLevel(live.level + 1);
+  else closeStream();
+}
+
+function maybePromote() {
+  if (live.level === 0 || Date.now() < live.retryAt) return;
+  if (!isStream(transport()) && !live.lastHit) return;          // fastpath has not answered yet
+  setLevel(0);
+}
+
+// ---- streams (Server-Sent Events, docs/contract.md sections 9 and 10)
+
+function openStream(kind) {
+  const url = kind === "edge" ? new URL("/Poll/getUnreadCount", document.body.dataset.edgeUrl).href
+                              : "/Poll/getUnreadCount";
+  const source = new EventSource(url, { withCredentials: kind === "edge" });
+  const s = { kind, source, created: Date.now(), openedAt: null, events: 0, quick: 0,
+              pending: undefined, waiter: null, ended: null };
+  bump("streamOpens");
+  source.addEventListener("open", () => { s.openedAt = Date.now(); });
+  source.addEventListener("getUnreadCount", (ev) => {
+    let count;
+    try { count = ev.data === "" ? 0 : JSON.parse(ev.data).count; } catch (e) { count = undefined; }
+    if (!Number.isInteger(count)) { endStream(s, "failed"); return; }
+    s.events++;
+    if (kind === "edge") live.edgeRefused = false;
+    bump("streamEvents");
+    if (s.waiter) { const w = s.waiter; s.waiter = null; w.resolve(count); } else s.pending = count;
+  });
+  source.addEventListener("miss", () => endStream(s, "miss"));
+  source.addEventListener("error", () => {
+    // Each end of a connection: EventSource reconnects by itself (with Last-Event-ID), unless it
+    // gave up (CLOSED).  Failed: it gave up, nothing ever came, a reconnect did not even connect
+    // (nothing answers there now), or the connections keep ending at once (nothing holds them:
+    // Django's one event and `retry:` each time, while fastpath is down).
+    const lived = s.openedAt === null ? -1 : Date.now() - s.openedAt;
+    s.openedAt = null;
+    s.quick = lived < STREAM_QUICK_MS ? s.quick + 1 : 0;
+    if (source.readyState === EventSource.CLOSED || s.events === 0 || lived < 0 ||
+        s.quick >= STREAM_QUICK_ENDS) endStream(s, "failed");
+  });
+  return s;
+}
+
+function endStream(s, why) {
+  s.source.close();
+  if (!s.ended) s.ended = why;
+  if (s.waiter) {
+    const w = s.waiter;
+    s.waiter = null;
+    w.reject(Object.assign(new Error(`stream ${why}`), { why }));
+  }
+}
+
+function closeStream() {
+  if (live.stream) endStream(live.stream, "closed");
+  live.stream = null;
+}
+
+// The stream's next count: one that came since the last tick, else the next event to come.
+async function streamCount(kind) {
+  if (live.reopen) { closeStream(); live.reopen = false; }   // its first event is the current count
+  if (!live.stream) live.stream = openStream(kind);
+  const s = live.stream;
+  if (s.pending !== undefined) { const count = s.pending; s.pending = undefined; return count; }
+  if (s.ended) throw Object.assign(new Error(`stream ${s.ended}`), { why: s.ended });
+  try {
+    return await new Promise((resolve, reject) => {
+      s.waiter = { resolve, reject };
+      live.held = { abort: () => {                  // pollNow: the tick goes on; the stream stays open
+        if (!s.waiter) return;
+        s.waiter = null;
+        reject(new DOMException("woken", "AbortError"));
+      } };
+    });
+  } finally { live.held = null; }
+}
+
+// ---- polls
+
+// The unread count, by the current transport.  Sets live.next, the delay before the next tick
+// (0: the transport holds, ask again at once).
+async function pollCount() {
+  maybePromote();
+  const t = transport();
+  if (isStream(t)) {
+    live.next = 0;
+    try {
+      live.count = await streamCount(t);
+      return live.count;
+    } catch (e) {
+      if (e.name === "AbortError") throw e;
+      closeStream();
+      // A miss: ask the site once (Django fills the cache), then the stream again.  The edge
+      // refuses a stream it cannot start with a 409, which EventSource cannot read: its first
+      // refusal is taken for a miss, a second one in a row for a failure.
+      const miss = e.why === "miss" || (t === "edge" && e.why === "failed" && !live.edgeRefused);
+      if (miss) {
+        if (t === "edge" && e.why === "failed") live.edgeRefused = true;
+        bump("streamMisses");
+        const now = Date.now();
+        live.next = now - live.lastMiss < 10 * POLL_MS ? POLL_MS : 0;    // a miss again: slow down
+        live.lastMiss = now;
+        live.count = (await poll("getUnreadCount")).count;
+        return live.count;
+      }
+      demote();
+      return pollCount();
+    }
+  }
+  if (t === "short") {
+    live.next = POLL_MS;
+    live.count = (await poll("getUnreadCount")).count;
+    return live.count;
+  }
+  try {
+    const count = await longPollCount();
+    live.longFailures = 0;
+    return count;
+  } catch (e) {
+    if (e.name !== "AbortError" && ++live.longFailures >= LONG_FAILURES) { live.longFailures = 0; demote(); }
+    throw e;
+  }
+}
+
+async function longPollCount() {
+  // below a stream, hold only until the stream is due to be tried again: an answer from fastpath
+  // after that (X-Cache: HIT) brings the stream back
+  let wait = WAIT_S;
+  if (live.level > 0) wait = Math.min(wait, Math.ceil((live.retryAt - Date.now()) / 1000));
+  const headers = {};
+  if (wait > 0) headers.Prefer = `wait=${wait}`;
   const sent = live.etag;                           // a write may clear live.etag while we wait
   if (sent) headers["If-None-Match"] = sent;
   const began = Date.now();
@@ -182,7 +365,7 @@ async function pollCount() {
   live.etag = resp.headers.get("ETag");
   live.count = count;
   const held = resp.headers.has("Preference-Applied");
-  if (held) document.body.dataset.pollHeld = String(Number(document.body.dataset.pollHeld || 0) + 1);
+  if (held) bump("pollHeld");
   live.next = held && (resp.status !== 304 || Date.now() - began >= QUICK_MS) ? 0 : POLL_MS;
   return count;
 }
@@ -199,7 +382,7 @@ function setBadge(count) {
 }
 
 async function tick() {
-  if (live.long && $("timeline") && readable()) await markRead();    // before a hold, not after it
+  if (holding() && $("timeline") && readable()) await markRead();    // before a hold, not after it
   const count = await pollCount();
   setBadge(count);
   if (!$("timeline")) return;                       // nothing is shown here, so nothing is read
@@ -207,9 +390,10 @@ async function tick() {
   if (count !== live.known) {
     await fetchMessages();
     // The messages are behind the count that announced them: two keys, written one after the
-    // other, and the count was read first.  Holding on the count's ETag would show them only at
-    // the next change; ask again after the short interval instead.
-    if (live.known < count) { live.etag = null; live.next = POLL_MS; }
+    // other, and the count was read first.  Holding on the count's ETag (or waiting for the
+    // stream's next event) would show them only at the next change; ask again after the short
+    // interval instead.
+    if (live.known < count) { live.etag = null; live.reopen = true; live.next = POLL_MS; }
   }
   if (readable()) await markRead();
 }
@@ -257,7 +441,7 @@ async function markRead() {
 
 // A long-poll is held while nothing changes: when something shown becomes due for reading, wake it.
 function readLater() {
-  if (!live.long) return;
+  if (!holding()) return;
   clearTimeout(live.readTimer);
   live.readTimer = setTimeout(() => { if (live.shownUpto > live.readUpto) pollNow(); },
                               Math.max(0, live.readDue - Date.now()) + 50);
@@ -278,7 +462,7 @@ async function runTick() {
     await tick();
     $("offline").hidden = true;
     live.delay = document.visibilityState === "visible" ? POLL_MS : Math.min(live.delay * 2, MAX_BACKOFF_MS);
-    next = live.long ? live.next : live.delay;
+    next = holding() ? live.next : live.delay;
   } catch (e) {
     if (e.name === "AbortError") {                  // pollNow woke a held poll: not an error
       next = 0;
@@ -321,7 +505,7 @@ async function start(load) {
     }
   }
   $("offline").hidden = true;
-  live.long = document.body.dataset.pollMode !== "short";
+  chooseTransports();
   live.started = true;
   schedulePoll(0);
 }
