@@ -117,7 +117,7 @@ typedef struct fp_buf {
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
 
-/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and builds with
+/* A connection's state; fp_conn_set_state (fp_conn.c) is the only writer, and builds with
  * FASTPATH_CHECKS (fp_debug.h) check every transition against its table.  READING is 0: a new
  * connection starts there. */
 typedef enum {
@@ -193,7 +193,7 @@ typedef struct fp_conn {
     struct fp_conn *prev, *next;     /* every open connection, for draining */
     int fd;
     uint8_t kind;                    /* fp_conn_kind_t */
-    uint8_t state;                   /* fp_conn_state_t; only _conn_set_state writes it */
+    uint8_t state;                   /* fp_conn_state_t; only fp_conn_set_state writes it */
     uint8_t keep_alive;
     uint8_t in_head;                 /* between the first byte of a request and its blank line */
     uint8_t is_head;                 /* HEAD request: no body in the answer */
