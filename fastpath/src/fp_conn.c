@@ -170,6 +170,7 @@ void fp_conn_close(fp_conn_t *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
+    fp_stream_close(c);              /* a stream's parts (before c->obj: they share a pointer) */
     _object_free(c);                 /* ... and an object poll's marker get */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     fp_wait_remove(&srv->waits, &c->marker_waiter);
@@ -758,7 +759,7 @@ static int _object_decide(fp_conn_t *c, const char *data, size_t len)
     fp_object_poll_t *o = c->obj;
     fp_mc_result_t m = (fp_mc_result_t)o->marker_r, r = (fp_mc_result_t)o->obj_r;
     int marker_known = m != FP_MC_QUEUED, obj_known = r != FP_MC_QUEUED;
-    fp_keys_t k = {o->key, o->marker, o->key_len, o->marker_len};
+    fp_keys_t k = {o->key, o->marker, o->key_len, o->marker_len, NULL};
     int rc;
 
     if (marker_known && m != FP_MC_EMPTY)
@@ -866,7 +867,7 @@ static int _dispatch(fp_conn_t *c)
     default:
         return fp_conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
-    fp_keys_t k = {rq->key, NULL, rq->key_len, 0};
+    fp_keys_t k = {rq->key, NULL, rq->key_len, 0, rq};
     c->mode = (uint8_t)_conn_mode_of(c);
     if (c->mode == FP_MODE_STREAM && (rc = fp_stream_prepare(c)) != 0)
         return rc < 0 ? -1 : 0;

@@ -21,6 +21,7 @@
 typedef struct {
     const char *key, *marker;
     size_t key_len, marker_len;
+    const fp_request_t *rq;          /* a user poll's request (its stream's resources), or NULL */
 } fp_keys_t;
 
 /* the ETag of the empty value: a present epoch marker's (docs/contract.md sections 7-8) */
@@ -40,6 +41,7 @@ uint64_t fp_conn_rand(fp_server_t *srv);      /* xorshift: jitter */
 /* fp_stream.c: the STREAM mode's row, and its preparation before a stream is dispatched (0,
  * or 1: answered already, or -1) */
 int fp_stream_prepare(fp_conn_t *c);
+void fp_stream_close(fp_conn_t *c);           /* the connection closes: a stream's parts go */
 int fp_stream_start(fp_conn_t *c, const fp_keys_t *k);
 int fp_stream_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
 void fp_stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
