@@ -11,7 +11,7 @@ import pytest
 from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from fastpoll.http import event_bytes
+from fastpoll.http import composite_event_id, event_bytes
 from tests.fastpath.conftest import token
 from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, held, key,  # noqa: F401
                                           metric, notify_dir, start, wait_metric)
@@ -526,8 +526,12 @@ def test_one_stream_of_two_resources_first_events_in_path_order(fastpath_factory
     assert status == 200 and headers["content-type"] == "text/event-stream"
     u, m = etag(b'{"u":1}'), etag(b'{"m":1}')
     # each event's id is what the client has after it: "" for what it has none of yet
-    assert s.block() == f'id: {u},""\nevent: getUnreadCount\ndata: {{"u":1}}'
-    assert s.block() == f'id: {u},{m}\nevent: getMessages\ndata: {{"m":1}}'
+    first, second = s.block(), s.block()
+    assert first == f'id: {u},""\nevent: getUnreadCount\ndata: {{"u":1}}'
+    assert second == f'id: {u},{m}\nevent: getMessages\ndata: {{"m":1}}'
+    # the same bytes as Django's (fastpoll.http.streams_response)
+    assert first.encode() + b"\n\n" == event_bytes(composite_event_id([u, None]), "getUnreadCount", b'{"u":1}')
+    assert second.encode() + b"\n\n" == event_bytes(composite_event_id([u, m]), "getMessages", b'{"m":1}')
     assert metric(fp, "fastpath_streams") == 1             # one connection, one stream
     assert metric(fp, "fastpath_streams_total") == 1
     assert metric(fp, "fastpath_stream_events_total") == 2
