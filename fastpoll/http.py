@@ -81,6 +81,59 @@ def event_bytes(etag, name, body):
     return b"id: " + etag.encode("ascii") + b"\nevent: " + name.encode("ascii") + b"\n" + data + b"\n"
 
 
+#: resources one stream may carry (fastpath's FP_STREAM_PARTS_MAX)
+STREAM_PARTS_MAX = 4
+_ETAG_LEN = 34                       # a quoted 32-hex ETag
+
+
+def composite_event_id(tags):
+    """The id of an event of a stream of several resources: every resource's ETag as the client
+    has it after the event, in path order, joined by ``,`` (``""`` for one it has none of)."""
+    return ",".join(tag if tag else '""' for tag in tags)
+
+
+def read_composite_event_id(value, n):
+    """The ``n`` ETags of a Last-Event-ID that composite_event_id wrote (None for ``""``), as
+    fastpath reads it (fp_stream.c _set_last_event_id); anything else is n Nones: all is sent."""
+    v, tags, pos = value.strip(" \t"), [], 0
+    for i in range(n):
+        if i > 0:
+            if v[pos:pos + 1] != ",":
+                return [None] * n
+            pos += 1
+        if v[pos:pos + 2] == '""':
+            tags.append(None)
+            pos += 2
+        elif len(v) - pos >= _ETAG_LEN and v[pos] == '"' and v[pos + _ETAG_LEN - 1] == '"':
+            tags.append(v[pos:pos + _ETAG_LEN])
+            pos += _ETAG_LEN
+        else:
+            return [None] * n
+    return tags if pos == len(v) else [None] * n
+
+
+def _stream(content):
+    response = HttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"
+    response["X-Cache"] = "MISS"
+    return response
+
+
+def streams_response(answers, request):
+    """Django's answer to a stream of several resources (``answers``: (name, body) in path order):
+    ``retry:``, then an event for each answer the client's composite Last-Event-ID does not name,
+    each id what the client has after it (composite_event_id), then the end."""
+    have = read_composite_event_id(request.META.get("HTTP_LAST_EVENT_ID", ""), len(answers))
+    content = b"retry: %d\n\n" % STREAM_RETRY_MS
+    for i, (name, body) in enumerate(answers):
+        etag = answer_etag(body)
+        if have[i] != etag:
+            have[i] = etag
+            content += event_bytes(composite_event_id(have), name, body)
+    return _stream(content)
+
+
 def stream_response(body, name, request):
     """Django's answer to a stream: ``retry:``, then the answer's event (none when Last-Event-ID
     is its ETag), then the end, so that EventSource reconnects by itself and finds fastpath."""
@@ -88,8 +141,4 @@ def stream_response(body, name, request):
     content = b"retry: %d\n\n" % STREAM_RETRY_MS
     if request.META.get("HTTP_LAST_EVENT_ID", "").strip(" \t") != etag:
         content += event_bytes(etag, name, body)
-    response = HttpResponse(content, content_type="text/event-stream")
-    response["Cache-Control"] = "no-store"
-    response["X-Accel-Buffering"] = "no"
-    response["X-Cache"] = "MISS"
-    return response
+    return _stream(content)

@@ -6,6 +6,8 @@ memcached is down) here.  Headers follow docs/contract.md, section 6; ETag and I
 section 7.  This view never holds a request: ``Prefer: wait`` is fastpath's alone, Django
 answers at once.  A stream (a GET with ``Accept: text/event-stream``, section 9) is answered with
 one event and ``retry:``, then ends: the browser's EventSource comes back, to fastpath.
+``<PATH_PREFIX><resource>,<resource>`` (2 to 4 per-user resources) is only ever a stream: one
+event per resource, the ids composite (``poll_several``).
 """
 import logging
 
@@ -15,7 +17,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import _testhooks, capability, keys, publish, resources
 from .auth import AuthError, authenticate_token, token_from_request
-from .http import answer_etag, bodiless, error_response, none_match, not_modified, stream_response, wants_event_stream
+from .http import (STREAM_PARTS_MAX, answer_etag, bodiless, error_response, none_match, not_modified, stream_response,
+                   streams_response, wants_event_stream)
 
 logger = logging.getLogger("fastpoll.poll")
 POLL_METHODS = ("GET", "HEAD", "POST")        # a poll is a read, whatever its method
@@ -70,6 +73,49 @@ def poll(request, resource, obj=None):
         return error_response(500, "internal error")
     except Exception:
         logger.exception("poll %s failed", resource)
+        return error_response(500, "internal error")
+
+
+@csrf_exempt
+def poll_several(request, names):
+    """A stream of several per-user resources of one user (docs/contract.md section 9): their
+    events in path order, each id the ETags the client has, then ``retry:``'s end.  Anything but
+    a stream naming them, or names that are unknown, repeated, per-object or more than
+    STREAM_PARTS_MAX, is the 404 of a path that names no resource."""
+    label = names[:200]
+    try:
+        if request.method not in POLL_METHODS:
+            return error_response(405, f"method {request.method} not allowed", {"Allow": ", ".join(POLL_METHODS)})
+        parts = names.split(",")
+        if not wants_event_stream(request):
+            return error_response(404, f"unknown poll resource {label!r}: several resources are only a stream")
+        if len(parts) > STREAM_PARTS_MAX or len(set(parts)) != len(parts):
+            return error_response(404, f"unknown poll resource {label!r}: a stream carries 2 to "
+                                  f"{STREAM_PARTS_MAX} resources, none twice")
+        found = [resources.get(name) for name in parts]
+        for name, resource in zip(parts, found):
+            if resource is None or resource.per != "user":
+                return error_response(404, f"unknown poll resource {name!r}: a stream of several "
+                                      "carries per-user resources"[:200])
+        token, _ = token_from_request(request)
+        try:
+            user, epoch = authenticate_token(token)
+        except AuthError as exc:
+            return error_response(401, str(exc))
+        answers = []
+        for resource in found:
+            body = resource.answers([user.pk]).get(user.pk, b"")
+            _fill(keys.answer_key(resource.name, user.pk, epoch), body, user.pk, epoch)
+            answers.append((resource.name, body))
+        return streams_response(answers, request)
+    except OperationalError as exc:
+        logger.error("poll %s: database unavailable: %s", label, exc)
+        return error_response(503, "database busy, retry shortly", {"Retry-After": "1"})
+    except resources.ResourceError as exc:
+        logger.error("poll %s failed: %s", label, exc)
+        return error_response(500, "internal error")
+    except Exception:
+        logger.exception("poll %s failed", label)
         return error_response(500, "internal error")
 
 

@@ -12,10 +12,11 @@
  * pauses, the request is answered (at once, or when memcached replies), and only then does
  * parsing go on with any pipelined bytes.
  *
- * A connection is a small state machine (fp_conn_state_t): _conn_set_state is the only writer
+ * A connection is a small state machine (fp_conn_state_t): fp_conn_set_state is the only writer
  * of c->state, and builds with FASTPATH_CHECKS (debug, ASan, fuzz) check each transition against
  * _legal below.  How it answers a poll is its mode (fp_mode_t), one row of handlers in _modes:
- * no other code asks which mode a connection is in.
+ * no other code asks which mode a connection is in.  STREAM's handlers live in fp_stream.c, and
+ * call the helpers fp_conn.h declares.
  *
  * close()'s result is not used: Linux releases the descriptor even when close reports an error,
  * and nothing unsent could be saved by then.
@@ -31,16 +32,14 @@
 #include <unistd.h>
 
 #include "fp_internal.h"
+#include "fp_conn.h"
 
-#define HEAD_CAP 1536                /* our response head, always well below (an edge answer
-                                        carries an origin of up to 255 bytes) */
 #define STATS_CAP 16384
 #define LINGER_S 2                   /* how long a closing connection's input is still read */
 #define LINGER_MAX_BYTES (1u << 20)
 
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg);
 static int _conn_after_response(fp_conn_t *c);
-static int _conn_process(fp_conn_t *c);
 static void _conn_readable(fp_conn_t *c);
 static void _object_free(fp_conn_t *c);
 static void _held_put(fp_conn_t *c);
@@ -65,43 +64,29 @@ static void _held_put(fp_conn_t *c);
  * text/event-stream on a GET) keeps its waiter in the wait table (a persistent one) and sends
  * one event per answer until --max-stream or a miss ends it. */
 
-/* The memcached keys a poll reads: its answer's, and an object poll's epoch marker (NULL: a
- * user poll). */
-typedef struct {
-    const char *key, *marker;
-    size_t key_len, marker_len;
-} _keys_t;
-
 typedef struct {
     const char *name;
-    int (*start)(fp_conn_t *c, const _keys_t *k);
-    int (*on_fetched)(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+    int (*start)(fp_conn_t *c, const fp_keys_t *k);
+    int (*on_fetched)(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
     fp_wake_fn on_change;
     void (*on_timeout)(fp_conn_t *c);
     void (*on_drain)(fp_conn_t *c);
     int (*after_write)(fp_conn_t *c);
 } _mode_t;
 
-static int _once_start(fp_conn_t *c, const _keys_t *k);
-static int _once_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
-static int _hold_start(fp_conn_t *c, const _keys_t *k);
-static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static int _once_start(fp_conn_t *c, const fp_keys_t *k);
+static int _once_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+static int _hold_start(fp_conn_t *c, const fp_keys_t *k);
+static int _hold_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
 static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
 static void _hold_over(fp_conn_t *c);
-static int _stream_start(fp_conn_t *c, const _keys_t *k);
-static int _stream_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len);
-static void _stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
-static void _stream_on_timeout(fp_conn_t *c);
-static void _stream_on_drain(fp_conn_t *c);
-static int _stream_after_write(fp_conn_t *c);
-static int _conn_next_request(fp_conn_t *c);
 
 static const _mode_t _modes[FP_MODE_N] = {
     /*                name    start        on_fetched     on_change        on_timeout  on_drain    after_write */
-    [FP_MODE_ONCE] = {"once", _once_start, _once_fetched, NULL,            NULL,       NULL,       _conn_next_request},
-    [FP_MODE_HOLD] = {"hold", _hold_start, _hold_fetched, _hold_on_change, _hold_over, _hold_over, _conn_next_request},
-    [FP_MODE_STREAM] = {"stream", _stream_start, _stream_fetched, _stream_on_change, _stream_on_timeout,
-                        _stream_on_drain, _stream_after_write},
+    [FP_MODE_ONCE] = {"once", _once_start, _once_fetched, NULL,            NULL,       NULL,       fp_conn_next_request},
+    [FP_MODE_HOLD] = {"hold", _hold_start, _hold_fetched, _hold_on_change, _hold_over, _hold_over, fp_conn_next_request},
+    [FP_MODE_STREAM] = {"stream", fp_stream_start, fp_stream_fetched, fp_stream_on_change, fp_stream_on_timeout,
+                        fp_stream_on_drain, fp_stream_after_write},
 };
 
 /* ---- states ---------------------------------------------------------------------------- */
@@ -109,7 +94,7 @@ static const _mode_t _modes[FP_MODE_N] = {
 /* (used only by debug builds' checks) */
 __attribute__((unused)) static const char *const _state_names[CONN_STATE_N] = {"reading", "waiting", "writing", "lingering", "held"};
 
-/* _legal[from][to]: the transitions _conn_set_state accepts (checked in debug builds). */
+/* _legal[from][to]: the transitions fp_conn_set_state accepts (checked in debug builds). */
 __attribute__((unused)) static const uint8_t _legal[CONN_STATE_N][CONN_STATE_N] = {
     /*                   READING WAITING WRITING LINGERING HELD */
     [CONN_READING]   = {0,      1,      1,      1,        1},
@@ -119,7 +104,7 @@ __attribute__((unused)) static const uint8_t _legal[CONN_STATE_N][CONN_STATE_N] 
     [CONN_HELD]      = {1,      0,      1,      1,        0},
 };
 
-static void _conn_set_state(fp_conn_t *c, fp_conn_state_t to)
+void fp_conn_set_state(fp_conn_t *c, fp_conn_state_t to)
 {
     FP_ASSERT(to < CONN_STATE_N && _legal[c->state][to], "connection %d: %s -> %s", c->fd,
               _state_names[c->state], to < CONN_STATE_N ? _state_names[to] : "?");
@@ -175,7 +160,7 @@ static struct event *_ev(fp_conn_t *c)
     return (struct event *)((char *)c + FP_CONN_EV_OFFSET);
 }
 
-static void _conn_close(fp_conn_t *c)
+void fp_conn_close(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
     if (c->prev != NULL)
@@ -185,6 +170,7 @@ static void _conn_close(fp_conn_t *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
+    fp_stream_close(c);              /* a stream's parts (before c->obj: they share a pointer) */
     _object_free(c);                 /* ... and an object poll's marker get */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     fp_wait_remove(&srv->waits, &c->marker_waiter);
@@ -303,7 +289,7 @@ void fp_conn_close_idle(fp_server_t *srv)
     for (; c != NULL; c = next) {
         next = c->next;
         if (c->state == CONN_READING && !c->in_message)
-            _conn_close(c);
+            fp_conn_close(c);
         else if (c->state == CONN_HELD)
             _modes[c->mode].on_drain(c);     /* HOLD: answered now, with "Connection: close" */
     }
@@ -312,7 +298,7 @@ void fp_conn_close_idle(fp_server_t *srv)
 void fp_conn_close_all(fp_server_t *srv)
 {
     while (srv->conns != NULL)
-        _conn_close(srv->conns);
+        fp_conn_close(srv->conns);
 }
 
 /* ---- responses: sending ------------------------------------------------------------ */
@@ -328,7 +314,7 @@ static int _conn_keep_rest(fp_conn_t *c, const char *head, size_t head_len, cons
 
     c->out = malloc(rest);
     if (c->out == NULL) {
-        _conn_close(c);
+        fp_conn_close(c);
         return -1;
     }
     memcpy(c->out, head + (head_len - from_head), from_head);
@@ -336,9 +322,9 @@ static int _conn_keep_rest(fp_conn_t *c, const char *head, size_t head_len, cons
         memcpy(c->out + from_head, body + (body_len - from_body), from_body);
     c->out_len = rest;
     c->out_sent = 0;
-    _conn_set_state(c, CONN_WRITING);
+    fp_conn_set_state(c, CONN_WRITING);
     if (_conn_watch(c, EV_WRITE) < 0) {
-        _conn_close(c);
+        fp_conn_close(c);
         return -1;
     }
     return 0;
@@ -346,7 +332,7 @@ static int _conn_keep_rest(fp_conn_t *c, const char *head, size_t head_len, cons
 
 /* Head and body in one sendmsg in the common case.  -1: the connection was closed or is
  * closing (the caller must not touch it). */
-static int _conn_send(fp_conn_t *c, const char *head, size_t head_len, const char *body, size_t body_len)
+int fp_conn_send(fp_conn_t *c, const char *head, size_t head_len, const char *body, size_t body_len)
 {
     struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body_len}};
     struct msghdr msg;
@@ -360,7 +346,7 @@ static int _conn_send(fp_conn_t *c, const char *head, size_t head_len, const cha
     } while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            _conn_close(c);
+            fp_conn_close(c);
             return -1;
         }
         n = 0;
@@ -374,7 +360,7 @@ static int _conn_send(fp_conn_t *c, const char *head, size_t head_len, const cha
  * becomes one that sends the client to the site).  -1: the connection was closed or is closing. */
 static int _conn_reply(fp_conn_t *c, fp_reply_t *a)
 {
-    char head[HEAD_CAP];
+    char head[FP_HEAD_CAP];
 
     if (!fp_kinds[c->kind].hands_on)
         fp_reply_site(a);
@@ -383,10 +369,10 @@ static int _conn_reply(fp_conn_t *c, fp_reply_t *a)
         c->srv->st->status[fp_status_slot(a->code)]++;
     size_t head_len = fp_reply_head(c, a, body_len, head, sizeof(head));
     /* HEAD: the head a GET would get, Content-Length included, and no content (RFC 9110 9.3.2) */
-    return _conn_send(c, head, head_len, a->body, c->is_head ? 0 : body_len);
+    return fp_conn_send(c, head, head_len, a->body, c->is_head ? 0 : body_len);
 }
 
-static int _conn_respond_error(fp_conn_t *c, int code, const char *message, const char *cache)
+int fp_conn_respond_error(fp_conn_t *c, int code, const char *message, const char *cache)
 {
     fp_reply_t a;
     fp_reply_error(&a, code, message, cache);
@@ -407,7 +393,7 @@ static int _conn_respond_metrics(fp_conn_t *c)
     fp_reply_t a;
     char *text = malloc(STATS_CAP);
     if (text == NULL)
-        return _conn_respond_error(c, 503, "out of memory", NULL);
+        return fp_conn_respond_error(c, 503, "out of memory", NULL);
     size_t n = fp_stats_render(c->srv->cfg->stats, c->srv->cfg->n_workers, text, STATS_CAP);
     fp_reply_set(&a, 200, "text/plain; version=0.0.4", NULL, NULL, text, n);
     int rc = _conn_reply(c, &a);
@@ -416,7 +402,7 @@ static int _conn_respond_metrics(fp_conn_t *c)
 }
 
 /* Answer what memcached said (tag: the answer's ETag if known, else NULL). */
-static int _conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
+int fp_conn_answer_result(fp_conn_t *c, fp_mc_result_t r, const char *data, size_t len,
                                const char *tag)
 {
     fp_reply_t a;
@@ -437,11 +423,11 @@ static void _conn_linger(fp_conn_t *c)
         _buf_put(c->srv, c->in);
         c->in = NULL;
     }
-    _conn_set_state(c, CONN_LINGERING);
+    fp_conn_set_state(c, CONN_LINGERING);
     c->body_len = 0;                 /* now counts dropped bytes */
     c->deadline_s = fp_now_s() + LINGER_S;
     if (shutdown(c->fd, SHUT_WR) < 0 || _conn_arm(c, EV_READ, &linger) < 0)
-        _conn_close(c);
+        fp_conn_close(c);
 }
 
 /* Linger only when the client may still be sending (nginx's `lingering_close on`): bytes not
@@ -465,12 +451,12 @@ static void _conn_lingering_readable(fp_conn_t *c)
     c->body_len += n > 0 ? (uint64_t)n : 0;
     /* each read re-arms the event's timeout, so the absolute deadline is checked here */
     if (n <= 0 || c->body_len > LINGER_MAX_BYTES || fp_now_s() >= c->deadline_s)
-        _conn_close(c);
+        fp_conn_close(c);
 }
 
 /* The answer is out: wait for the next request on this connection, or close it (every mode's
  * after_write today).  -1: the connection is closed or closing (the caller must not touch it). */
-static int _conn_next_request(fp_conn_t *c)
+int fp_conn_next_request(fp_conn_t *c)
 {
     fp_server_t *srv = c->srv;
     /* WRITING watched for writes, HELD with the hold's timeout; a paused reader, or one read
@@ -481,16 +467,16 @@ static int _conn_next_request(fp_conn_t *c)
         if (_conn_may_send_more(c))
             _conn_linger(c);
         else
-            _conn_close(c);
+            fp_conn_close(c);
         return -1;
     }
     _held_put(c);                    /* a hold's answer is out: it no longer counts */
     if (c->state != CONN_READING)
-        _conn_set_state(c, CONN_READING);
+        fp_conn_set_state(c, CONN_READING);
     c->deadline_s = fp_now_s() + srv->cfg->idle_timeout_s;
     if (rewatch) {
         if (_conn_watch(c, EV_READ) < 0) {
-            _conn_close(c);
+            fp_conn_close(c);
             return -1;
         }
     }
@@ -518,26 +504,6 @@ static fp_mode_t _conn_mode_of(const fp_conn_t *c)
     if (c->in->req.stream)
         return FP_MODE_STREAM;
     return _conn_wants_hold(c) ? FP_MODE_HOLD : FP_MODE_ONCE;
-}
-
-/* A stream is about to be dispatched: its events' name and framing.  -1: a draining worker
- * opens none (503 MISS: nginx hands it to Django, whose one event and retry: bring the client
- * back to another worker); the connection was answered. */
-static int _stream_miss(fp_conn_t *c);
-
-static int _stream_prepare(fp_conn_t *c)
-{
-    c->resource = c->in->req.resource;
-    c->stream_chunked = c->parser.http_major == 1 && c->parser.http_minor >= 1;
-    if (!c->stream_chunked)
-        c->keep_alive = 0;           /* HTTP/1.0: the stream ends when the connection does */
-    if (c->srv->stopping && !fp_kinds[c->kind].hands_on)
-        return _stream_miss(c) < 0 ? -1 : 1;     /* the edge: to the site, then back */
-    if (c->srv->stopping) {
-        c->mode = FP_MODE_ONCE;
-        return _conn_respond_error(c, 503, "draining", "MISS") < 0 ? -1 : 1;
-    }
-    return 0;
 }
 
 /* ---- caps on held connections (fp_limit.c; docs/contract.md section 10) ------------------ *
@@ -628,7 +594,7 @@ static int _held_take(fp_conn_t *c)
             srv->st->held_refused++;
             c->mode = FP_MODE_ONCE;
             c->wait_s = -1;          /* no Preference-Applied: nothing was held */
-            return _conn_respond_error(c, 429, _held_limits[i].refusal, NULL) < 0 ? -1 : 1;
+            return fp_conn_respond_error(c, 429, _held_limits[i].refusal, NULL) < 0 ? -1 : 1;
         }
     }
     return 0;
@@ -641,30 +607,30 @@ static void _conn_on_answer(void *ctx, fp_mc_result_t r, const char *data, size_
 {
     fp_conn_t *c = ctx;
     c->mc_req = NULL;
-    if (_conn_answer_result(c, r, data, len, NULL) == 0 && c->state == CONN_READING)
-        _conn_process(c);            /* pipelined requests waiting in the buffer */
+    if (fp_conn_answer_result(c, r, data, len, NULL) == 0 && c->state == CONN_READING)
+        fp_conn_process(c);            /* pipelined requests waiting in the buffer */
 }
 
-static int _once_start(fp_conn_t *c, const _keys_t *k)
+static int _once_start(fp_conn_t *c, const fp_keys_t *k)
 {
     fp_mc_result_t r = fp_mc_get(&c->srv->mc, k->key, k->key_len, _conn_on_answer, c, &c->mc_req);
     if (r == FP_MC_QUEUED) {
-        _conn_set_state(c, CONN_WAITING);
+        fp_conn_set_state(c, CONN_WAITING);
         return 0;
     }
-    return _conn_answer_result(c, r, NULL, 0, NULL);
+    return fp_conn_answer_result(c, r, NULL, 0, NULL);
 }
 
-static int _once_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
+static int _once_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len)
 {
-    return _conn_answer_result(c, r, data, len, NULL);
+    return fp_conn_answer_result(c, r, data, len, NULL);
 }
 
 /* ---- HOLD: long-polling ------------------------------------------------------------------ */
 
 /* The hold's timeout as an event timeout: what is left of it (a client's bytes re-arm a
  * persistent event's timeout, which must not extend the hold). */
-static int _conn_hold_arm(fp_conn_t *c)
+int fp_conn_hold_arm(fp_conn_t *c)
 {
     int64_t left = c->hold_until_us - fp_now_us();
     if (left < 0)
@@ -674,7 +640,7 @@ static int _conn_hold_arm(fp_conn_t *c)
 }
 
 /* xorshift64: jitter needs no quality, only spread */
-static uint64_t _rand(fp_server_t *srv)
+uint64_t fp_conn_rand(fp_server_t *srv)
 {
     uint64_t x = srv->rng;
     x ^= x << 13;
@@ -688,8 +654,8 @@ static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_
 {
     fp_conn_t *c = ctx;
     fp_wait_remove(&c->srv->waits, &c->marker_waiter);
-    if (_conn_answer_result(c, r, data, len, tag) == 0 && c->state == CONN_READING)
-        _conn_process(c);
+    if (fp_conn_answer_result(c, r, data, len, tag) == 0 && c->state == CONN_READING)
+        fp_conn_process(c);
 }
 
 /* A held object poll's epoch marker is gone (the user's epoch was revoked), or is no longer the
@@ -700,8 +666,8 @@ static void _conn_on_marker_wake(void *ctx, fp_mc_result_t r, const char *data, 
     fp_wait_remove(&c->srv->waits, &c->waiter);
     if (r == FP_MC_HIT || r == FP_MC_EMPTY)
         r = FP_MC_MISS;
-    if (_conn_answer_result(c, r, NULL, 0, NULL) == 0 && c->state == CONN_READING)
-        _conn_process(c);
+    if (fp_conn_answer_result(c, r, NULL, 0, NULL) == 0 && c->state == CONN_READING)
+        fp_conn_process(c);
 }
 
 /* The wait ran out (or the worker drains): 304 with the tag the client sent. */
@@ -713,7 +679,7 @@ static void _hold_over(fp_conn_t *c)
     c->srv->st->hold_timeouts++;
     fp_reply_set(&a, 304, NULL, "HIT", c->inm_tag, NULL, 0);
     if (_conn_reply(c, &a) == 0 && c->state == CONN_READING)
-        _conn_process(c);
+        fp_conn_process(c);
 }
 
 /* Prefer: wait and an If-None-Match that may be the answer's: hold until the answer differs
@@ -721,320 +687,49 @@ static void _hold_over(fp_conn_t *c)
  * the wait, jittered down by up to 10% so that polls started together do not all end
  * together, runs out.  The read event stays armed: a client that leaves is noticed at once. */
 /* the ETag of the empty value: a present epoch marker's (docs/contract.md sections 7-8) */
-static const char _empty_tag[] = "\"e3b0c44298fc1c149afbf4c8996fb924\"";
-_Static_assert(sizeof(_empty_tag) - 1 == FP_ETAG_LEN, "an ETag is FP_ETAG_LEN bytes");
+const char fp_empty_tag[] = "\"e3b0c44298fc1c149afbf4c8996fb924\"";
+_Static_assert(sizeof(fp_empty_tag) - 1 == FP_ETAG_LEN, "an ETag is FP_ETAG_LEN bytes");
 
 /* An object poll (k->marker != NULL) also waits on the user's epoch marker, which must stay the
  * empty value: its deletion (a revoked epoch) ends the hold as soon as it is noticed.  The key's
  * change goes to the mode's on_change. */
-static int _hold_start(fp_conn_t *c, const _keys_t *k)
+static int _hold_start(fp_conn_t *c, const fp_keys_t *k)
 {
     fp_server_t *srv = c->srv;
     int64_t wait_us = (int64_t)c->wait_s * 1000000;
     FP_ASSERT(_modes[c->mode].on_change != NULL && _modes[c->mode].on_timeout != NULL,
               "connection %d: mode %s cannot hold", c->fd, _modes[c->mode].name);
-    wait_us -= (int64_t)(_rand(srv) % (uint64_t)(wait_us / 10 + 1));
+    wait_us -= (int64_t)(fp_conn_rand(srv) % (uint64_t)(wait_us / 10 + 1));
     c->hold_until_us = fp_now_us() + wait_us;
     fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, c->inm_tag,
                                    _modes[c->mode].on_change, c);
     if (r != FP_MC_QUEUED)
-        return _conn_answer_result(c, r, NULL, 0, NULL);
+        return fp_conn_answer_result(c, r, NULL, 0, NULL);
     if (k->marker != NULL) {
         c->marker_waiter.secondary = 1;
-        r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, _empty_tag,
+        r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, fp_empty_tag,
                         _conn_on_marker_wake, c);
         if (r != FP_MC_QUEUED) {
             fp_wait_remove(&srv->waits, &c->waiter);
-            return _conn_answer_result(c, r, NULL, 0, NULL);
+            return fp_conn_answer_result(c, r, NULL, 0, NULL);
         }
     }
-    _conn_set_state(c, CONN_HELD);
-    if (_conn_hold_arm(c) < 0) {
-        _conn_close(c);              /* no timeout and no read event: it could hang forever */
+    fp_conn_set_state(c, CONN_HELD);
+    if (fp_conn_hold_arm(c) < 0) {
+        fp_conn_close(c);              /* no timeout and no read event: it could hang forever */
         return -1;
     }
     return 0;
 }
 
 /* An object poll's answer is the client's: hold it (unless the worker began to drain since). */
-static int _hold_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
+static int _hold_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len)
 {
     char tag[FP_ETAG_LEN];
     if ((r == FP_MC_HIT || r == FP_MC_EMPTY) && _conn_wants_hold(c) &&
         fp_etag_of(data != NULL ? data : "", r == FP_MC_HIT ? len : 0, tag) == 0 && fp_reply_not_modified(c, tag))
         return _hold_start(c, k);
-    return _conn_answer_result(c, r, data, len, NULL);
-}
-
-/* ---- STREAM: Server-Sent Events (docs/contract.md section 9) ----------------------------- *
- *
- * The stream's waiter is registered with a tag no answer has, so the wait table's first read
- * wakes it with the current answer: a miss or an error then is an ordinary answer (404 MISS or
- * 503: nginx hands the request to Django, as for a poll); an answer opens the stream (the head,
- * and the first event unless Last-Event-ID names it).  From then on the waiter stays in the
- * table with the tag of the last event, and every answer that differs is one more event.  A
- * miss or an error sends `event: miss` and ends the stream; so do --max-stream (without the
- * event) and a draining worker.  A comment line every --stream-heartbeat keeps proxies and
- * clients from taking the stream for dead.  An object stream also waits on the user's epoch
- * marker, whose change ends it as a miss does. */
-
-#define STREAM_BACKLOG_MAX (256 * 1024)  /* unsent event bytes a slow reader may pile up */
-#define EVENT_STACK 2048                 /* events up to this size are built on the stack */
-
-static const char _never_tag[FP_ETAG_LEN];   /* zeros: no answer's tag (they are quoted hex) */
-
-/* The stream's timer: its next heartbeat or its end, whichever is sooner (as HOLD's, in
- * hold_until_us, so that a client's bytes re-arm it the same way). */
-static int _stream_arm(fp_conn_t *c)
-{
-    c->hold_until_us = c->beat_us < c->stream_end_us ? c->beat_us : c->stream_end_us;
-    return _conn_hold_arm(c);
-}
-
-/* The stream's waiters leave the table, and it is no longer counted as open. */
-static void _stream_release(fp_conn_t *c)
-{
-    fp_wait_remove(&c->srv->waits, &c->waiter);
-    fp_wait_remove(&c->srv->waits, &c->marker_waiter);
-    c->waiter.persistent = c->waiter.secondary = 0;   /* the connection's next poll may hold */
-    if (c->stream_open) {
-        c->stream_open = 0;
-        c->srv->st->streams--;
-    }
-}
-
-/* Send stream bytes: after what is still unsent, if anything is (a reader that lets
- * STREAM_BACKLOG_MAX pile up is closed).  -1: the connection was closed or is closing. */
-static int _stream_send(fp_conn_t *c, const char *bytes, size_t n)
-{
-    if (c->state != CONN_WRITING)
-        return _conn_send(c, bytes, n, NULL, 0);
-    size_t pending = c->out_len - c->out_sent;
-    char *out;
-    if (pending + n > STREAM_BACKLOG_MAX) {
-        _conn_close(c);
-        return -1;
-    }
-    memmove(c->out, c->out + c->out_sent, pending);
-    if ((out = realloc(c->out, pending + n)) == NULL) {
-        _conn_close(c);
-        return -1;
-    }
-    memcpy(out + pending, bytes, n);
-    c->out = out;
-    c->out_len = pending + n;
-    c->out_sent = 0;
-    return 0;
-}
-
-/* The edge: a stream that cannot start (a miss, an error, a drain) is a stream of one
- * `event: miss`, then its end: the client asks the site once (which fills the cache), then
- * comes back (docs/contract.md section 10). */
-static int _stream_miss(fp_conn_t *c)
-{
-    static const char miss_event[] = "event: miss\ndata: \n\n";
-    char head[HEAD_CAP], buf[96];
-    size_t head_len = fp_reply_stream_head(c, head, sizeof(head));
-    size_t n = fp_reply_stream_text(c, miss_event, sizeof(miss_event) - 1, buf, sizeof(buf));
-
-    if (c->stream_chunked)
-        n += fp_reply_stream_text(c, "", 0, buf + n, sizeof(buf) - n);
-    c->srv->st->stream_misses++;
-    if (fp_kinds[c->kind].counted)
-        c->srv->st->status[fp_status_slot(200)]++;
-    return _conn_send(c, head, head_len, buf, n);
-}
-
-/* Not opened after all (a miss, an error, no memory, a drain): the poll's ordinary answer
- * (nginx hands it to Django), or on the edge a stream of one miss. */
-static int _stream_fail(fp_conn_t *c, fp_mc_result_t r)
-{
-    _stream_release(c);
-    if (!fp_kinds[c->kind].hands_on)
-        return _stream_miss(c);
-    return _conn_answer_result(c, r, NULL, 0, NULL);
-}
-
-/* End an open stream: `event: miss` first if miss, then the last chunk (chunked) or the close. */
-static int _stream_end(fp_conn_t *c, int miss)
-{
-    static const char miss_event[] = "event: miss\ndata: \n\n";
-    char buf[64];
-    size_t n = 0;
-
-    _stream_release(c);
-    if (miss) {
-        c->srv->st->stream_misses++;
-        n = fp_reply_stream_text(c, miss_event, sizeof(miss_event) - 1, buf, sizeof(buf));
-    }
-    if (c->stream_chunked)
-        n += fp_reply_stream_text(c, "", 0, buf + n, sizeof(buf) - n);
-    if (n == 0)
-        return _conn_next_request(c);    /* HTTP/1.0: closed */
-    return _stream_send(c, buf, n);
-}
-
-/* One event of the answer (data, len) tagged tag, after the head if there is one. */
-static int _stream_event(fp_conn_t *c, const char *head, size_t head_len, const char *tag, const char *data,
-                         size_t len)
-{
-    char stack[EVENT_STACK], *buf = stack;
-    size_t cap = fp_reply_event_size(c, data, len);
-    int rc;
-
-    if (cap > sizeof(stack) && (buf = malloc(cap)) == NULL) {
-        _conn_close(c);
-        return -1;
-    }
-    size_t n = fp_reply_event(c, tag, data, len, buf, cap);
-    c->srv->st->stream_events++;
-    rc = head != NULL ? _conn_send(c, head, head_len, buf, n) : _stream_send(c, buf, n);
-    if (buf != stack)
-        free(buf);
-    return rc;
-}
-
-/* The first answer: open the stream (its head, and the answer's event unless the client's
- * Last-Event-ID is its tag); the waiter takes the answer's tag. */
-static int _stream_open(fp_conn_t *c, const char *tag, const char *data, size_t len)
-{
-    char head[HEAD_CAP];
-    size_t head_len = fp_reply_stream_head(c, head, sizeof(head));
-    int known = fp_reply_not_modified(c, tag);
-
-    memcpy(c->inm_tag, tag, FP_ETAG_LEN);
-    c->inm = FP_INM_TAG;
-    c->waiter.tag = c->inm_tag;      /* the table compares the next answers with this one */
-    c->stream_open = 1;
-    c->srv->st->streams++;
-    c->srv->st->streams_started++;
-    if (fp_kinds[c->kind].counted)
-        c->srv->st->status[fp_status_slot(200)]++;
-    if (known)
-        return _conn_send(c, head, head_len, NULL, 0);
-    return _stream_event(c, head, head_len, tag, data, len);
-}
-
-/* The key's answer is not the last event's (the first read's always is not), or the key is
- * gone or unreadable (fp_wake_fn). */
-static void _stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
-{
-    fp_conn_t *c = ctx;
-    int rc;
-    if (r != FP_MC_HIT && r != FP_MC_EMPTY) {
-        rc = c->stream_open ? _stream_end(c, 1) : _stream_fail(c, r);
-    } else {
-        if (data == NULL || r == FP_MC_EMPTY) {
-            data = "";
-            len = 0;
-        }
-        if (!c->stream_open) {
-            rc = _stream_open(c, tag, data, len);
-        } else {
-            memcpy(c->inm_tag, tag, FP_ETAG_LEN);    /* the waiter's tag: the new answer's */
-            rc = _stream_event(c, NULL, 0, tag, data, len);
-        }
-    }
-    if (rc == 0 && c->state == CONN_READING)
-        _conn_process(c);            /* ended: pipelined requests */
-}
-
-/* An object stream's epoch marker is gone or not the empty value: the end, as a miss. */
-static void _stream_on_marker(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
-{
-    fp_conn_t *c = ctx;
-    if (r == FP_MC_HIT || r == FP_MC_EMPTY)
-        r = FP_MC_MISS;
-    int rc = c->stream_open ? _stream_end(c, 1) : _stream_fail(c, r);
-    if (rc == 0 && c->state == CONN_READING)
-        _conn_process(c);
-}
-
-static int _stream_start(fp_conn_t *c, const _keys_t *k)
-{
-    fp_server_t *srv = c->srv;
-    const fp_config_t *cfg = srv->cfg;
-    int64_t now = fp_now_us(), max_us = (int64_t)cfg->max_stream_s * 1000000;
-    fp_mc_result_t r;
-
-    max_us -= (int64_t)(_rand(srv) % (uint64_t)(max_us / 10 + 1));     /* as a hold's */
-    c->stream_end_us = now + max_us;
-    c->beat_us = now + (int64_t)cfg->stream_heartbeat_s * 1000000;
-    c->waiter.persistent = c->waiter.secondary = 1;   /* counted in streams, not held polls */
-    r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, _never_tag, _stream_on_change, c);
-    if (r != FP_MC_QUEUED)
-        return _stream_fail(c, r);
-    if (k->marker != NULL) {
-        c->marker_waiter.secondary = 1;
-        r = fp_wait_add(&srv->waits, &c->marker_waiter, k->marker, k->marker_len, _empty_tag,
-                        _stream_on_marker, c);
-        if (r != FP_MC_QUEUED)
-            return _stream_fail(c, r);
-    }
-    _conn_set_state(c, CONN_HELD);
-    if (_stream_arm(c) < 0) {
-        _conn_close(c);
-        return -1;
-    }
-    return 0;
-}
-
-/* An object stream's gets are in: a present answer (its marker checked) starts the stream. */
-static int _stream_fetched(fp_conn_t *c, const _keys_t *k, fp_mc_result_t r, const char *data, size_t len)
-{
-    if (r == FP_MC_HIT || r == FP_MC_EMPTY)
-        return _stream_start(c, k);
-    return _stream_fail(c, r);
-}
-
-/* The timer: the stream's end, or a heartbeat (a comment line) and the timer again. */
-static void _stream_on_timeout(fp_conn_t *c)
-{
-    static const char beat[] = ": \n\n";
-    char buf[32];
-    int64_t now = fp_now_us();
-    int rc;
-
-    if (now >= c->stream_end_us)
-        rc = c->stream_open ? _stream_end(c, 0) : _stream_fail(c, FP_MC_UNAVAILABLE);
-    else if (!c->stream_open || now < c->beat_us)
-        rc = _stream_arm(c) < 0 ? (_conn_close(c), -1) : 0;
-    else {
-        c->beat_us = now + (int64_t)c->srv->cfg->stream_heartbeat_s * 1000000;
-        c->srv->st->stream_heartbeats++;
-        rc = _stream_send(c, buf, fp_reply_stream_text(c, beat, sizeof(beat) - 1, buf, sizeof(buf)));
-        if (rc == 0 && c->state == CONN_HELD && _stream_arm(c) < 0) {
-            _conn_close(c);
-            return;
-        }
-    }
-    if (rc == 0 && c->state == CONN_READING)
-        _conn_process(c);
-}
-
-static void _stream_on_drain(fp_conn_t *c)
-{
-    int rc = c->stream_open ? _stream_end(c, 0) : _stream_fail(c, FP_MC_UNAVAILABLE);
-    if (rc == 0 && c->state == CONN_READING)
-        _conn_process(c);
-}
-
-/* Bytes are out: a stream goes on (held again once a backlog is written, or ended if its time
- * is up or the worker drains); an answer that was not a stream, or the end, as a poll's. */
-static int _stream_after_write(fp_conn_t *c)
-{
-    if (!c->stream_open)
-        return _conn_next_request(c);
-    if (c->state != CONN_WRITING)
-        return 0;                    /* sent at once from HELD: still armed */
-    _conn_set_state(c, CONN_HELD);
-    if (c->srv->stopping || fp_now_us() >= c->stream_end_us)
-        return _stream_end(c, 0);
-    if (_stream_arm(c) < 0) {
-        _conn_close(c);
-        return -1;
-    }
-    return 0;
+    return fp_conn_answer_result(c, r, data, len, NULL);
 }
 
 /* ---- object polls (docs/contract.md section 8) ------------------------------------------ *
@@ -1064,7 +759,7 @@ static int _object_decide(fp_conn_t *c, const char *data, size_t len)
     fp_object_poll_t *o = c->obj;
     fp_mc_result_t m = (fp_mc_result_t)o->marker_r, r = (fp_mc_result_t)o->obj_r;
     int marker_known = m != FP_MC_QUEUED, obj_known = r != FP_MC_QUEUED;
-    _keys_t k = {o->key, o->marker, o->key_len, o->marker_len};
+    fp_keys_t k = {o->key, o->marker, o->key_len, o->marker_len, NULL};
     int rc;
 
     if (marker_known && m != FP_MC_EMPTY)
@@ -1094,7 +789,7 @@ static void _object_on_marker(void *ctx, fp_mc_result_t r, const char *data, siz
     c->obj->marker_req = NULL;
     c->obj->marker_r = (uint8_t)r;
     if (_object_decide(c, NULL, 0) == 0 && c->state == CONN_READING)
-        _conn_process(c);
+        fp_conn_process(c);
 }
 
 static void _object_on_value(void *ctx, fp_mc_result_t r, const char *data, size_t len)
@@ -1113,7 +808,7 @@ static void _object_on_value(void *ctx, fp_mc_result_t r, const char *data, size
     }
     o->obj_r = (uint8_t)r;
     if (_object_decide(c, data, len) == 0 && c->state == CONN_READING)
-        _conn_process(c);
+        fp_conn_process(c);
 }
 
 /* Dispatch an ACT_OBJECT request: both gets, then wait.  -1: the connection was closed. */
@@ -1126,7 +821,7 @@ static int _object_start(fp_conn_t *c)
     int rc;
 
     if (o == NULL)
-        return _conn_answer_result(c, FP_MC_OVERLOADED, NULL, 0, NULL);
+        return fp_conn_answer_result(c, FP_MC_OVERLOADED, NULL, 0, NULL);
     memcpy(o->key, rq->key, rq->key_len);
     o->key_len = rq->key_len;
     memcpy(o->marker, rq->marker, rq->marker_len);
@@ -1143,7 +838,7 @@ static int _object_start(fp_conn_t *c)
         o->marker_req = NULL;
     rc = _object_decide(c, NULL, 0);
     if (rc == 1) {
-        _conn_set_state(c, CONN_WAITING);
+        fp_conn_set_state(c, CONN_WAITING);
         return 0;
     }
     return rc;
@@ -1164,17 +859,17 @@ static int _dispatch(fp_conn_t *c)
         break;
     case ACT_OBJECT:
         c->mode = (uint8_t)_conn_mode_of(c);
-        if (c->mode == FP_MODE_STREAM && (rc = _stream_prepare(c)) != 0)
+        if (c->mode == FP_MODE_STREAM && (rc = fp_stream_prepare(c)) != 0)
             return rc < 0 ? -1 : 0;
         if (c->mode != FP_MODE_ONCE && (rc = _held_take(c)) != 0)
             return rc < 0 ? -1 : 0;
         return _object_start(c);
     default:
-        return _conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
+        return fp_conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
-    _keys_t k = {rq->key, NULL, rq->key_len, 0};
+    fp_keys_t k = {rq->key, NULL, rq->key_len, 0, rq};
     c->mode = (uint8_t)_conn_mode_of(c);
-    if (c->mode == FP_MODE_STREAM && (rc = _stream_prepare(c)) != 0)
+    if (c->mode == FP_MODE_STREAM && (rc = fp_stream_prepare(c)) != 0)
         return rc < 0 ? -1 : 0;
     if (c->mode != FP_MODE_ONCE && (rc = _held_take(c)) != 0)
         return rc < 0 ? -1 : 0;
@@ -1194,7 +889,7 @@ static void _parse_error(fp_conn_t *c, llhttp_errno_t err)
 
 /* Parse and answer what the buffer holds.  -1: the connection was closed or is closing (the
  * caller must not touch it). */
-static int _conn_process(fp_conn_t *c)
+int fp_conn_process(fp_conn_t *c)
 {
     while (c->state == CONN_READING && c->in != NULL && c->in->pos < c->in->len) {
         fp_buf_t *b = c->in;
@@ -1226,11 +921,11 @@ static void _conn_readable(fp_conn_t *c)
     fp_server_t *srv = c->srv;
 
     if (c->state == CONN_READING && fp_now_s() > c->deadline_s) {
-        _conn_close(c);              /* the request is too slow to arrive (slowloris) */
+        fp_conn_close(c);              /* the request is too slow to arrive (slowloris) */
         return;
     }
     if (c->in == NULL && (c->in = _buf_get(srv)) == NULL) {
-        _conn_close(c);
+        fp_conn_close(c);
         return;
     }
     fp_buf_t *b = c->in;
@@ -1238,13 +933,13 @@ static void _conn_readable(fp_conn_t *c)
         fp_http_compact(c);
     if (b->len == srv->buf_cap) {
         if (c->state == CONN_HELD) {
-            _conn_close(c);          /* a held poll's client pipelines a buffer full: abusive */
+            fp_conn_close(c);          /* a held poll's client pipelines a buffer full: abusive */
             return;
         }
         if (c->state == CONN_WAITING) {          /* pipelined bytes pile up: read them later
                                                   * (unarmed: _conn_after_response re-arms) */
             if (event_del(_ev(c)) < 0)
-                _conn_close(c);
+                fp_conn_close(c);
             return;
         }
         fp_http_head_too_big(c);
@@ -1256,17 +951,17 @@ static void _conn_readable(fp_conn_t *c)
         n = recv(c->fd, b->data + b->len, srv->buf_cap - b->len, 0);
     } while (n < 0 && errno == EINTR);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        _conn_close(c);              /* the client went away (an answer in flight is dropped) */
+        fp_conn_close(c);              /* the client went away (an answer in flight is dropped) */
         return;
     }
     if (n > 0)
         b->len += (size_t)n;
     if (c->state == CONN_READING) {
         /* read when accepted and still short of a request: now it waits for the client */
-        if (_conn_process(c) == 0 && c->state == CONN_READING && _conn_unarmed(c) && _conn_watch(c, EV_READ) < 0)
-            _conn_close(c);
-    } else if (c->state == CONN_HELD && _conn_hold_arm(c) < 0) {
-        _conn_close(c);
+        if (fp_conn_process(c) == 0 && c->state == CONN_READING && _conn_unarmed(c) && _conn_watch(c, EV_READ) < 0)
+            fp_conn_close(c);
+    } else if (c->state == CONN_HELD && fp_conn_hold_arm(c) < 0) {
+        fp_conn_close(c);
     }
 }
 
@@ -1279,7 +974,7 @@ static void _conn_writable(fp_conn_t *c)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return;
-            _conn_close(c);
+            fp_conn_close(c);
             return;
         }
         c->out_sent += (size_t)n;
@@ -1288,7 +983,7 @@ static void _conn_writable(fp_conn_t *c)
     c->out = NULL;
     c->out_len = c->out_sent = 0;
     if (_conn_after_response(c) == 0)
-        _conn_process(c);
+        fp_conn_process(c);
 }
 
 static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
@@ -1299,7 +994,7 @@ static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
         if (c->state == CONN_HELD)
             _modes[c->mode].on_timeout(c);
         else if (c->state != CONN_WAITING)
-            _conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
+            fp_conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
         return;
     }
     switch (c->state) {

@@ -30,6 +30,8 @@
 #include "fp_wait.h"
 
 #define FP_BUF_POOL_MAX 256          /* idle read buffers kept for reuse */
+#define FP_STREAM_PARTS_MAX 4        /* resources one stream may carry (docs/contract.md section 9) */
+#define FP_RESOURCE_SET 255          /* fp_conn_t.resource of a stream of several resources */
 
 struct fp_server;
 struct fp_conn;
@@ -87,7 +89,10 @@ typedef struct fp_request {
     const char *error_message, *error_cache;
     uint8_t marker_len;
     uint8_t stream;                  /* a GET that accepts text/event-stream: answered as a stream */
-    uint8_t resource;                /* the index of its resource (fp_conn_resource_name) */
+    uint8_t resource;                /* the index of its resource (fp_reply_resource_name), or
+                                        FP_RESOURCE_SET: a stream of the n_parts in parts */
+    uint8_t n_parts;                 /* a stream of several user resources: how many (else 0) */
+    uint8_t parts[FP_STREAM_PARTS_MAX];   /* ... their indexes, in path order (key: parts[0]'s) */
     uint8_t uid_len;                 /* the token's uid (ACT_MEMCACHED, ACT_OBJECT): whose hold */
     char uid[FP_UID_MAX_LEN];
     char key[FP_KEY_CAP];            /* ACT_MEMCACHED's and ACT_OBJECT's key */
@@ -97,6 +102,8 @@ typedef struct fp_request {
 /* An object poll (ACT_OBJECT) from its dispatch to its answer: two gets in flight together,
  * the object's key and the user's epoch marker (docs/contract.md section 8).  Allocated per
  * object poll, so that a user poll or an idle connection pays one pointer for it. */
+typedef struct fp_stream_set fp_stream_set_t;   /* a stream's parts (fp_stream.c) */
+
 typedef struct fp_object_poll {
     fp_mc_req_t *marker_req;         /* the marker's get in flight (the object's is c->mc_req) */
     uint8_t marker_r, obj_r;         /* fp_mc_result_t; FP_MC_QUEUED: not answered yet */
@@ -117,7 +124,7 @@ typedef struct fp_buf {
     char data[];                     /* srv->buf_cap bytes */
 } fp_buf_t;
 
-/* A connection's state; _conn_set_state (fp_conn.c) is the only writer, and builds with
+/* A connection's state; fp_conn_set_state (fp_conn.c) is the only writer, and builds with
  * FASTPATH_CHECKS (fp_debug.h) check every transition against its table.  READING is 0: a new
  * connection starts there. */
 typedef enum {
@@ -193,14 +200,15 @@ typedef struct fp_conn {
     struct fp_conn *prev, *next;     /* every open connection, for draining */
     int fd;
     uint8_t kind;                    /* fp_conn_kind_t */
-    uint8_t state;                   /* fp_conn_state_t; only _conn_set_state writes it */
+    uint8_t state;                   /* fp_conn_state_t; only fp_conn_set_state writes it */
     uint8_t keep_alive;
     uint8_t in_head;                 /* between the first byte of a request and its blank line */
     uint8_t is_head;                 /* HEAD request: no body in the answer */
     uint8_t in_message;              /* a request has begun and not yet ended */
     uint8_t inm;                     /* fp_inm_t of the request */
     uint8_t mode;                    /* fp_mode_t of the request (ONCE until it is dispatched) */
-    uint8_t resource;                /* STREAM: its resource (the events' name) */
+    uint8_t resource;                /* STREAM: its resource (the events' name), or
+                                        FP_RESOURCE_SET: several, in set */
     uint8_t stream_open;             /* STREAM: the head is out, events follow (counted in streams) */
     uint8_t stream_chunked;          /* STREAM: HTTP/1.1, chunked (else HTTP/1.0, ended by close) */
     uint8_t origin;                  /* the edge: 1 + the index of the request's allowed Origin
@@ -214,7 +222,11 @@ typedef struct fp_conn {
     fp_mc_req_t *mc_req;             /* the get this connection waits for (cancelled on close) */
     fp_waiter_t waiter;              /* HELD: in the wait table (removed on close) */
     fp_waiter_t marker_waiter;       /* HELD object poll: on the user's epoch marker */
-    fp_object_poll_t *obj;           /* an object poll waiting for its two gets */
+    union {
+        fp_object_poll_t *obj;       /* an object poll waiting for its two gets */
+        fp_stream_set_t *set;        /* STREAM of several resources (resource FP_RESOURCE_SET):
+                                        its parts (fp_stream.c) */
+    };
     fp_limit_entry_t *held_by[FP_LIMIT_N];   /* HOLD, STREAM: what its hold counts in (NULL: none) */
     int64_t hold_until_us;           /* HELD: answered 304 then (STREAM: its next timer) */
     int64_t stream_end_us;           /* STREAM: ended then (--max-stream, jittered) */
@@ -313,8 +325,9 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
  * framed as a chunk when chunked */
 size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap);
 const char *fp_reply_resource_name(const fp_config_t *cfg, uint8_t resource, size_t *len);
-size_t fp_reply_event_size(const fp_conn_t *c, const char *data, size_t len);
-size_t fp_reply_event(const fp_conn_t *c, const char *tag, const char *data, size_t len, char *buf, size_t cap);
+size_t fp_reply_event_size(const fp_conn_t *c, uint8_t resource, size_t id_len, const char *data, size_t len);
+size_t fp_reply_event(const fp_conn_t *c, uint8_t resource, const char *id, size_t id_len, const char *data,
+                      size_t len, char *buf, size_t cap);
 size_t fp_reply_stream_text(const fp_conn_t *c, const char *text, size_t len, char *buf, size_t cap);
 
 #endif

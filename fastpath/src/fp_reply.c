@@ -228,6 +228,8 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
  *
  *   id: <the answer's ETag>\n  event: <resource>\n  data: <line>\n (one per line of the body)  \n
  *
+ * (a stream of several resources: the id is every resource's ETag, in path order, joined by ",")
+ *
  * the body's lines split at CRLF, CR or LF as an EventSource splits them, so that the client's
  * data is the body (an empty body is one empty data line: still an event). */
 
@@ -281,11 +283,11 @@ static size_t _lines(const char *data, size_t len, size_t *break_bytes)
     return n;
 }
 
-static size_t _event_payload(const fp_conn_t *c, const char *data, size_t len)
+static size_t _event_payload(const fp_conn_t *c, uint8_t resource, size_t id_len, const char *data, size_t len)
 {
     size_t name_len, b, n = _lines(data, len, &b);
-    (void)fp_reply_resource_name(c->srv->cfg, c->resource, &name_len);
-    return (sizeof("id: ") - 1 + FP_ETAG_LEN + 1) + (sizeof("event: ") - 1 + name_len + 1) +
+    (void)fp_reply_resource_name(c->srv->cfg, resource, &name_len);
+    return (sizeof("id: ") - 1 + id_len + 1) + (sizeof("event: ") - 1 + name_len + 1) +
            n * (sizeof("data: ") - 1 + 1) + (len - b) + 1;
 }
 
@@ -304,24 +306,25 @@ static void _put_hex(_text_t *t, size_t v)
 }
 
 /* The bytes fp_reply_event writes for this body, at most. */
-size_t fp_reply_event_size(const fp_conn_t *c, const char *data, size_t len)
+size_t fp_reply_event_size(const fp_conn_t *c, uint8_t resource, size_t id_len, const char *data, size_t len)
 {
-    return _event_payload(c, data, len) + CHUNK_FRAME_MAX;
+    return _event_payload(c, resource, id_len, data, len) + CHUNK_FRAME_MAX;
 }
 
-/* One event of the answer (data, len) whose ETag is tag, framed: its length. */
-size_t fp_reply_event(const fp_conn_t *c, const char *tag, const char *data, size_t len, char *buf, size_t cap)
+/* One event of resource's answer (data, len) with this id, framed: its length. */
+size_t fp_reply_event(const fp_conn_t *c, uint8_t resource, const char *id, size_t id_len, const char *data,
+                      size_t len, char *buf, size_t cap)
 {
     _text_t t = {buf, 0, cap};
     size_t name_len, start = 0;
-    const char *name = fp_reply_resource_name(c->srv->cfg, c->resource, &name_len);
+    const char *name = fp_reply_resource_name(c->srv->cfg, resource, &name_len);
 
     if (c->stream_chunked) {
-        _put_hex(&t, _event_payload(c, data, len));
+        _put_hex(&t, _event_payload(c, resource, id_len, data, len));
         PUT_LIT(&t, "\r\n");
     }
     PUT_LIT(&t, "id: ");
-    _put(&t, tag, FP_ETAG_LEN);
+    _put(&t, id, id_len);
     PUT_LIT(&t, "\nevent: ");
     _put(&t, name, name_len);
     PUT_LIT(&t, "\ndata: ");

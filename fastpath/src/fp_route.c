@@ -69,6 +69,9 @@ typedef struct {
     size_t res_len, obj_len;
     const char *query;               /* after '?', or NULL */
     size_t query_len;
+    uint8_t n_parts;                 /* several user resources (a stream's): how many, else 0;
+                                        res is then the first */
+    uint8_t parts[FP_STREAM_PARTS_MAX];
 } _target_t;
 
 /* s (len bytes) is one of names[0..n): its index, or -1 */
@@ -80,9 +83,33 @@ static int _find_name(const char *const *names, const size_t *lens, int n, const
     return -1;
 }
 
+/* resource *( "," resource ): 2 to FP_STREAM_PARTS_MAX user resources, none repeated (a stream
+ * of several, docs/contract.md section 9): 0 and t's parts, res the first; else -1. */
+static int _find_parts(const fp_config_t *cfg, _target_t *t)
+{
+    const char *p = t->res, *end = t->res + t->res_len;
+    uint8_t n = 0;
+
+    for (;;) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *stop = comma != NULL ? comma : end;
+        int i = _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, p, (size_t)(stop - p));
+        if (i < 0 || n == FP_STREAM_PARTS_MAX || memchr(t->parts, i, n) != NULL)
+            return -1;
+        t->parts[n++] = (uint8_t)i;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    t->n_parts = n;
+    t->res_len = cfg->resource_len[t->parts[0]];
+    return n > 1 ? 0 : -1;
+}
+
 /* url = path-prefix resource [ "/" object ] [ "?" query ]: resource one of cfg->resources, or
  * with an object one of cfg->object_resources; object = 1*64( ALPHA / DIGIT / "-" / "_" );
- * path-prefix is --path-prefix ("/Poll/").  0, or -1 for anything else (Django's). */
+ * path-prefix is --path-prefix ("/Poll/").  Or path-prefix resource 1*( "," resource ), which
+ * only a stream may be (_find_parts).  0, or -1 for anything else (Django's). */
 static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len, _target_t *t)
 {
     const char *q = url_len > 0 ? memchr(url, '?', url_len) : NULL;
@@ -98,6 +125,9 @@ static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len,
     slash = memchr(t->res, '/', t->res_len);
     t->obj = NULL;
     t->obj_len = 0;
+    t->n_parts = 0;
+    if (slash == NULL && memchr(t->res, ',', t->res_len) != NULL)
+        return _find_parts(cfg, t);
     if (slash == NULL)
         return _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len) < 0 ? -1 : 0;
     t->obj = slash + 1;
@@ -285,7 +315,11 @@ static void _stream(fp_conn_t *c, const _target_t *t)
     fp_span_t accept = rq->header[FP_HDR_ACCEPT];
     if (!fp_accept_event_stream(data + accept.off, accept.len))
         return;
-    if (t->obj == NULL)
+    if (t->n_parts > 1) {
+        i = FP_RESOURCE_SET;         /* Last-Event-ID is read when the stream starts */
+        rq->n_parts = t->n_parts;
+        memcpy(rq->parts, t->parts, t->n_parts);
+    } else if (t->obj == NULL)
         i = _find_name(cfg->resources, cfg->resource_len, cfg->n_resources, t->res, t->res_len);
     else
         i = FP_MAX_RESOURCES + _find_name(cfg->object_resources, cfg->object_resource_len,
@@ -294,11 +328,21 @@ static void _stream(fp_conn_t *c, const _target_t *t)
     rq->resource = (uint8_t)i;
     c->wait_s = -1;
     c->inm = FP_INM_NONE;
-    if (rq->have[FP_HDR_LAST_EVENT_ID] == 1) {
+    if (rq->have[FP_HDR_LAST_EVENT_ID] == 1 && i != FP_RESOURCE_SET) {
         fp_span_t id = rq->header[FP_HDR_LAST_EVENT_ID];
         if (fp_last_event_id(data + id.off, id.len, c->inm_tag))
             c->inm = FP_INM_TAG;
     }
+}
+
+/* Several resources are only ever a stream (a GET that accepts text/event-stream, once): any
+ * other request naming them names no resource. */
+static int _several_not_stream(const fp_conn_t *c, uint8_t method, const _target_t *t)
+{
+    const fp_request_t *rq = &c->in->req;
+    fp_span_t accept = rq->header[FP_HDR_ACCEPT];
+    return t->n_parts > 1 && !(method == HTTP_GET && rq->have[FP_HDR_ACCEPT] == 1 &&
+                               fp_accept_event_stream(c->in->data + accept.off, accept.len));
 }
 
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
@@ -311,7 +355,7 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
         _decide(c, 404, "method is Django's to answer", "MISS");
         return;
     }
-    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
+    if (_find_target(c->srv->cfg, url, url_len, &t) < 0 || _several_not_stream(c, method, &t)) {
         _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
         return;
     }
@@ -370,6 +414,10 @@ static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t ur
     }
     if (method == HTTP_OPTIONS) {
         _preflight(c, &t);
+        return;
+    }
+    if (_several_not_stream(c, method, &t)) {
+        _decide(c, 404, "not found", NULL);
         return;
     }
     _authenticate(c, &t);

@@ -11,7 +11,7 @@ import pytest
 from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from fastpoll.http import event_bytes
+from fastpoll.http import composite_event_id, event_bytes
 from tests.fastpath.conftest import token
 from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, held, key,  # noqa: F401
                                           metric, notify_dir, start, wait_metric)
@@ -506,3 +506,176 @@ def test_a_reader_that_lets_events_pile_up_is_closed(fastpath_factory, memcached
     _changes(cache, notifier, 21, 80, 100000)
     wait_metric(fp, "fastpath_streams", 0)
     sock.close()
+
+
+# ---- several resources in one stream (docs/contract.md section 9) ------------------------
+
+BOTH = "getUnreadCount,getMessages"
+
+
+def both_id(*tags):
+    return ",".join(tags)
+
+
+def test_one_stream_of_two_resources_first_events_in_path_order(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(40, "getUnreadCount"), b'{"u":1}')
+    cache.set(key(40), b'{"m":1}')
+    s = Stream(fp, 40, resource=BOTH)
+    status, headers = s.head()
+    assert status == 200 and headers["content-type"] == "text/event-stream"
+    u, m = etag(b'{"u":1}'), etag(b'{"m":1}')
+    # each event's id is what the client has after it: "" for what it has none of yet
+    first, second = s.block(), s.block()
+    assert first == f'id: {u},""\nevent: getUnreadCount\ndata: {{"u":1}}'
+    assert second == f'id: {u},{m}\nevent: getMessages\ndata: {{"m":1}}'
+    # the same bytes as Django's (fastpoll.http.streams_response)
+    assert first.encode() + b"\n\n" == event_bytes(composite_event_id([u, None]), "getUnreadCount", b'{"u":1}')
+    assert second.encode() + b"\n\n" == event_bytes(composite_event_id([u, m]), "getMessages", b'{"m":1}')
+    assert metric(fp, "fastpath_streams") == 1             # one connection, one stream
+    assert metric(fp, "fastpath_streams_total") == 1
+    assert metric(fp, "fastpath_stream_events_total") == 2
+    s.close()
+    wait_metric(fp, "fastpath_streams", 0)
+
+
+def test_a_change_of_one_resource_is_one_event_with_the_new_composite_id(fastpath_factory, memcached, cache,
+                                                                         notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    notifier = Notifier(notify_dir)
+    cache.set(key(41, "getUnreadCount"), b"0")
+    cache.set(key(41), b"m0")
+    s = Stream(fp, 41, resource=BOTH)
+    s.event(), s.event()
+    cache.set(key(41), b"m1")
+    notifier.send([key(41)])
+    assert s.event() == {"id": both_id(etag(b"0"), etag(b"m1")), "event": "getMessages", "data": "m1"}
+    cache.set(key(41, "getUnreadCount"), b"1")
+    notifier.send([key(41, "getUnreadCount")])
+    assert s.event() == {"id": both_id(etag(b"1"), etag(b"m1")), "event": "getUnreadCount", "data": "1"}
+    assert s.quiet(0.3)
+    s.close()
+
+
+@pytest.mark.parametrize("have, sent", [
+    (("u", "m"), []),                  # both current: the stream opens quiet
+    (("u", "old"), ["getMessages"]),   # only the stale one
+    (("old", "m"), ["getUnreadCount"]),
+    (None, ["getUnreadCount", "getMessages"]),
+])
+def test_last_event_id_resumes_every_resource(fastpath_factory, memcached, cache, have, sent):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(42, "getUnreadCount"), b"u")
+    cache.set(key(42), b"m")
+    last = None if have is None else both_id(*(etag(h.encode()) for h in have))
+    s = Stream(fp, 42, resource=BOTH, last_event_id=last)
+    assert s.head()[0] == 200
+    got = [s.event() for _ in sent]
+    assert [e["event"] for e in got] == sent
+    if got:
+        assert got[-1]["id"] == both_id(etag(b"u"), etag(b"m"))
+    assert s.quiet(0.2)
+    s.close()
+
+
+def test_an_unreadable_last_event_id_sends_every_resource(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(43, "getUnreadCount"), b"u")
+    cache.set(key(43), b"m")
+    for last in [etag(b"u"), both_id(etag(b"u"), etag(b"m"), etag(b"m")), "garbage", etag(b"u") + ";" + etag(b"m")]:
+        s = Stream(fp, 43, resource=BOTH, last_event_id=last)
+        assert [s.event()["event"], s.event()["event"]] == ["getUnreadCount", "getMessages"], last
+        s.close()
+
+
+def test_a_miss_of_one_resource_ends_the_stream(fastpath_factory, memcached, cache, notify_dir):
+    fp = start(fastpath_factory, memcached, notify=notify_dir)
+    cache.set(key(44, "getUnreadCount"), b"u")
+    cache.set(key(44), b"m")
+    s = Stream(fp, 44, resource=BOTH)
+    s.event(), s.event()
+    cache.delete(key(44, "getUnreadCount"))
+    Notifier(notify_dir).send([key(44, "getUnreadCount")])
+    assert s.event() == {"event": "miss", "data": ""}
+    assert s.block() is None and s.ended
+    wait_metric(fp, "fastpath_streams", 0)
+
+
+def test_a_miss_of_one_before_the_stream_opens_is_django_s_404(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(45), b"m")                       # getUnreadCount's key is missing
+    s = Stream(fp, 45, resource=BOTH)
+    status, headers = s.head()
+    assert status == 404 and headers["x-cache"] == "MISS"
+    assert metric(fp, "fastpath_streams_total") == 0
+    s.close()
+
+
+@pytest.mark.parametrize("resource", [
+    "getUnreadCount,nope", "getMessages,getMessages", "getMessages,", ",getMessages",
+    "getUnreadCount,getMessages,getUnreadCount,getMessages,getUnreadCount",
+])
+def test_unknown_repeated_or_empty_names_are_django_s_404(fastpath_factory, memcached, cache, resource):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(46, "getUnreadCount"), b"u")
+    cache.set(key(46), b"m")
+    status, headers = Stream(fp, 46, resource=resource).head()
+    assert status == 404 and headers["x-cache"] == "MISS"
+
+
+def test_several_resources_are_only_a_stream(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(47, "getUnreadCount"), b"u")
+    cache.set(key(47), b"m")
+    for kwargs in [{"accept": "application/json"}, {"method": "POST", "extra": "Content-Length: 0\r\n"},
+                   {"method": "HEAD"}, {"extra": "Accept: text/event-stream\r\n"}]:
+        status, headers = Stream(fp, 47, resource=BOTH, **kwargs).head()
+        assert status == 404 and headers["x-cache"] == "MISS", kwargs
+    # 401 before 404 only where the stream would be (Django answers a poll's path first)
+    assert Stream(fp, 47, resource=BOTH, auth="Bearer nope").head()[0] == 401
+
+
+def test_a_stream_of_several_counts_once_toward_the_user_cap(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached, "--max-held-per-user", "1")
+    cache.set(key(48, "getUnreadCount"), b"u")
+    cache.set(key(48), b"m")
+    s = Stream(fp, 48, resource=BOTH)
+    s.event(), s.event()
+    assert Stream(fp, 48).head()[0] == 429
+    s.close()
+    wait_metric(fp, "fastpath_streams", 0)
+    s = Stream(fp, 48, resource="getMessages")
+    assert s.event()["data"] == "m"
+    s.close()
+
+
+def test_three_resources_and_the_edge(fastpath_factory, memcached, cache):
+    from tests.fastpath.test_edge import edge_stream, start as edge_start
+    fp = edge_start(fastpath_factory, memcached)
+    cache.set(key(49, "getUnreadCount"), b"u")
+    cache.set(key(49), b"m")
+    s = edge_stream(fp, uid=49, resource=BOTH)
+    assert s.head()[0] == 200
+    assert [s.event()["event"], s.event()["event"]] == ["getUnreadCount", "getMessages"]
+    s.close()
+    # a miss of one: on the edge a stream of one event: miss
+    cache.delete(key(49))
+    s = edge_stream(fp, uid=49, resource=BOTH)
+    assert s.head()[0] == 200 and s.event() == {"event": "miss", "data": ""}
+    s.close()
+    # the edge refuses what names no resource itself
+    assert edge_stream(fp, uid=49, resource="getMessages,getMessages").head()[0] == 404
+    assert edge_stream(fp, uid=49, resource=BOTH, accept="application/json").head()[0] == 404
+
+
+def test_big_answers_of_several_resources(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    big = {"getUnreadCount": b"u" * 3000 + b"\nx", "getMessages": b"m\r\n" * 2000}
+    for res, body in big.items():
+        cache.set(key(50, res), body)
+    s = Stream(fp, 50, resource=BOTH)
+    for res in ("getUnreadCount", "getMessages"):
+        e = s.event()
+        assert e["event"] == res
+        assert e["data"].encode() == big[res].replace(b"\r\n", b"\n")
+    s.close()

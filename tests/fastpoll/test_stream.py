@@ -93,3 +93,73 @@ def test_the_stream_location_is_unbuffered_with_a_read_timeout_above_the_heartbe
     # the stream test comes before the long-poll one: a stream's Prefer means nothing
     poll = server.split("location /Poll/ {", 1)[1]
     assert poll.index("$fastpoll_stream") < poll.index("$fastpoll_wait")
+
+
+# ---- several resources in one stream ------------------------------------------------------
+
+BOTH = "getUnreadCount,getMessages"
+
+
+def _answers(client):
+    """The two answers as Django computes them (short polls: the same bodies)."""
+    u = client.get("/Poll/getUnreadCount", HTTP_AUTHORIZATION=f"Bearer {client.token}")
+    m = client.get("/Poll/getMessages", HTTP_AUTHORIZATION=f"Bearer {client.token}")
+    return tuple(b"" if r.status_code == 204 else r.content for r in (u, m))
+
+
+def test_a_stream_of_two_is_one_event_each_ids_composite(signup):
+    a, b = signup("a"), signup("b")
+    b.call("POST", "/api/follow", {"username": "a"})
+    a.call("POST", "/api/plurks", {"content": "x"})
+    u, m = _answers(b)
+    resp = stream(b, BOTH)
+    assert resp.status_code == 200 and resp["Content-Type"] == ES and resp["X-Cache"] == "MISS"
+    tu, tm = answer_etag(u), answer_etag(m)
+    assert resp.content == (b"retry: %d\n\n" % STREAM_RETRY_MS +
+                            event_bytes(f'{tu},""', "getUnreadCount", u) +
+                            event_bytes(f"{tu},{tm}", "getMessages", m))
+
+
+@pytest.mark.parametrize("have, sent", [
+    (("u", "m"), []), (("u", None), ["getMessages"]), ((None, "m"), ["getUnreadCount"]),
+    (("old", "old"), ["getUnreadCount", "getMessages"]),
+])
+def test_last_event_id_skips_the_resources_the_client_has(signup, have, sent):
+    client = signup()
+    u, m = _answers(client)
+    tags = {"u": answer_etag(u), "m": answer_etag(m), "old": '"00000000000000000000000000000000"', None: '""'}
+    resp = stream(client, BOTH, HTTP_LAST_EVENT_ID=",".join(tags[h] for h in have))
+    names = [line[7:] for line in resp.content.decode().split("\n") if line.startswith("event: ")]
+    assert names == sent
+    if sent:
+        assert f"id: {answer_etag(u)},{answer_etag(m)}\n" in resp.content.decode().split("\n\n")[-2] + "\n"
+
+
+def test_an_unreadable_last_event_id_sends_every_resource(signup):
+    client = signup()
+    u, _ = _answers(client)
+    for last in [answer_etag(u), "garbage", answer_etag(u) + ";" + answer_etag(u)]:
+        resp = stream(client, BOTH, HTTP_LAST_EVENT_ID=last)
+        assert resp.content.count(b"event: ") == 2, last
+
+
+@pytest.mark.parametrize("names", [
+    "getUnreadCount,nope", "getMessages,getMessages",
+    "getUnreadCount,getMessages,getUnreadCount,getMessages,getUnreadCount",
+])
+def test_unknown_repeated_or_too_many_names_are_a_json_404(signup, names):
+    resp = stream(signup(), names)
+    assert resp.status_code == 404 and resp["Content-Type"] == "application/json" and "error" in resp.json()
+
+
+@pytest.mark.parametrize("kwargs", [{"accept": "application/json"}, {"method": "post"}, {"method": "head"}])
+def test_several_resources_are_only_a_stream(signup, kwargs):
+    resp = stream(signup(), BOTH, **kwargs)
+    assert resp.status_code == 404
+
+
+def test_a_stream_of_two_unauthenticated_is_a_json_401(signup):
+    client = signup()
+    client.token = "nope"
+    resp = stream(client, BOTH)
+    assert resp.status_code == 401 and resp["Content-Type"] == "application/json"
