@@ -46,33 +46,12 @@ static void _held_put(fp_conn_t *c);
 
 /* ---- answer modes ----------------------------------------------------------------------- *
  *
- * How a connection answers a poll is its mode (c->mode, chosen by _dispatch): ONCE answers what
- * memcached says now; HOLD (Prefer: wait, with an If-None-Match that may be the answer's) waits
- * in the wait table until the answer differs from the client's or the wait runs out.  A mode is
- * a row of handlers, each called from one place:
- *
- *   start        a user poll is dispatched (k: its key): ask for its answer
- *   on_fetched   an object poll's gets are in (k: its keys; r: what answers it, the marker
- *                checked): answer, or wait
- *   on_change    held: the key's answer is no longer the client's, or cannot be read
- *                (fp_wake_fn; ctx is the connection)
- *   on_timeout   held: the connection's time is up
- *   on_drain     held: the worker stops
- *   after_write  the answer is out
- *
- * A mode that never holds has no on_change, on_timeout or on_drain.  STREAM (Accept:
- * text/event-stream on a GET) keeps its waiter in the wait table (a persistent one) and sends
- * one event per answer until --max-stream or a miss ends it. */
-
-typedef struct {
-    const char *name;
-    int (*start)(fp_conn_t *c, const fp_keys_t *k);
-    int (*on_fetched)(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
-    fp_wake_fn on_change;
-    void (*on_timeout)(fp_conn_t *c);
-    void (*on_drain)(fp_conn_t *c);
-    int (*after_write)(fp_conn_t *c);
-} _mode_t;
+ * How a connection answers a poll is its mode (c->mode, chosen by _dispatch), a row of handlers
+ * (fp_mode_ops_t, fp_conn.h): ONCE answers what memcached says now; HOLD (Prefer: wait, with an
+ * If-None-Match that may be the answer's) waits in the wait table until the answer differs from
+ * the client's or the wait runs out; STREAM (fp_stream.c) keeps its waiter in the wait table (a
+ * persistent one) and sends one event per answer until --max-stream or a miss ends it.  This
+ * file calls a mode only through its row. */
 
 static int _once_start(fp_conn_t *c, const fp_keys_t *k);
 static int _once_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
@@ -81,12 +60,17 @@ static int _hold_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, con
 static void _hold_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
 static void _hold_over(fp_conn_t *c);
 
-static const _mode_t _modes[FP_MODE_N] = {
-    /*                name    start        on_fetched     on_change        on_timeout  on_drain    after_write */
-    [FP_MODE_ONCE] = {"once", _once_start, _once_fetched, NULL,            NULL,       NULL,       fp_conn_next_request},
-    [FP_MODE_HOLD] = {"hold", _hold_start, _hold_fetched, _hold_on_change, _hold_over, _hold_over, fp_conn_next_request},
-    [FP_MODE_STREAM] = {"stream", fp_stream_start, fp_stream_fetched, fp_stream_on_change, fp_stream_on_timeout,
-                        fp_stream_on_drain, fp_stream_after_write},
+static const fp_mode_ops_t _once_mode = {
+    .name = "once", .start = _once_start, .on_fetched = _once_fetched, .after_write = fp_conn_next_request,
+};
+static const fp_mode_ops_t _hold_mode = {
+    .name = "hold", .start = _hold_start, .on_fetched = _hold_fetched, .on_change = _hold_on_change,
+    .on_timeout = _hold_over, .on_drain = _hold_over, .after_write = fp_conn_next_request,
+};
+static const fp_mode_ops_t *const _modes[FP_MODE_N] = {
+    [FP_MODE_ONCE] = &_once_mode,
+    [FP_MODE_HOLD] = &_hold_mode,
+    [FP_MODE_STREAM] = &fp_stream_mode,
 };
 
 /* ---- states ---------------------------------------------------------------------------- */
@@ -109,7 +93,7 @@ void fp_conn_set_state(fp_conn_t *c, fp_conn_state_t to)
     FP_ASSERT(to < CONN_STATE_N && _legal[c->state][to], "connection %d: %s -> %s", c->fd,
               _state_names[c->state], to < CONN_STATE_N ? _state_names[to] : "?");
 #if FASTPATH_DEBUG
-    fp_log("connection %d (%s): %s -> %s", c->fd, _modes[c->mode].name, _state_names[c->state], _state_names[to]);
+    fp_log("connection %d (%s): %s -> %s", c->fd, _modes[c->mode]->name, _state_names[c->state], _state_names[to]);
 #endif
     c->state = (uint8_t)to;
 }
@@ -170,7 +154,10 @@ void fp_conn_close(fp_conn_t *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     fp_mc_cancel(c->mc_req);         /* its memcached answer, if it still comes, is dropped */
-    fp_stream_close(c);              /* a stream's parts (before c->obj: they share a pointer) */
+    for (int m = 0; m < FP_MODE_N; m++) {      /* a stream's parts (before c->obj: they share a pointer) */
+        if (_modes[m]->release != NULL)
+            _modes[m]->release(c);
+    }
     _object_free(c);                 /* ... and an object poll's marker get */
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     fp_wait_remove(&srv->waits, &c->marker_waiter);
@@ -291,7 +278,7 @@ void fp_conn_close_idle(fp_server_t *srv)
         if (c->state == CONN_READING && !c->in_message)
             fp_conn_close(c);
         else if (c->state == CONN_HELD)
-            _modes[c->mode].on_drain(c);     /* HOLD: answered now, with "Connection: close" */
+            _modes[c->mode]->on_drain(c);     /* HOLD: answered now, with "Connection: close" */
     }
 }
 
@@ -489,7 +476,7 @@ int fp_conn_next_request(fp_conn_t *c)
  * (the caller must not touch it). */
 static int _conn_after_response(fp_conn_t *c)
 {
-    return _modes[c->mode].after_write(c);
+    return _modes[c->mode]->after_write(c);
 }
 
 /* wait=0 is compared once, as without Prefer; a draining worker holds nothing new */
@@ -697,12 +684,12 @@ static int _hold_start(fp_conn_t *c, const fp_keys_t *k)
 {
     fp_server_t *srv = c->srv;
     int64_t wait_us = (int64_t)c->wait_s * 1000000;
-    FP_ASSERT(_modes[c->mode].on_change != NULL && _modes[c->mode].on_timeout != NULL,
-              "connection %d: mode %s cannot hold", c->fd, _modes[c->mode].name);
+    FP_ASSERT(_modes[c->mode]->on_change != NULL && _modes[c->mode]->on_timeout != NULL,
+              "connection %d: mode %s cannot hold", c->fd, _modes[c->mode]->name);
     wait_us -= (int64_t)(fp_conn_rand(srv) % (uint64_t)(wait_us / 10 + 1));
     c->hold_until_us = fp_now_us() + wait_us;
     fp_mc_result_t r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, c->inm_tag,
-                                   _modes[c->mode].on_change, c);
+                                   _modes[c->mode]->on_change, c);
     if (r != FP_MC_QUEUED)
         return fp_conn_answer_result(c, r, NULL, 0, NULL);
     if (k->marker != NULL) {
@@ -777,7 +764,7 @@ static int _object_decide(fp_conn_t *c, const char *data, size_t len)
         data = o->data;
         len = o->len;
     }
-    rc = _modes[c->mode].on_fetched(c, &k, r, data, len);
+    rc = _modes[c->mode]->on_fetched(c, &k, r, data, len);
     free(o->data);
     free(o);
     return rc;
@@ -859,7 +846,7 @@ static int _dispatch(fp_conn_t *c)
         break;
     case ACT_OBJECT:
         c->mode = (uint8_t)_conn_mode_of(c);
-        if (c->mode == FP_MODE_STREAM && (rc = fp_stream_prepare(c)) != 0)
+        if (_modes[c->mode]->prepare != NULL && (rc = _modes[c->mode]->prepare(c)) != 0)
             return rc < 0 ? -1 : 0;
         if (c->mode != FP_MODE_ONCE && (rc = _held_take(c)) != 0)
             return rc < 0 ? -1 : 0;
@@ -869,11 +856,11 @@ static int _dispatch(fp_conn_t *c)
     }
     fp_keys_t k = {rq->key, NULL, rq->key_len, 0, rq};
     c->mode = (uint8_t)_conn_mode_of(c);
-    if (c->mode == FP_MODE_STREAM && (rc = fp_stream_prepare(c)) != 0)
+    if (_modes[c->mode]->prepare != NULL && (rc = _modes[c->mode]->prepare(c)) != 0)
         return rc < 0 ? -1 : 0;
     if (c->mode != FP_MODE_ONCE && (rc = _held_take(c)) != 0)
         return rc < 0 ? -1 : 0;
-    return _modes[c->mode].start(c, &k);
+    return _modes[c->mode]->start(c, &k);
 }
 
 /* ---- reading and parsing ------------------------------------------------------------- */
@@ -992,7 +979,7 @@ static void _conn_event_cb(evutil_socket_t fd, short what, void *arg)
     c->srv->st->loop_events++;
     if (what & EV_TIMEOUT) {
         if (c->state == CONN_HELD)
-            _modes[c->mode].on_timeout(c);
+            _modes[c->mode]->on_timeout(c);
         else if (c->state != CONN_WAITING)
             fp_conn_close(c);          /* idle keep-alive, slow request, slow reader, linger over */
         return;

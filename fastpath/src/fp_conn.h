@@ -38,15 +38,36 @@ int fp_conn_process(fp_conn_t *c);            /* parse and answer what the read 
 int fp_conn_hold_arm(fp_conn_t *c);           /* the timer: hold_until_us */
 uint64_t fp_conn_rand(fp_server_t *srv);      /* xorshift: jitter */
 
-/* fp_stream.c: the STREAM mode's row, and its preparation before a stream is dispatched (0,
- * or 1: answered already, or -1) */
-int fp_stream_prepare(fp_conn_t *c);
-void fp_stream_close(fp_conn_t *c);           /* the connection closes: a stream's parts go */
-int fp_stream_start(fp_conn_t *c, const fp_keys_t *k);
-int fp_stream_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
-void fp_stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag);
-void fp_stream_on_timeout(fp_conn_t *c);
-void fp_stream_on_drain(fp_conn_t *c);
-int fp_stream_after_write(fp_conn_t *c);
+/* How a connection answers a poll: a row of handlers (fp_conn.c's _modes[c->mode]), each called
+ * from one place in fp_conn.c:
+ *
+ *   prepare      (optional) before a poll of this mode is dispatched: 0, or 1 when it is
+ *                answered already, or -1
+ *   start        a user poll is dispatched (k: its key): ask for its answer
+ *   on_fetched   an object poll's gets are in (k: its keys; r: what answers it, the marker
+ *                checked): answer, or wait
+ *   on_change    held: the key's answer is no longer the client's, or cannot be read
+ *                (fp_wake_fn; ctx is the connection)
+ *   on_timeout   held: the connection's time is up
+ *   on_drain     held: the worker stops
+ *   after_write  the answer is out
+ *   release      (optional) the connection closes, whatever its mode now: free what the mode
+ *                keeps beside fp_conn_t
+ *
+ * A mode that never holds has no on_change, on_timeout or on_drain. */
+typedef struct {
+    const char *name;
+    int (*prepare)(fp_conn_t *c);
+    int (*start)(fp_conn_t *c, const fp_keys_t *k);
+    int (*on_fetched)(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len);
+    fp_wake_fn on_change;
+    void (*on_timeout)(fp_conn_t *c);
+    void (*on_drain)(fp_conn_t *c);
+    int (*after_write)(fp_conn_t *c);
+    void (*release)(fp_conn_t *c);
+} fp_mode_ops_t;
+
+/* fp_stream.c: STREAM (Accept: text/event-stream on a GET) */
+extern const fp_mode_ops_t fp_stream_mode;
 
 #endif

@@ -1,5 +1,5 @@
 /* STREAM, a connection's answer mode for Server-Sent Events (docs/contract.md section 9); its row
- * in fp_conn.c's _modes calls the fp_stream_* functions here.
+ * (fp_stream_mode, at the end) is the only way fp_conn.c reaches the functions here.
  *
  * The stream's waiter is registered with a tag no answer has, so the wait table's first read
  * wakes it with the current answer: a miss or an error then is an ordinary answer (404 MISS or
@@ -166,7 +166,7 @@ static int _stream_open(fp_conn_t *c, const char *tag, const char *data, size_t 
 
 /* The key's answer is not the last event's (the first read's always is not), or the key is
  * gone or unreadable (fp_wake_fn). */
-void fp_stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
+static void _stream_on_change(void *ctx, fp_mc_result_t r, const char *data, size_t len, const char *tag)
 {
     fp_conn_t *c = ctx;
     int rc;
@@ -233,7 +233,8 @@ static void _set_free(fp_conn_t *c)
     c->resource = 0;
 }
 
-void fp_stream_close(fp_conn_t *c)
+/* The connection closes (its row's release): a set's parts go. */
+static void _stream_release_all(fp_conn_t *c)
 {
     _set_free(c);
 }
@@ -416,7 +417,7 @@ done:
         fp_conn_process(c);            /* ended: pipelined requests */
 }
 
-int fp_stream_start(fp_conn_t *c, const fp_keys_t *k)
+static int _stream_start(fp_conn_t *c, const fp_keys_t *k)
 {
     fp_server_t *srv = c->srv;
     const fp_config_t *cfg = srv->cfg;
@@ -432,7 +433,7 @@ int fp_stream_start(fp_conn_t *c, const fp_keys_t *k)
         goto held;
     }
     c->waiter.persistent = c->waiter.secondary = 1;   /* counted in streams, not held polls */
-    r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, _never_tag, fp_stream_on_change, c);
+    r = fp_wait_add(&srv->waits, &c->waiter, k->key, k->key_len, _never_tag, _stream_on_change, c);
     if (r != FP_MC_QUEUED)
         return _stream_fail(c, r);
     if (k->marker != NULL) {
@@ -452,15 +453,15 @@ held:
 }
 
 /* An object stream's gets are in: a present answer (its marker checked) starts the stream. */
-int fp_stream_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len)
+static int _stream_fetched(fp_conn_t *c, const fp_keys_t *k, fp_mc_result_t r, const char *data, size_t len)
 {
     if (r == FP_MC_HIT || r == FP_MC_EMPTY)
-        return fp_stream_start(c, k);
+        return _stream_start(c, k);
     return _stream_fail(c, r);
 }
 
 /* The timer: the stream's end, or a heartbeat (a comment line) and the timer again. */
-void fp_stream_on_timeout(fp_conn_t *c)
+static void _stream_on_timeout(fp_conn_t *c)
 {
     static const char beat[] = ": \n\n";
     char buf[32];
@@ -484,7 +485,7 @@ void fp_stream_on_timeout(fp_conn_t *c)
         fp_conn_process(c);
 }
 
-void fp_stream_on_drain(fp_conn_t *c)
+static void _stream_on_drain(fp_conn_t *c)
 {
     int rc = c->stream_open ? _stream_end(c, 0) : _stream_fail(c, FP_MC_UNAVAILABLE);
     if (rc == 0 && c->state == CONN_READING)
@@ -493,7 +494,7 @@ void fp_stream_on_drain(fp_conn_t *c)
 
 /* Bytes are out: a stream goes on (held again once a backlog is written, or ended if its time
  * is up or the worker drains); an answer that was not a stream, or the end, as a poll's. */
-int fp_stream_after_write(fp_conn_t *c)
+static int _stream_after_write(fp_conn_t *c)
 {
     if (!c->stream_open)
         return fp_conn_next_request(c);
@@ -512,7 +513,7 @@ int fp_stream_after_write(fp_conn_t *c)
 /* A stream is about to be dispatched: its events' name and framing.  -1: a draining worker
  * opens none (503 MISS: nginx hands it to Django, whose one event and retry: bring the client
  * back to another worker); the connection was answered. */
-int fp_stream_prepare(fp_conn_t *c)
+static int _stream_prepare(fp_conn_t *c)
 {
     if (c->in->req.resource != FP_RESOURCE_SET)
         c->resource = c->in->req.resource;   /* a set's when its parts are made (_set_start) */
@@ -527,3 +528,9 @@ int fp_stream_prepare(fp_conn_t *c)
     }
     return 0;
 }
+
+const fp_mode_ops_t fp_stream_mode = {
+    .name = "stream", .prepare = _stream_prepare, .start = _stream_start, .on_fetched = _stream_fetched,
+    .on_change = _stream_on_change, .on_timeout = _stream_on_timeout, .on_drain = _stream_on_drain,
+    .after_write = _stream_after_write, .release = _stream_release_all,
+};
