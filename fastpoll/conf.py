@@ -85,6 +85,14 @@ DEFAULTS = {
     # idle connections to fastpath each nginx worker keeps (upstream keepalive): about the polls
     # one worker carries at once, as an answered client polls again at once.
     "NGINX_UPSTREAM_KEEPALIVE": 512,
+    # long-polls and streams nginx holds at once per client address ($binary_remote_addr:
+    # limit_conn on the hold and stream locations); beyond it a JSON 429 with Retry-After.  Behind
+    # a balancer, give nginx the client's address (set_real_ip_from) or this caps the balancer.
+    # 0: no cap.
+    "NGINX_HELD_PER_ADDRESS": 256,
+    # the nginx variable sent to fastpath as X-Request-ID: "$request_id" (nginx's own), or one
+    # the server block defines (a balancer's id when it comes from a trusted proxy).
+    "NGINX_REQUEST_ID": "$request_id",
     # -- the edge: fastpath's second listener, polled by browsers without nginx (fastpath --edge;
     # docs/contract.md section 10, docs/deploy.md "The edge")
     # "host:port" the edge listens on (fastpath --edge); None: no edge, pages poll the site.

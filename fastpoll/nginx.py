@@ -34,6 +34,7 @@ JSON_ERRORS = (
     (405, (405,), "method not allowed"),
     (413, (413,), "request body too large"),
     (414, (414,), "request URI too long"),
+    (429, (429,), "too many held connections"),
     (500, (500,), "internal error"),
     (501, (501,), "transfer coding not implemented"),
     (502, (502,), "backend unavailable"),
@@ -41,10 +42,16 @@ JSON_ERRORS = (
     (504, (504,), "backend timed out"),
     (505, (505,), "HTTP version not supported"),
 )
+#: headers an error location adds to its answer: the cap on held connections (nginx's limit_conn
+#: per client address, and fastpath's per user, which the hold locations intercept) says when to
+#: come back, as fastpath's own 429 does
+ERROR_HEADERS = {429: (("Retry-After", "5"),)}
+#: the shared memory zone of limit_conn (per client address): ~16,000 addresses a megabyte
+HELD_ZONE_MB = 10
 #: the error_page lines of fastpoll's own locations (a location's list replaces the server's):
 #: what fastpath's answers leave to nginx, and the fallback's (Django down or slow)
 POLL_ERRORS = (400, 413, 414, 500)
-HOLD_ERRORS = (400, 413, 414, 500, 504)
+HOLD_ERRORS = (400, 413, 414, 429, 500, 504)
 DJANGO_ERRORS = (500, 502, 503, 504)
 
 
@@ -52,7 +59,8 @@ def error_locations(name, indent=""):
     """The internal locations that answer nginx's own errors as JSON (URIs, not named
     locations: a named location cannot serve an error met while reading the request line)."""
     return "\n".join(f"{indent}location = /_{name}_error/{status} {{ internal; default_type application/json; "
-                     f"return {status} '{{\"error\":\"{words}\"}}'; }}" for status, _, words in JSON_ERRORS)
+                     + "".join(f"add_header {header} {value} always; " for header, value in ERROR_HEADERS.get(status, ()))
+                     + f"return {status} '{{\"error\":\"{words}\"}}'; }}" for status, _, words in JSON_ERRORS)
 
 
 def error_pages(name, only=None, indent=""):
@@ -63,6 +71,7 @@ def error_pages(name, only=None, indent=""):
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 _NAME_RE = re.compile(r"\A[a-z0-9_]{1,32}\Z")
+_VARIABLE_RE = re.compile(r"\A\$[a-z_][a-z0-9_]{0,63}\Z")
 # what follows http:// in proxy_pass: an upstream name, host:port, [v6]:port or unix:/path:
 _UPSTREAM_RE = re.compile(r"\A(?:unix:/[^\s;{}'\"$]+:|[A-Za-z0-9_.\-]+(?::\d{1,5})?|\[[0-9A-Fa-f:.]+\]:\d{1,5})\Z")
 
@@ -123,6 +132,11 @@ def context(config=None):
     max_wait = _integer(config, "LONGPOLL_MAX_WAIT", 0, 86400)
     heartbeat = _integer(config, "STREAM_HEARTBEAT", 1, 3600)
     idle = _integer(config, "FASTPATH_IDLE_TIMEOUT", 1, 3600)
+    held = _integer(config, "NGINX_HELD_PER_ADDRESS", 0, 1 << 20)
+    request_id = config["NGINX_REQUEST_ID"]
+    if not isinstance(request_id, str) or _VARIABLE_RE.match(request_id) is None:
+        raise RenderError(f"FASTPOLL['NGINX_REQUEST_ID'] must be an nginx variable such as '$request_id', "
+                          f"got {request_id!r}")
     return {
         "name": name,
         "path_prefix": path,
@@ -136,6 +150,11 @@ def context(config=None):
         "poll_error_pages": error_pages(name, POLL_ERRORS, "    "),
         "hold_error_pages": error_pages(name, HOLD_ERRORS, "    "),
         "django_error_pages": error_pages(name, DJANGO_ERRORS, "    "),
+        "held_zone": (f"limit_conn_zone $binary_remote_addr zone={name}_held:{HELD_ZONE_MB}m;" if held else
+                      "# no cap on held connections per client address (NGINX_HELD_PER_ADDRESS is 0)"),
+        "held_limit": (f"    limit_conn {name}_held {held};\n    limit_conn_status 429;" if held else
+                       "    # no cap per client address (NGINX_HELD_PER_ADDRESS is 0)"),
+        "request_id": request_id,
         "stream_heartbeat": str(heartbeat),
         "stream_read_timeout": f"{heartbeat + STREAM_READ_MARGIN_S}s",
     }

@@ -249,6 +249,23 @@ def parse_host_names(name, value):
     return names
 
 
+def parse_networks(name, value):
+    """A comma-separated list of addresses or CIDR networks (nginx's set_real_ip_from takes
+    both) -> their normalised texts (``10.77.0.10/32`` for an address)."""
+    import ipaddress
+
+    networks = []
+    for part in (s.strip() for s in value.split(",")):
+        if not part:
+            continue
+        try:
+            networks.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ConfigError(f"{name}={value.strip()!r}: {part!r} is not an address or network; expected "
+                              f"addresses or CIDRs, for example 10.77.0.10,10.77.1.0/24") from None
+    return tuple(dict.fromkeys(networks))
+
+
 def format_hostport(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -322,6 +339,10 @@ def _roles(name, value, get):
 
 def _host_names(name, value, get):
     return parse_host_names(name, value)
+
+
+def _networks(name, value, get):
+    return parse_networks(name, value)
 
 
 def _hostport_list(name, value, get):
@@ -507,6 +528,25 @@ VARIABLES = (
     Variable("PLURK_EDGE_ORIGINS", "edge_origins", _origins, _joined, "",
              "comma-separated page origins the edge answers with CORS and credentials (empty: "
              "`PLURK_HTTP`'s, and its `localhost` name when loopback)", default_of=default_edge_origins),
+    Variable("PLURK_TRUSTED_PROXIES", "trusted_proxies", _networks, _joined, "",
+             "comma-separated addresses or CIDRs of the balancer(s) in front of this web host: only "
+             "from them does nginx take the client's address (`X-Forwarded-For`), the scheme "
+             "(`X-Forwarded-Proto`) and the request id (`X-Request-ID`); empty: this host faces "
+             "clients itself and ignores those headers"),
+    Variable("PLURK_HTTPS", "https", _boolean_parser, _on_off, "0",
+             "`1`: the site is served over HTTPS (at the balancer): Django's session and CSRF "
+             "cookies are `Secure` (the poll token's is whenever the request came over HTTPS)"),
+    Variable("PLURK_HSTS_SECONDS", "hsts_seconds", _integer(0, 2 ** 31 - 1), _text, "0",
+             "`Strict-Transport-Security: max-age` Django sends on HTTPS answers (`0`: none)"),
+    Variable("PLURK_HELD_PER_ADDRESS", "held_per_address", _integer(0, 1 << 20), _text, "256",
+             "long-polls and streams nginx holds at once per client address (`limit_conn`; beyond "
+             "it a JSON 429 with `Retry-After`; `0`: no cap)"),
+    Variable("PLURK_MAX_HELD_PER_USER", "max_held_per_user", _integer(0, 1 << 20), _text, "32",
+             "long-polls and streams fastpath holds at once per user, per worker, through nginx and "
+             "the edge (`--max-held-per-user`; beyond it 429 with `Retry-After`; `0`: no cap)"),
+    Variable("PLURK_NGINX_LOG_KB", "nginx_log_kb", _integer(0, 1 << 30), _text, "65536",
+             "`manage.py runstack` rotates nginx's logs past this size, KiB (`<log>.1` .. `<log>.4`, "
+             "then `nginx -s reopen`); `0`: never (logrotate or the journal does, docs/deploy.md)"),
 )
 _BY_NAME = {var.name: var for var in VARIABLES}
 
@@ -567,6 +607,12 @@ class StackConfig:
     edge: tuple                     # (host, port) of fastpath's edge listener, or None
     edge_url: str                   # the URL browsers reach the edge by, or None: derived
     edge_origins: tuple             # page origins the edge answers with CORS
+    trusted_proxies: tuple          # networks (text) nginx takes X-Forwarded-* from
+    https: bool                     # served over HTTPS: Secure session/CSRF cookies
+    hsts_seconds: int               # SECURE_HSTS_SECONDS
+    held_per_address: int           # nginx limit_conn on held polls per client address (0: off)
+    max_held_per_user: int          # fastpath --max-held-per-user (0: off)
+    nginx_log_kb: int               # runstack rotates nginx's logs past this (0: never)
 
     @classmethod
     def from_env(cls, environ=None):
@@ -656,6 +702,15 @@ class StackConfig:
                               f"port(s) but PLURK_FASTPATH_WORKERS={self.fastpath_workers}: give one port "
                               f"per fastpath worker")
         return entry
+
+    @property
+    def site_hosts(self):
+        """The Host names this web host answers (Django's ALLOWED_HOSTS, nginx's server_name):
+        loopback names, PLURK_HTTP's address and PLURK_PUBLIC_HOSTS; nginx closes any other
+        (444) before Django sees it."""
+        host = self.http[0]
+        return tuple(sorted({"127.0.0.1", "localhost", "[::1]", ".localhost",
+                             f"[{host}]" if ":" in host else host, *self.public_hosts}))
 
     @property
     def max_body_bytes(self):

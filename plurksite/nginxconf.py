@@ -7,6 +7,7 @@ nginx's workers (another user when the runner is root) can reach a path."""
 import grp
 import os
 import pwd
+import secrets
 import stat
 import subprocess
 
@@ -193,18 +194,112 @@ def balancer_context(config):
     }
 
 
+PROBE_KEY_FILE = "nginx-probe.key"
+
+
+def probe_key(config):
+    """The secret the runner's probe carries (?plurk_probe=<key><id>), so that only it writes to
+    nginx-probe.log: <var dir>/nginx-probe.key, made (0600, 32 hex digits) when absent."""
+    path = os.path.join(config.var_dir, PROBE_KEY_FILE)
+    try:
+        with open(path) as fh:
+            key = fh.read().strip()
+        if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
+            return key
+    except FileNotFoundError:
+        pass
+    key = secrets.token_hex(16)
+    os.makedirs(config.var_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    os.replace(tmp, path)
+    return key
+
+
+# A request id from a trusted proxy: what nginx's $request_id looks like and a little more
+# (a balancer of another make); anything else is replaced by this host's own.
+_REQUEST_ID_RE = r"[0-9A-Za-z._-]{1,128}"
+
+
+def trusted_maps(config):
+    """The http-level lines that take the scheme and the request id from a trusted proxy only
+    ($realip_remote_addr is the peer, before set_real_ip_from replaces $remote_addr)."""
+    if not config.trusted_proxies:
+        return ("# no trusted proxy (PLURK_TRUSTED_PROXIES is empty): this host faces clients; "
+                "Django gets $scheme and $request_id")
+    nets = " ".join(f"{net} 1;" for net in config.trusted_proxies)
+    return "\n".join((
+        f"geo $realip_remote_addr $plurk_from_proxy {{ default 0; {nets} }}",
+        'map "$plurk_from_proxy:$http_x_forwarded_proto" $plurk_scheme '
+        '{ "~^1:(?<proto>https?)$" $proto; default $scheme; }',
+        f'map "$plurk_from_proxy:$http_x_request_id" $plurk_request_id '
+        f'{{ "~^1:(?<id>{_REQUEST_ID_RE})$" $id; default $request_id; }}',
+    ))
+
+
+def real_ip(config):
+    """The server-level lines that make $remote_addr the client's behind a trusted proxy."""
+    if not config.trusted_proxies:
+        return "    # no trusted proxy: $remote_addr is the peer, X-Forwarded-For is not read"
+    lines = [f"    set_real_ip_from {net};" for net in config.trusted_proxies]
+    lines += ["    real_ip_header X-Forwarded-For;",
+              "    real_ip_recursive on;           # the last address no trusted proxy added"]
+    return "\n".join(lines)
+
+
+def request_id_variable(config):
+    return "$plurk_request_id" if config.trusted_proxies else "$request_id"
+
+
+def _nginx_host(name):
+    return name if name.startswith("[") or ":" not in name else f"[{name}]"
+
+
+def host_servers(config):
+    """(the default server that closes any other Host, the main server's listen options, its
+    server_name).  PLURK_DEBUG (ALLOWED_HOSTS *): no such server, every Host reaches Django."""
+    listen = format_hostport(*config.http)
+    if config.debug:
+        return ("# PLURK_DEBUG: every Host reaches Django (ALLOWED_HOSTS is *), no default server",
+                " default_server backlog=4096", "_")
+    other = "\n".join((
+        "# Any other Host (a scanner, a name that points here by mistake) is closed without an answer",
+        "# (444) and never reaches Django, which would answer 400 and log a DisallowedHost each time.",
+        "server {",
+        f"    listen {listen} default_server backlog=4096;",
+        '    server_name "";',
+        f"    access_log {config.log_dir()}/nginx-access.log plurk buffer=64k flush=1s;",
+        "    return 444;",
+        "}",
+    ))
+    names = config.site_hosts       # ".localhost" is localhost and its subdomains for nginx too
+    return other, "", " ".join(_nginx_host(h) for h in names if "." + h not in names)
+
+
 def fastpoll_nginx_settings(config):
     """The FASTPOLL values fastpoll's nginx parts are rendered from for this web host: the stack's
     (services.fastpoll_settings) and the names of this template's own upstreams and locations."""
     return {**fastpoll_settings(config),
             "NGINX_NAME": "plurk",                  # plurk_fastpath, $plurk_wait, /_plurk_error/...
             "DJANGO_UPSTREAM": "plurk_django",      # the upstream of this template
-            "NGINX_UPSTREAM_KEEPALIVE": UPSTREAM_KEEPALIVE}
+            "NGINX_UPSTREAM_KEEPALIVE": UPSTREAM_KEEPALIVE,
+            "NGINX_REQUEST_ID": request_id_variable(config)}
 
 
 def web_context(config):
     settings = fastpoll_nginx_settings(config)
+    other_hosts_server, listen_options, server_names = host_servers(config)
     return {
+        "other_hosts_server": other_hosts_server,
+        "listen_options": listen_options,
+        "server_names": server_names,
+        "trusted_maps": trusted_maps(config),
+        "real_ip": real_ip(config),
+        "scheme": "$plurk_scheme" if config.trusted_proxies else "$scheme",
+        "request_id": request_id_variable(config),
+        "probe_key": probe_key(config),
         "django": format_hostport(*config.django),
         # below gunicorn's own idle timeout (see services.py)
         "django_keepalive_timeout": f"{max(1, GUNICORN_KEEPALIVE_S - 15)}s",

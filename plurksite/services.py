@@ -102,6 +102,9 @@ GUNICORN_KEEPALIVE_S = 75
 FASTPATH_IDLE_TIMEOUT_S = 10
 
 
+GUNICORN_ACCESS_FORMAT = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" id=%({x-request-id}i)s'
+
+
 def gunicorn_command(config, settings="plurksite.settings"):
     venv_bin = os.path.dirname(sys.executable)
     gunicorn = os.path.join(venv_bin, "gunicorn")
@@ -114,11 +117,10 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--timeout", "30", "--graceful-timeout", "10",
             "--keep-alive", str(GUNICORN_KEEPALIVE_S),
             "--access-logfile", "-", "--error-logfile", "-",
+            # gunicorn's default format and the request id nginx sends (its own, or a trusted
+            # balancer's): one id in every hop's log line
+            "--access-logformat", GUNICORN_ACCESS_FORMAT,
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
-
-
-#: long-polls and streams one user may hold per fastpath worker when the stack runs an edge
-EDGE_MAX_HELD_PER_USER = 32
 
 
 def fastpoll_settings(config):
@@ -136,14 +138,16 @@ def fastpoll_settings(config):
         "FASTPATH_WORKERS": config.fastpath_workers,
         "FASTPATH_IDLE_TIMEOUT": FASTPATH_IDLE_TIMEOUT_S,
         "LONGPOLL_MAX_WAIT": config.longpoll_max_wait_s,
+        # one client cannot take everyone's slots: fastpath's cap per user (both listeners)
+        # and nginx's per client address (fastpoll.nginx renders limit_conn)
+        "MAX_HELD_PER_USER": config.max_held_per_user,
+        "NGINX_HELD_PER_ADDRESS": config.held_per_address,
     }
     if config.edge:
         values.update({
             "EDGE_ADDRESS": format_hostport(*config.edge),
             "EDGE_URL": config.edge_url,
             "EDGE_ORIGINS": list(config.edge_origins),
-            # docs/contract.md section 10's recommendation for an edge that faces the internet
-            "MAX_HELD_PER_USER": EDGE_MAX_HELD_PER_USER,
         })
     if config.fastpath_notify_udp:
         values["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"

@@ -25,10 +25,18 @@ BASE_DIR = ROOT
 # Django's own signing key is derived from the shared secret, never equal to it.
 SECRET_KEY = hashlib.sha256(b"plurksite-django:" + _secret(STACK.secret_file)).hexdigest()
 DEBUG = STACK.debug
-# behind a balancer, requests carry the balancer's Host (PLURK_PUBLIC_HOSTS), not this host's
-ALLOWED_HOSTS = ["*"] if DEBUG else sorted(
-    {"127.0.0.1", "localhost", "[::1]", ".localhost", "testserver", STACK.http[0], *STACK.public_hosts})
+# behind a balancer, requests carry the balancer's Host (PLURK_PUBLIC_HOSTS), not this host's;
+# nginx closes a request for any other Host (444) before it gets here (server_name, the same list)
+ALLOWED_HOSTS = ["*"] if DEBUG else sorted({"testserver", *STACK.site_hosts})
 USE_X_FORWARDED_HOST = False
+# The scheme the client used: nginx always sets X-Forwarded-Proto (its own $scheme, or a trusted
+# balancer's https: PLURK_TRUSTED_PROXIES), so a client's own header never reaches Django.  Over
+# HTTPS, the poll token cookie is Secure (fastpoll.auth asks request.is_secure()).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# PLURK_HTTPS: the site is served over HTTPS only; Django's own cookies never go over plain HTTP
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = STACK.https
+# PLURK_HSTS_SECONDS: SecurityMiddleware sends Strict-Transport-Security on HTTPS answers
+SECURE_HSTS_SECONDS = STACK.hsts_seconds
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -22,6 +22,7 @@ import http.client
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -35,6 +36,11 @@ from .services import ServiceError
 log = logging.getLogger("plurksite.stack")
 
 _PR_SET_PDEATHSIG = 1
+# nginx's logs (nginx/*.template), rotated by the runner past PLURK_NGINX_LOG_KB: kept as
+# <log>.1 (the newest) .. <log>.N; checked every LOG_CHECK_INTERVAL_S.
+NGINX_LOGS = ("nginx-access.log", "nginx-probe.log", "nginx-error.log")
+NGINX_LOGS_KEPT = 4
+LOG_CHECK_INTERVAL_S = 10.0
 
 
 def _die_with_parent():
@@ -316,6 +322,8 @@ class Stack:
         self._stop = threading.Event()
         self._monitor = None
         self._supervisor = Supervisor()
+        self.log_check_interval = LOG_CHECK_INTERVAL_S
+        self._reopen = None             # nginx's workers can reopen the logs by name (rotate_nginx_logs)
 
     # -- building -------------------------------------------------------------------------
     @property
@@ -427,10 +435,11 @@ class Stack:
         resource = (self.poll_resources or ("getUnreadCount",))[0]
         fastpath = format_hostport(*cfg.fastpath)
         seen = "no answer"
+        key = nginxconf.probe_key(cfg)      # only a probe with it is written to nginx-probe.log
         for attempt in range(attempts):
             if attempt:
                 time.sleep(0.5)         # a loaded machine may time out one try; a denial stays
-            tag = uuid.uuid4().hex
+            tag = key + uuid.uuid4().hex
             try:
                 conn = http.client.HTTPConnection(*cfg.http, timeout=5)
                 try:
@@ -611,11 +620,63 @@ class Stack:
         return self
 
     def _watch(self):
+        next_rotation = time.monotonic() + self.log_check_interval
         while not self._stop.wait(self._supervisor.poll_interval):
             for svc in self.services:
                 if self._stop.is_set():
                     return
                 self._supervisor.check(svc)
+            if time.monotonic() >= next_rotation:
+                next_rotation = time.monotonic() + self.log_check_interval
+                try:
+                    self.rotate_nginx_logs()
+                except OSError as exc:
+                    log.warning("rotating nginx's logs failed: %s", exc)
+
+    def rotate_nginx_logs(self):
+        """Rotate each of nginx's logs that has passed PLURK_NGINX_LOG_KB: <log>.1 .. <log>.N
+        shift up (the oldest goes), the log becomes <log>.1, and nginx's master reopens its
+        logs (SIGUSR1, what `nginx -s reopen` sends): it writes what it buffered to the renamed
+        file and goes on in a new one.  Returns the logs rotated."""
+        limit = self.config.nginx_log_kb * 1024
+        nginx = next((s for s in self.services if s.name in ("nginx", "balancer")), None)
+        if not limit or nginx is None or not nginx.alive():
+            return []
+        if self._reopen is None:
+            # nginx's workers reopen the logs by name: as root they are another user, who may not
+            # search the way to the log directory (a checkout under /root): then each log is
+            # copied and emptied in place instead (nginx appends, O_APPEND, so it goes on at
+            # the new end; lines written between the copy and the truncation are lost)
+            why = nginxconf.unreachable_socket(os.path.join(self.config.log_dir(), NGINX_LOGS[0]),
+                                               with_socket=False)
+            self._reopen = why is None
+            if why:
+                log.warning("nginx's logs are rotated by copying and truncating: %s", why)
+        rotated = []
+        for name in NGINX_LOGS:
+            path = os.path.join(self.config.log_dir(), name)
+            try:
+                if os.path.getsize(path) < limit:
+                    continue
+            except FileNotFoundError:
+                continue
+            for n in range(NGINX_LOGS_KEPT - 1, 0, -1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(f"{path}.{n}", f"{path}.{n + 1}")
+            if self._reopen:
+                os.replace(path, f"{path}.1")
+            else:
+                shutil.copyfile(path, f"{path}.1")
+                os.truncate(path, 0)
+            rotated.append(name)
+        if rotated:
+            if self._reopen:
+                os.kill(nginx.pid, signal.SIGUSR1)
+            if "nginx-error.log" in rotated:
+                self._nginx_errors_from = 0
+            log.info("rotated %s past %d KiB%s", ", ".join(rotated), self.config.nginx_log_kb,
+                     "; nginx reopened its logs" if self._reopen else " (copied and truncated)")
+        return rotated
 
     def service(self, name):
         for svc in self.services:

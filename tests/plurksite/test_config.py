@@ -380,7 +380,7 @@ def test_the_edge_is_on_by_default_on_loopback_for_the_sites_origins():
     argv = services.fastpath_command(config)
     assert argv[argv.index("--edge") + 1] == "127.0.0.1:8003"
     assert argv[argv.index("--edge-origins") + 1] == "http://127.0.0.1:9090,http://localhost:9090"
-    assert argv[argv.index("--max-held-per-user") + 1] == str(services.EDGE_MAX_HELD_PER_USER)
+    assert argv[argv.index("--max-held-per-user") + 1] == "32"        # PLURK_MAX_HELD_PER_USER
     fastpoll = services.fastpoll_settings(config)
     assert (fastpoll["EDGE_ADDRESS"], fastpoll["EDGE_URL"]) == ("127.0.0.1:8003", None)
 
@@ -392,7 +392,9 @@ def test_an_empty_plurk_edge_runs_no_edge():
     assert config.edge is None and config.to_env()["PLURK_EDGE"] == ""
     assert StackConfig.from_env(config.to_env()) == config
     argv = services.fastpath_command(config)
-    assert not [a for a in argv if a.startswith("--edge") or a == "--max-held-per-user"]
+    assert not [a for a in argv if a.startswith("--edge")]
+    # the per-user cap holds without an edge too: one token cannot take everyone's slots
+    assert argv[argv.index("--max-held-per-user") + 1] == "32"
     assert "EDGE_ADDRESS" not in services.fastpoll_settings(config)
 
 
