@@ -104,6 +104,9 @@ def shared_env(web_hosts=WEB_HOSTS):
         # no edge on the web hosts yet: clients reach the site only through the balancer (an
         # edge the balancer passes on, over TLS, is issue 32's)
         "PLURK_EDGE": "",
+        # the web hosts believe the balancer's X-Forwarded-For/-Proto and X-Request-ID (and no
+        # one else's): their logs and per-address caps see the client, not the balancer
+        "PLURK_TRUSTED_PROXIES": balancer_address(),
     }
 
 

@@ -284,6 +284,7 @@ def test_a_cluster_on_loopback_serves_through_the_balancer_and_survives_a_lost_w
         "PLURK_WEB_HOSTS": ",".join(f"{h}:{p}" for h, p in webs),
         "PLURK_PUBLIC_HOSTS": "127.0.0.10",
         "PLURK_GUNICORN_WORKERS": "1", "PLURK_FASTPATH_WORKERS": "1",
+        "PLURK_EDGE": "",               # as the cluster's web hosts: two on one machine would share its port
     }
 
     def host(name, roles, http, **own):
