@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -459,15 +460,22 @@ class Stack:
                            f"{' (' + details + ')' if details else ''}; fix that"
                            f"{', or set PLURK_FASTPATH to a loopback host:port' if unix else ''}")
 
-    def _probe(self, address, attempts=1):
-        """One probe poll (no token) straight to ``address``: (status, X-Plurk-Probe) or None when
-        nothing answers.  A web host's nginx says in X-Plurk-Probe who answered the probe."""
+    def _probe(self, address, attempts=1, tls=False):
+        """One probe poll (no token) straight to ``address`` (over https with ``tls``): (status,
+        X-Plurk-Probe) or None when nothing answers.  A web host's nginx says in X-Plurk-Probe who
+        answered the probe."""
         resource = (self.poll_resources or ("getUnreadCount",))[0]
         for attempt in range(attempts):
             if attempt:
                 time.sleep(0.5)
             try:
-                conn = http.client.HTTPConnection(*address, timeout=5)
+                if tls:
+                    # this host's own nginx, by address: its certificate names the site (and nginx
+                    # loaded it), so this probe checks that https answers, not who signed it
+                    conn = http.client.HTTPSConnection(*address, timeout=5,
+                                                       context=ssl._create_unverified_context())
+                else:
+                    conn = http.client.HTTPConnection(*address, timeout=5)
                 try:
                     conn.request("GET", f"/Poll/{resource}?plurk_probe={uuid.uuid4().hex}")
                     resp = conn.getresponse()
@@ -527,7 +535,10 @@ class Stack:
         in any order: a web host not up yet (or answering polls from Django) is a loud warning,
         never a refusal; an address that answers but is no web host's nginx is a mistake."""
         cfg = self.config
-        balancer = format_hostport(*cfg.http)
+        # with a certificate, plain HTTP only redirects: the site is its https address
+        tls = nginxconf.site_tls(cfg) is not None
+        site = nginxconf.https_address(cfg) if tls else cfg.http
+        balancer = f"https://{format_hostport(*site)}" if tls else format_hostport(*site)
         up = []
         for host in cfg.web_hosts:
             where = format_hostport(*host)
@@ -545,7 +556,7 @@ class Stack:
         # and round robin may pick one going down: try for a little longer than that.
         deadline = time.monotonic() + nginxconf.WEB_HOST_FAIL_TIMEOUT_S + 2
         while True:
-            seen = self._probe(cfg.http, attempts=attempts)
+            seen = self._probe(site, attempts=attempts, tls=tls)
             if seen is None:
                 raise ServiceError(f"the balancer at {balancer} does not answer; see {self._nginx_error_log()}")
             if not up or seen[1] == "fastpath" or time.monotonic() > deadline:
@@ -588,7 +599,10 @@ class Stack:
         if cfg.runs("repair") and self.with_repair:
             lines.append("repair     manage.py repaircache --loop --warm")
         if cfg.runs("balancer"):
-            lines.append(f"balancer   nginx {format_hostport(*cfg.http)} -> "
+            tls = nginxconf.site_tls(cfg)
+            served = (f"https://{format_hostport(*nginxconf.https_address(cfg))} (certificate {tls[0]}; "
+                      f"{format_hostport(*cfg.http)} redirects there)" if tls else format_hostport(*cfg.http))
+            lines.append(f"balancer   nginx {served} -> "
                          f"{', '.join(format_hostport(*hp) for hp in cfg.web_hosts)}")
         return lines
 
