@@ -123,6 +123,7 @@ def _handshake(port, context):
             return sock.version(), sock.cipher()[0], sock.session
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")     # offered to be refused
 def test_only_tls_1_2_and_1_3_with_forward_secret_aead_ciphers_and_no_tickets(balancer, ca):
     _, port = balancer
     assert _handshake(port, _client(ca, maximum_version=ssl.TLSVersion.TLSv1_3))[0] == "TLSv1.3"
