@@ -30,7 +30,7 @@ import time
 import uuid
 
 from . import nginxconf, services
-from .config import ROOT, format_hostport, is_local_address
+from .config import ROOT, ConfigError, format_hostport, is_local_address
 from .services import ServiceError
 
 log = logging.getLogger("plurksite.stack")
@@ -374,6 +374,15 @@ class Stack:
             if not is_local_address(cfg.http[0]):
                 raise ServiceError(f"PLURK_HTTP={format_hostport(*cfg.http)!r} is not an address of this host; "
                                    f"set PLURK_HTTP to one of its addresses")
+        if cfg.runs("balancer"):
+            try:
+                tls = nginxconf.site_tls(cfg)
+            except ConfigError as exc:
+                raise ServiceError(str(exc)) from None
+            https = nginxconf.https_address(cfg)
+            if tls and services.port_in_use(*https):
+                raise ServiceError(f"https {format_hostport(*https)} (the balancer's, with the certificate in "
+                                   f"{os.path.dirname(tls[0])}) is already in use (another runstack?); stop it")
         if web:
             listens[1:1] = [("PLURK_DJANGO", cfg.django), ("PLURK_FASTPATH", cfg.fastpath),
                             ("PLURK_FASTPATH_ADMIN", cfg.fastpath_admin)]

@@ -16,7 +16,8 @@ import requests
 from plurksite import nginxconf, services
 from plurksite.cluster import tls
 from plurksite.config import ConfigError, StackConfig
-from plurksite.services import free_port
+from plurksite.services import ServiceError, free_port
+from plurksite.stack import Stack
 from tests.plurksite.test_roles import _Recorder, _web_addresses
 from tests.support.stack import nginx_in_front_of
 
@@ -162,6 +163,8 @@ def test_without_a_certificate_plain_http_serves_and_one_file_alone_is_named(tmp
     os.unlink(key)
     with pytest.raises(ConfigError, match=f"^{chain} is there but {key} is not: put the certificate chain"):
         nginxconf.render_include(config)
+    with pytest.raises(ServiceError, match=f"^{chain} is there but {key} is not"):      # runstack's one line
+        Stack(config).preflight()
 
 
 def test_the_certificate_is_made_once_and_again_when_it_no_longer_fits(tmp_path, ca):
