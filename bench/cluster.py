@@ -37,7 +37,7 @@ def _wrk(cluster, seconds, tokens_file, script):
     from plurksite.services import find_binary
 
     argv = [find_binary("wrk", "wrk"), "-t2", "-c200", f"-d{seconds}s", "--latency", "-s", script,
-            f"http://{topology.balancer_address()}", "--", tokens_file, "token"]
+            topology.site_url(), "--", tokens_file, "token"]     # https (plain HTTP only redirects)
     out = cluster.run_on("plk-client", argv, timeout=seconds + 60).stdout
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     if rps is None:

@@ -281,6 +281,9 @@ class _Plurker(FastHttpUser):
     ready_at = None               # when this user had its account and follows: plurks created
                                   # after it are timed as deliveries
     network_timeout = LONGPOLL_WAIT + 30.0    # a held poll is answered within the wait
+    # https: the site's certificate is checked (locust's default skips it), against the CAs of
+    # SSL_CERT_FILE when set (the namespace cluster's own CA), else the system's
+    insecure = False
     etag = None                   # long mode: the ETag of the last count answer handled
     count = 0
     known = 0                     # the count of the last getMessages answer (what was shown)

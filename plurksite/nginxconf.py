@@ -13,12 +13,19 @@ import subprocess
 
 from fastpoll import nginx as fastpoll_nginx
 
-from .config import ROOT, format_hostport
+from .config import ROOT, ConfigError, format_hostport
 from .services import GUNICORN_KEEPALIVE_S, fastpoll_settings, nginx_conf_path
 
 MAIN_TEMPLATE = os.path.join(ROOT, "nginx", "main.conf.template")
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 BALANCER_TEMPLATE = os.path.join(ROOT, "nginx", "balancer.conf.template")
+BALANCER_TLS_TEMPLATE = os.path.join(ROOT, "nginx", "balancer-tls.conf.template")
+# The balancer serves the site over TLS when its var dir holds a certificate chain and its key
+# (TLS_FILES in TLS_DIR, Let's Encrypt's names): https on PLURK_HTTP's address at HTTPS_PORT, and
+# plain HTTP only redirects there (docs/deploy.md, "TLS").
+TLS_DIR = "tls"
+TLS_FILES = ("fullchain.pem", "privkey.pem")
+HTTPS_PORT = 443
 # a web host's read timeout for a long-poll is fastpath's max wait + fastpoll.nginx's
 # LONGPOLL_READ_MARGIN_S (15); the balancer's is longer still, so a web host always answers first
 BALANCER_READ_MARGIN_S = fastpoll_nginx.LONGPOLL_READ_MARGIN_S + 5
@@ -182,8 +189,47 @@ def context(config, worker_processes="auto"):
     return values
 
 
+def site_tls(config):
+    """(certificate chain, key) the balancer serves https with: ``<var dir>/tls/fullchain.pem``
+    and ``privkey.pem``, or None when neither is there (plain HTTP only).  One alone is a
+    ConfigError naming the other."""
+    paths = tuple(os.path.join(config.var_dir, TLS_DIR, name) for name in TLS_FILES)
+    present = [os.path.exists(p) for p in paths]
+    if not any(present):
+        return None
+    if not all(present):
+        have, missing = (paths[0], paths[1]) if present[0] else (paths[1], paths[0])
+        raise ConfigError(f"{have} is there but {missing} is not: put the certificate chain and its key "
+                          f"in {os.path.dirname(have)} (or remove both for plain HTTP)")
+    return paths
+
+
+def https_address(config):
+    """Where the balancer serves https: PLURK_HTTP's host at HTTPS_PORT."""
+    return (config.http[0], HTTPS_PORT)
+
+
+def tls_context(config):
+    """The balancer's TLS directives (nginx/balancer-tls.conf.template), indented for its server
+    block, or a comment saying where a certificate would turn them on."""
+    tls = site_tls(config)
+    if tls is None:
+        return (f"    # plain HTTP only: no {' and '.join(TLS_FILES)} in "
+                f"{os.path.join(config.var_dir, TLS_DIR)} (docs/deploy.md, \"TLS\")")
+    port = HTTPS_PORT
+    with open(BALANCER_TLS_TEMPLATE) as fh:
+        text = fastpoll_nginx.render_text(fh.read(), {
+            "https": format_hostport(*https_address(config)),
+            "certificate": tls[0],
+            "certificate_key": tls[1],
+            "https_port_suffix": "" if port == 443 else f":{port}",
+        }, BALANCER_TLS_TEMPLATE)
+    return fastpoll_nginx.indent(text)
+
+
 def balancer_context(config):
     return {
+        "tls": tls_context(config),
         "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
                                  f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),
         "upstream_keepalive_timeout": f"{BALANCER_UPSTREAM_KEEPALIVE_S}s",

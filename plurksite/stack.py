@@ -24,13 +24,14 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import threading
 import time
 import uuid
 
 from . import nginxconf, services
-from .config import ROOT, format_hostport, is_local_address
+from .config import ROOT, ConfigError, format_hostport, is_local_address
 from .services import ServiceError
 
 log = logging.getLogger("plurksite.stack")
@@ -381,6 +382,15 @@ class Stack:
             if not is_local_address(cfg.http[0]):
                 raise ServiceError(f"PLURK_HTTP={format_hostport(*cfg.http)!r} is not an address of this host; "
                                    f"set PLURK_HTTP to one of its addresses")
+        if cfg.runs("balancer"):
+            try:
+                tls = nginxconf.site_tls(cfg)
+            except ConfigError as exc:
+                raise ServiceError(str(exc)) from None
+            https = nginxconf.https_address(cfg)
+            if tls and services.port_in_use(*https):
+                raise ServiceError(f"https {format_hostport(*https)} (the balancer's, with the certificate in "
+                                   f"{os.path.dirname(tls[0])}) is already in use (another runstack?); stop it")
         if web:
             listens[1:1] = [("PLURK_DJANGO", cfg.django), ("PLURK_FASTPATH", cfg.fastpath),
                             ("PLURK_FASTPATH_ADMIN", cfg.fastpath_admin)]
@@ -468,15 +478,22 @@ class Stack:
                            f"{' (' + details + ')' if details else ''}; fix that"
                            f"{', or set PLURK_FASTPATH to a loopback host:port' if unix else ''}")
 
-    def _probe(self, address, attempts=1):
-        """One probe poll (no token) straight to ``address``: (status, X-Plurk-Probe) or None when
-        nothing answers.  A web host's nginx says in X-Plurk-Probe who answered the probe."""
+    def _probe(self, address, attempts=1, tls=False):
+        """One probe poll (no token) straight to ``address`` (over https with ``tls``): (status,
+        X-Plurk-Probe) or None when nothing answers.  A web host's nginx says in X-Plurk-Probe who
+        answered the probe."""
         resource = (self.poll_resources or ("getUnreadCount",))[0]
         for attempt in range(attempts):
             if attempt:
                 time.sleep(0.5)
             try:
-                conn = http.client.HTTPConnection(*address, timeout=5)
+                if tls:
+                    # this host's own nginx, by address: its certificate names the site (and nginx
+                    # loaded it), so this probe checks that https answers, not who signed it
+                    conn = http.client.HTTPSConnection(*address, timeout=5,
+                                                       context=ssl._create_unverified_context())
+                else:
+                    conn = http.client.HTTPConnection(*address, timeout=5)
                 try:
                     conn.request("GET", f"/Poll/{resource}?plurk_probe={uuid.uuid4().hex}")
                     resp = conn.getresponse()
@@ -536,7 +553,10 @@ class Stack:
         in any order: a web host not up yet (or answering polls from Django) is a loud warning,
         never a refusal; an address that answers but is no web host's nginx is a mistake."""
         cfg = self.config
-        balancer = format_hostport(*cfg.http)
+        # with a certificate, plain HTTP only redirects: the site is its https address
+        tls = nginxconf.site_tls(cfg) is not None
+        site = nginxconf.https_address(cfg) if tls else cfg.http
+        balancer = f"https://{format_hostport(*site)}" if tls else format_hostport(*site)
         up = []
         for host in cfg.web_hosts:
             where = format_hostport(*host)
@@ -554,7 +574,7 @@ class Stack:
         # and round robin may pick one going down: try for a little longer than that.
         deadline = time.monotonic() + nginxconf.WEB_HOST_FAIL_TIMEOUT_S + 2
         while True:
-            seen = self._probe(cfg.http, attempts=attempts)
+            seen = self._probe(site, attempts=attempts, tls=tls)
             if seen is None:
                 raise ServiceError(f"the balancer at {balancer} does not answer; see {self._nginx_error_log()}")
             if not up or seen[1] == "fastpath" or time.monotonic() > deadline:
@@ -597,7 +617,10 @@ class Stack:
         if cfg.runs("repair") and self.with_repair:
             lines.append("repair     manage.py repaircache --loop --warm")
         if cfg.runs("balancer"):
-            lines.append(f"balancer   nginx {format_hostport(*cfg.http)} -> "
+            tls = nginxconf.site_tls(cfg)
+            served = (f"https://{format_hostport(*nginxconf.https_address(cfg))} (certificate {tls[0]}; "
+                      f"{format_hostport(*cfg.http)} redirects there)" if tls else format_hostport(*cfg.http))
+            lines.append(f"balancer   nginx {served} -> "
                          f"{', '.join(format_hostport(*hp) for hp in cfg.web_hosts)}")
         return lines
 

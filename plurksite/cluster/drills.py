@@ -140,7 +140,7 @@ class Load:
         return setup
 
     def start(self, setup, limit_s):
-        host = f"http://{topology.balancer_address()}"
+        host = topology.site_url()          # https; the client host trusts the cluster's CA
         argv = [LOCUST, "-f", os.path.join(plurk_config.ROOT, "locustfiles", "plurkers.py"), "--headless",
                 "--host", host, "-u", str(self.users), "-r", str(self.spawn_rate), "-t", f"{int(limit_s)}s",
                 "--stop-timeout", "5", "--csv", self.csv, "--csv-full-history", "--only-summary",

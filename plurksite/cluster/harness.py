@@ -12,7 +12,10 @@
 Each host runs exactly what a real host of that role would run, with the same command line:
 ``manage.py runstack`` with the host's PLURK_* variables (topology.hosts()), inside its namespace
 (``ip netns exec``), in its own process group, its output in var/cluster/<host>/log/host.log.
-The db host runs PostgreSQL (plurksite.cluster.postgres) on its address.
+The db host runs PostgreSQL (plurksite.cluster.postgres) on its address.  The balancer serves the
+site over https (plain HTTP redirects) with a certificate of the cluster's own CA
+(plurksite.cluster.tls, made once in var/cluster/tls/ and reused); every host trusts that CA
+(SSL_CERT_FILE, REQUESTS_CA_BUNDLE), and so do the harness's probes (``ssl_context()``).
 
 Leaving nothing behind: a start first sweeps what a crashed run left (netns.sweep); the exit of
 the with-block, an exception, Ctrl-C or SIGTERM stop the hosts in reverse order (SIGTERM to each
@@ -24,6 +27,7 @@ import http.client
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -32,7 +36,7 @@ import time
 from plurksite import config as plurk_config
 from plurksite.services import ServiceError, wait_for_port
 
-from . import ClusterError, netns, topology
+from . import ClusterError, netns, tls, topology
 from .postgres import PostgresCluster
 
 log = logging.getLogger("plurksite.cluster")
@@ -145,9 +149,11 @@ class Cluster:
     # -- configuration --------------------------------------------------------------------
     def _env(self, host):
         """The caller's environment without its PLURK_* (one source: the topology), plus the
-        host's variables."""
+        host's variables; its clients trust the cluster's CA (Python's ssl and curl read
+        SSL_CERT_FILE, requests REQUESTS_CA_BUNDLE), as a host with it in its trust store."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PLURK_")}
         env.update(host.env)
+        env["SSL_CERT_FILE"] = env["REQUESTS_CA_BUNDLE"] = self.ca_file
         env["DJANGO_SETTINGS_MODULE"] = "plurksite.settings"
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -159,6 +165,24 @@ class Cluster:
         """The long-running processes of ``host`` (PostgreSQL aside): its runstack, which
         starts the services of its PLURK_ROLES."""
         return [[PYTHON, MANAGE, "runstack"]] if host.stack_roles else []
+
+    @property
+    def ca_file(self):
+        """The cluster CA's certificate: what a client of the site trusts."""
+        return os.path.join(plurk_config.ROOT, topology.CA_FILE)
+
+    def ssl_context(self):
+        """A client context that trusts the cluster's CA alone and checks the site's name."""
+        return ssl.create_default_context(cafile=self.ca_file)
+
+    def _ensure_certificates(self):
+        """The CA, and the site's certificate in each balancer's <var dir>/tls/ (where
+        plurksite.nginxconf.site_tls finds it): made once, reused while good."""
+        ca_dir = os.path.join(plurk_config.ROOT, topology.CA_DIR)
+        tls.ensure_ca(ca_dir)
+        for host in self.hosts:
+            if "balancer" in host.roles:
+                tls.ensure_site(os.path.join(plurk_config.ROOT, host.var_dir, "tls"), ca_dir, topology.site_names())
 
     def host(self, name):
         try:
@@ -189,6 +213,7 @@ class Cluster:
             self.net.add_host(host.name, host.address)
             os.makedirs(os.path.join(plurk_config.ROOT, host.var_dir, "log"), exist_ok=True)
         ensure_secret(os.path.join(plurk_config.ROOT, topology.SECRET_FILE))
+        self._ensure_certificates()
         db = next((h for h in self.hosts if "postgres" in h.roles), None)
         if db is not None:
             self._start_postgres(db)
@@ -248,7 +273,7 @@ class Cluster:
         if "web" in host.roles:
             checks.append((host.address, topology.WEB_PORT))
         if "balancer" in host.roles:
-            checks.append((host.address, topology.HTTP_PORT))
+            checks += [(host.address, topology.HTTP_PORT), (host.address, topology.HTTPS_PORT)]
         for address, port in checks:
             try:
                 wait_for_port(address, port, timeout=self.ready_timeout,
@@ -259,9 +284,12 @@ class Cluster:
                 self._http_answers(host, address, port)
 
     def _http_answers(self, host, address, port):
+        """nginx at address:port answers a GET (over https, checked against the CA, on
+        HTTPS_PORT)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
-            conn = http.client.HTTPConnection(address, port, timeout=5)
+            conn = (http.client.HTTPSConnection(address, port, timeout=5, context=self.ssl_context())
+                    if port == topology.HTTPS_PORT else http.client.HTTPConnection(address, port, timeout=5))
             try:
                 conn.request("GET", "/")
                 conn.getresponse().read()

@@ -10,7 +10,9 @@ import dataclasses
 SUBNET = "10.77.0"
 PREFIXLEN = 24
 GATEWAY = f"{SUBNET}.1"             # the bridge's address: the machine itself reaches every host
-HTTP_PORT = 80                      # the balancer
+HTTP_PORT = 80                      # the balancer's plain HTTP: only redirects to https
+HTTPS_PORT = 443                    # the balancer's https (plurksite.nginxconf.HTTPS_PORT)
+SITE_NAME = "plurk.test"            # the site's name (RFC 6761 .test); its certificate names it and the balancer's address
 WEB_PORT = 8080                     # each web host's nginx
 MEMCACHED_PORT = 11211
 POSTGRES_PORT = 5432
@@ -19,6 +21,8 @@ FASTPATH_WORKERS = 2
 DATABASE = "plurk"                  # the PostgreSQL role and database
 VAR_DIR = "var/cluster"             # under the checkout; one subdirectory per host
 SECRET_FILE = f"{VAR_DIR}/secret.key"
+CA_DIR = f"{VAR_DIR}/tls"           # the cluster's private CA (ca.crt, ca.key), made once (cluster.tls)
+CA_FILE = f"{CA_DIR}/ca.crt"        # every host trusts it (SSL_CERT_FILE, REQUESTS_CA_BUNDLE)
 STACK_ROLES = ("balancer", "web", "memcached", "repair")
 
 
@@ -43,7 +47,8 @@ class Host:
         where = []
         for role in self.roles:
             if role == "balancer":
-                where.append(f"nginx {self.address}:{HTTP_PORT}")
+                where.append(f"nginx https {self.address}:{HTTPS_PORT} ({SITE_NAME}), "
+                             f"{self.address}:{HTTP_PORT} redirects")
             elif role == "web":
                 where.append(f"nginx {self.address}:{WEB_PORT}, notices udp:{self.address}:"
                              f"{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]} (fastpath, gunicorn on loopback)")
@@ -54,7 +59,7 @@ class Host:
             elif role == "postgres":
                 where.append(f"postgresql {self.address}:{POSTGRES_PORT}")
             elif role == "client":
-                where.append(f"locust against http://{balancer_address()}/")
+                where.append(f"locust against {site_url()}/")
         return where
 
 
@@ -81,6 +86,16 @@ def balancer_address():
     return f"{SUBNET}.{_addresses()['plk-lb'][0]}"
 
 
+def site_url():
+    """The site's base URL: https at the balancer's address (its certificate names it)."""
+    return f"https://{balancer_address()}"
+
+
+def site_names():
+    """What the balancer's certificate names (subjectAltName entries)."""
+    return [f"IP:{balancer_address()}", f"DNS:{SITE_NAME}"]
+
+
 def _with_role(role, web_hosts=WEB_HOSTS):
     return [f"{SUBNET}.{octet}" for octet, roles in _addresses(web_hosts).values() if role in roles]
 
@@ -93,8 +108,9 @@ def shared_env(web_hosts=WEB_HOSTS):
         "PLURK_DATABASE_URL": f"postgres://{DATABASE}@{_with_role('postgres')[0]}:{POSTGRES_PORT}/{DATABASE}",
         "PLURK_FASTPATH_NOTIFY": ",".join(f"udp:{a}:{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]}" for a in webs),
         "PLURK_WEB_HOSTS": ",".join(f"{a}:{WEB_PORT}" for a in webs),
-        # the name clients reach the site by: the balancer's address (Django's ALLOWED_HOSTS)
-        "PLURK_PUBLIC_HOSTS": balancer_address(),
+        # the names clients reach the site by: the balancer's address and the site's name
+        # (Django's ALLOWED_HOSTS)
+        "PLURK_PUBLIC_HOSTS": f"{balancer_address()},{SITE_NAME}",
         "PLURK_SECRET_FILE": SECRET_FILE,
         "PLURK_FASTPATH_WORKERS": str(FASTPATH_WORKERS),
         # every host shares this machine's 2 cores: a process can wait 50 ms (the single-host

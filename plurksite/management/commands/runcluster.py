@@ -26,10 +26,14 @@ class Command(BaseCommand):
         for host in cluster.hosts:
             roles = ",".join(host.roles)
             lines.append(f"  {host.name:<11} {host.address:<11} {roles:<17} {'; '.join(host.listens())}")
-        lines += [f"  open http://{topology.balancer_address()}/ from this machine (the bridge "
+        lines += [f"  open {topology.site_url()}/ from this machine (the bridge "
                   f"{topology.GATEWAY} reaches every host); demo logins alice, bob, carol, dave "
                   f"(password plurkdemo1)" if cluster.seed_demo else
-                  f"  open http://{topology.balancer_address()}/ from this machine",
+                  f"  open {topology.site_url()}/ from this machine",
+                  f"  the site's certificate is signed by the cluster's CA, {cluster.ca_file}: "
+                  f"curl --cacert {topology.CA_FILE} {topology.site_url()}/ (or --resolve "
+                  f"{topology.SITE_NAME}:{topology.HTTPS_PORT}:{topology.balancer_address()} "
+                  f"https://{topology.SITE_NAME}/); a browser needs it imported",
                   f"  run a command on a host: ip netns exec plk-web1 <command>",
                   f"  logs: {topology.VAR_DIR}/<host>/log/",
                   "Press Ctrl-C to stop (removes every namespace, link and process)."]

@@ -1,0 +1,147 @@
+"""The site over TLS at the balancer (issue 32 item 1), for real: the namespace cluster with one
+web host (PostgreSQL, 3 memcached hosts, the balancer; no client host: this machine reaches every
+host through the bridge) and the certificate `make cluster` makes.  Through https with the
+cluster's CA: the page, the API, a poll, a long-poll woken by a plurk, a stream's event; plain
+HTTP redirects; TLS 1.1 is refused.  The TLS settings one by one: tests/plurksite/test_balancer_tls.py."""
+import http.client
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from plurksite.cluster import topology
+from plurksite.cluster.harness import Cluster
+
+pytestmark = pytest.mark.slow
+
+SITE = topology.site_url()
+LB = topology.balancer_address()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    hosts = [h for h in topology.hosts(web_hosts=1) if "client" not in h.roles]
+    with Cluster(hosts=hosts, seed_demo=True, ready_timeout=180) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def tokens(cluster):
+    """alice's and bob's tokens (seeddemo: they follow each other)."""
+    got = {}
+    for name in ("alice", "bob"):
+        resp = requests.post(f"{SITE}/api/login", json={"username": name, "password": "plurkdemo1"},
+                             verify=cluster.ca_file, timeout=30)
+        assert resp.status_code == 200, resp.text
+        got[name] = resp.json()["token"]
+    return got
+
+
+def _api(cluster, token, method, path, **kwargs):
+    return requests.request(method, SITE + path, headers={"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})},
+                            verify=cluster.ca_file, timeout=kwargs.pop("timeout", 30), **kwargs)
+
+
+def _plurk(cluster, token, text):
+    resp = _api(cluster, token, "POST", "/api/plurks", json={"content": text})
+    assert resp.status_code == 201, resp.text
+
+
+def _fastpath_answer(cluster, token):
+    """alice's count answer once fastpath has it (a miss is Django's, which fills the cache)."""
+    deadline = time.monotonic() + 20
+    while True:
+        resp = _api(cluster, token, "GET", "/Poll/getUnreadCount")
+        assert resp.status_code == 200, resp.text
+        if resp.headers.get("X-Cache") == "HIT" or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.2)
+
+
+def test_the_page_over_https_by_address_and_by_name_and_http_redirects(cluster):
+    page = requests.get(f"{SITE}/login", verify=cluster.ca_file, timeout=30)
+    assert page.status_code == 200 and "text/html" in page.headers["Content-Type"]
+    by_name = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{ssl_verify_result}",
+                              "--cacert", cluster.ca_file, "--resolve", f"{topology.SITE_NAME}:443:{LB}",
+                              f"https://{topology.SITE_NAME}/login"], capture_output=True, text=True, timeout=60)
+    assert by_name.stdout == "200 0", by_name.stdout + by_name.stderr
+    untrusted = subprocess.run(["curl", "-sS", "-o", "/dev/null", f"{SITE}/login"], capture_output=True, text=True,
+                               timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert untrusted.returncode == 60, untrusted.stderr          # no CA: the certificate is refused
+    plain = requests.get(f"http://{LB}/api/timeline?limit=5", allow_redirects=False, timeout=30)
+    assert plain.status_code == 301 and plain.headers["Location"] == f"{SITE}/api/timeline?limit=5"
+
+
+def test_the_api_a_poll_and_a_long_poll_woken_by_a_plurk(cluster, tokens):
+    assert _api(cluster, tokens["alice"], "GET", "/api/me").json()["username"] == "alice"
+    first = _fastpath_answer(cluster, tokens["alice"])
+    assert first.headers.get("X-Cache") == "HIT", dict(first.headers)
+    answer = {}
+
+    def hold():
+        answer["resp"] = _api(cluster, tokens["alice"], "GET", "/Poll/getUnreadCount", timeout=60,
+                              headers={"Prefer": "wait=30", "If-None-Match": first.headers["ETag"]})
+        answer["at"] = time.monotonic()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    time.sleep(1.5)
+    assert holder.is_alive(), f"answered at once: {answer}"
+    _plurk(cluster, tokens["bob"], "over TLS")
+    posted = time.monotonic()
+    holder.join(30)
+    assert answer["resp"].status_code == 200
+    assert answer["resp"].json()["count"] == first.json()["count"] + 1
+    assert answer["at"] - posted < 5
+
+
+def test_a_stream_delivers_an_event_through_https(cluster, tokens):
+    deadline = time.monotonic() + 20
+    last_id = None
+    while True:          # as EventSource: Django's one event and retry: until fastpath holds the stream
+        conn = http.client.HTTPSConnection(LB, 443, timeout=30, context=cluster.ssl_context())
+        headers = {"Authorization": f"Bearer {tokens['alice']}", "Accept": "text/event-stream"}
+        if last_id:
+            headers["Last-Event-ID"] = last_id
+        conn.request("GET", "/Poll/getUnreadCount", headers=headers)
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+        if resp.getheader("X-Cache") == "HIT":
+            break
+        text = resp.read().decode()
+        conn.close()
+        last_id = text.split("id: ", 1)[1].split("\n", 1)[0] if "id: " in text else last_id
+        assert time.monotonic() < deadline, "fastpath never held the stream"
+        time.sleep(1.0)
+    try:
+        def event():
+            fields = {}
+            while True:
+                line = resp.readline().decode()
+                if line in ("\n", "") and fields:
+                    return fields
+                if ":" in line and not line.startswith(":"):
+                    key, _, value = line.rstrip("\n").partition(": ")
+                    fields[key] = value
+        if last_id is None:
+            event()                                  # fastpath's answer is the first event
+        _plurk(cluster, tokens["bob"], "streamed over TLS")
+        posted = time.monotonic()
+        got = event()
+        assert got["event"] == "getUnreadCount" and "count" in json.loads(got["data"]), got
+        assert time.monotonic() - posted < 5
+    finally:
+        conn.close()
+
+
+def test_tls_1_1_is_refused_and_1_3_answers(cluster):
+    def offer(*flags):
+        return subprocess.run(["openssl", "s_client", "-connect", f"{LB}:443", "-CAfile", cluster.ca_file, *flags],
+                              input="", capture_output=True, text=True, timeout=30)
+    old = offer("-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0")
+    assert old.returncode != 0 and "Cipher is (NONE)" in old.stdout, old.stdout + old.stderr
+    new = offer("-tls1_3")
+    assert new.returncode == 0 and "Protocol  : TLSv1.3" in new.stdout and "Verify return code: 0 (ok)" in new.stdout

@@ -1,0 +1,180 @@
+"""The balancer over TLS (issue 32): a certificate in <var dir>/tls/ turns on https with modern
+settings only, and plain HTTP redirects.  A real nginx on loopback with a stand-in web host and a
+certificate of a CA made here (plurksite.cluster.tls, as `make cluster` makes them); the whole
+site over https is tests/cluster/test_tls.py."""
+import http.client
+import os
+import socket
+import ssl
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from plurksite import nginxconf, services
+from plurksite.cluster import tls
+from plurksite.config import ConfigError, StackConfig
+from plurksite.services import ServiceError, free_port
+from plurksite.stack import Stack
+from tests.plurksite.test_roles import _Recorder, _web_addresses
+from tests.support.stack import nginx_in_front_of
+
+HOST = "127.0.0.10"
+
+
+def _config(var_dir, web_hosts):
+    return StackConfig.from_env({
+        "PLURK_ROLES": "balancer", "PLURK_HTTP": f"{HOST}:{free_port(HOST)}",
+        "PLURK_WEB_HOSTS": ",".join(f"{h}:{p}" for h, p in web_hosts), "PLURK_VAR_DIR": str(var_dir),
+        "PLURK_SECRET_FILE": os.path.join(var_dir, "secret.key")})
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("ca"))
+
+
+def _with_certificate(var_dir, ca_dir):
+    return tls.ensure_site(os.path.join(var_dir, nginxconf.TLS_DIR), ca_dir, [f"IP:{HOST}", "DNS:plurk.test"])
+
+
+class Web(_Recorder):
+    """The stand-in web host: what reached it, and a stream of two events (the second sent only
+    once the client has the first, which it cannot if anything between buffers)."""
+    seen = []
+    first_read = threading.Event()
+
+    def do_GET(self):
+        if self.path != "/stream":
+            return self._answer()
+        type(self).seen.append({"path": self.path, "proto": self.headers.get("X-Forwarded-Proto")})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("X-Accel-Buffering", "no")        # as fastpath's stream (the web host passes it on)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event, wait in ((b"data: 1\n\n", True), (b"data: 2\n\n", False)):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+            if wait:
+                type(self).first_read.wait(10)
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture(scope="module")
+def balancer(tmp_path_factory, ca):
+    """A TLS balancer on HOST (https on a free port standing for 443) before one stand-in web host."""
+    var_dir = tmp_path_factory.mktemp("balancer")
+    _with_certificate(str(var_dir), ca)
+    hosts = _web_addresses(1)
+    config = _config(var_dir, hosts)
+    https_port = free_port(HOST)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nginxconf, "HTTPS_PORT", https_port)
+        with nginx_in_front_of(config, {hosts[0]: Web}):
+            services.wait_for_port(HOST, https_port, name="nginx https")
+            yield config, https_port
+
+
+def _client(ca, **versions):
+    context = ssl.create_default_context(cafile=os.path.join(ca, "ca.crt"))
+    for key, value in versions.items():
+        setattr(context, key, value)
+    return context
+
+
+def test_https_is_served_with_the_sites_certificate_and_http_redirects(balancer, ca):
+    config, port = balancer
+    Web.seen.clear()
+    got = requests.get(f"https://{HOST}:{port}/Poll/getUnreadCount?x=1", verify=os.path.join(ca, "ca.crt"),
+                       timeout=10)
+    assert got.status_code == 200
+    assert Web.seen[-1]["path"] == "/Poll/getUnreadCount?x=1"
+    plain = requests.get(f"{config.base_url}/api/timeline?limit=5", allow_redirects=False, timeout=10)
+    assert plain.status_code == 301
+    assert plain.headers["Location"] == f"https://{HOST}:{port}/api/timeline?limit=5"
+    assert len(Web.seen) == 1                               # the plain request never reached a web host
+    with pytest.raises(requests.exceptions.SSLError):      # the CA is what makes it trusted
+        requests.get(f"https://{HOST}:{port}/", timeout=10, verify=True)
+
+
+def test_a_stream_is_not_buffered_over_tls(balancer, ca):
+    _, port = balancer
+    Web.first_read.clear()
+    conn = http.client.HTTPSConnection(HOST, port, timeout=10, context=_client(ca))
+    try:
+        conn.request("GET", "/stream", headers={"Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("X-Accel-Buffering") is None
+        started = time.monotonic()
+        assert resp.readline() == b"data: 1\n"             # before the web host sends anything more
+        assert time.monotonic() - started < 5
+        Web.first_read.set()
+        assert resp.read() == b"\ndata: 2\n\n"
+    finally:
+        conn.close()
+    assert Web.seen[-1] == {"path": "/stream", "proto": "https"}
+
+
+def _handshake(port, context):
+    with socket.create_connection((HOST, port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname=HOST) as sock:
+            return sock.version(), sock.cipher()[0], sock.session
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")     # offered to be refused
+def test_only_tls_1_2_and_1_3_with_forward_secret_aead_ciphers_and_no_tickets(balancer, ca):
+    _, port = balancer
+    assert _handshake(port, _client(ca, maximum_version=ssl.TLSVersion.TLSv1_3))[0] == "TLSv1.3"
+    version, cipher, session = _handshake(port, _client(ca, maximum_version=ssl.TLSVersion.TLSv1_2))
+    assert version == "TLSv1.2" and cipher in ("ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-ECDSA-AES128-GCM-SHA256",
+                                               "ECDHE-ECDSA-CHACHA20-POLY1305")
+    assert not session.has_ticket                        # ssl_session_tickets off
+    for old in (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1):
+        # a client willing to speak them (OpenSSL's level 0: SHA-1 handshakes), refused by nginx
+        context = _client(ca, minimum_version=old, maximum_version=old)
+        context.set_ciphers("DEFAULT:@SECLEVEL=0")
+        with pytest.raises(ssl.SSLError, match="TLSV1_ALERT_PROTOCOL_VERSION|UNSUPPORTED_PROTOCOL"):
+            _handshake(port, context)
+    for weak in ("AES128-SHA256", "ECDHE-ECDSA-AES128-SHA", "AES128-GCM-SHA256"):   # no PFS or no AEAD
+        context = _client(ca, maximum_version=ssl.TLSVersion.TLSv1_2)
+        context.set_ciphers(weak)
+        with pytest.raises(ssl.SSLError, match="HANDSHAKE_FAILURE|NO_SHARED_CIPHER"):
+            _handshake(port, context)
+
+
+def test_openssl_s_client_offering_tls_1_1_is_refused(balancer):
+    _, port = balancer
+    offered = subprocess.run(["openssl", "s_client", "-connect", f"{HOST}:{port}", "-tls1_1",
+                              "-cipher", "DEFAULT:@SECLEVEL=0"], input="", capture_output=True, text=True, timeout=20)
+    assert offered.returncode != 0 and "Cipher is (NONE)" in offered.stdout, offered.stdout + offered.stderr
+    accepted = subprocess.run(["openssl", "s_client", "-connect", f"{HOST}:{port}", "-tls1_2"], input="",
+                              capture_output=True, text=True, timeout=20)
+    assert accepted.returncode == 0 and "Protocol  : TLSv1.2" in accepted.stdout, accepted.stdout
+
+
+def test_without_a_certificate_plain_http_serves_and_one_file_alone_is_named(tmp_path, ca):
+    config = _config(tmp_path, [("127.0.0.21", 8080)])
+    text = nginxconf.render_include(config)
+    assert "ssl" not in text.replace("# plain HTTP only", "") and "plain HTTP only: no fullchain.pem" in text
+    chain, key = _with_certificate(str(tmp_path), ca)
+    os.unlink(key)
+    with pytest.raises(ConfigError, match=f"^{chain} is there but {key} is not: put the certificate chain"):
+        nginxconf.render_include(config)
+    with pytest.raises(ServiceError, match=f"^{chain} is there but {key} is not"):      # runstack's one line
+        Stack(config).preflight()
+
+
+def test_the_certificate_is_made_once_and_again_when_it_no_longer_fits(tmp_path, ca):
+    directory = str(tmp_path / "tls")
+    chain, key = tls.ensure_site(directory, ca, [f"IP:{HOST}"])
+    made = os.stat(chain).st_mtime_ns, open(key).read()
+    assert oct(os.stat(key).st_mode & 0o777) == "0o600"
+    assert tls.ensure_site(directory, ca, [f"IP:{HOST}"]) == (chain, key)
+    assert (os.stat(chain).st_mtime_ns, open(key).read()) == made                  # reused
+    tls.ensure_site(directory, ca, [f"IP:{HOST}", "DNS:plurk.test"])                # a new name: made again
+    assert open(key).read() != made[1]
+    assert subprocess.run(["openssl", "verify", "-CAfile", os.path.join(ca, "ca.crt"), chain],
+                          capture_output=True).returncode == 0
