@@ -230,6 +230,7 @@ def tls_context(config):
 def balancer_context(config):
     return {
         "tls": tls_context(config),
+        "probe_key": probe_key(config),
         "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
                                  f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),
         "upstream_keepalive_timeout": f"{BALANCER_UPSTREAM_KEEPALIVE_S}s",

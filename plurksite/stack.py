@@ -495,7 +495,8 @@ class Stack:
                 else:
                     conn = http.client.HTTPConnection(*address, timeout=5)
                 try:
-                    conn.request("GET", f"/Poll/{resource}?plurk_probe={uuid.uuid4().hex}")
+                    key = nginxconf.probe_key(self.config)   # this host's: the balancer logs it
+                    conn.request("GET", f"/Poll/{resource}?plurk_probe={key}{uuid.uuid4().hex}")
                     resp = conn.getresponse()
                     resp.read()
                     return resp.status, resp.getheader("X-Plurk-Probe")

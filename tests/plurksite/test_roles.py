@@ -142,7 +142,8 @@ class _Recorder(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         record = {"at": self.server.server_address[0], "method": self.command, "path": self.path,
                   "body": body.decode(), **{h: self.headers.get(h) for h in
-                                            ("Host", "Prefer", "If-None-Match", "Authorization", "X-Forwarded-For")}}
+                                            ("Host", "Prefer", "If-None-Match", "Authorization", "X-Forwarded-For",
+                                             "X-Request-ID")}}
         type(self).seen.append(record)
         if self.drop:
             self.close_connection = True
@@ -180,6 +181,24 @@ def test_the_balancer_passes_requests_whole(tmp_path):
         ("GET", "/Poll/getUnreadCount?x=1", "wait=50", '"abc"', "Bearer t")
     assert (post["method"], post["body"]) == ("POST", '{"content": "hello"}')
     assert get["Host"] == config.base_url[len("http://"):] and get["X-Forwarded-For"] == "127.0.0.1"
+    assert len(get["X-Request-ID"]) == 32 and get["X-Request-ID"] != post["X-Request-ID"]   # made here
+
+
+def test_only_the_runners_probe_writes_the_balancers_probe_log(tmp_path):
+    class Web(_Recorder):
+        seen = []
+    hosts = _web_addresses(1)
+    config = _balancer_config(tmp_path, [f"{h}:{p}" for h, p in hosts])
+    probe_log = os.path.join(config.log_dir(), "nginx-probe.log")
+    with nginx_in_front_of(config, {hosts[0]: Web}):
+        key = nginxconf.probe_key(config)
+        for probe in ("1", "x" * 40, key[:-1] + ("0" if key[-1] != "0" else "1") + "42"):   # one digit off
+            assert requests.get(config.base_url + f"/Poll/getUnreadCount?plurk_probe={probe}", timeout=10).ok
+        assert requests.get(config.base_url + f"/Poll/getUnreadCount?plurk_probe={nginxconf.probe_key(config)}42",
+                            timeout=10).ok
+    with open(probe_log) as fh:
+        lines = fh.read().splitlines()
+    assert len(lines) == 1 and f"plurk_probe={nginxconf.probe_key(config)}42" in lines[0], lines
 
 
 def test_the_balancer_resends_a_get_but_never_a_post_that_reached_a_web_host(tmp_path):
