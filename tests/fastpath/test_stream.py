@@ -679,3 +679,65 @@ def test_big_answers_of_several_resources(fastpath_factory, memcached, cache):
         assert e["event"] == res
         assert e["data"].encode() == big[res].replace(b"\r\n", b"\n")
     s.close()
+
+
+# ---- the shared vectors (tests/vectors/contract.json "streams"; Django reads the same ones in
+# tests/fastpoll/test_stream.py) ---------------------------------------------------------------
+
+def _vectors():
+    import json
+    import os
+    with open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")) as fh:
+        return json.load(fh)["streams"]
+
+
+STREAM_VECTORS = _vectors()
+
+
+def _opening(s, expected, quiet=0.2):
+    """What the stream sends first: as many bytes as ``expected``, and whatever more comes within
+    ``quiet`` s (nothing, when it sends exactly what is expected)."""
+    s.head()
+    deadline = time.monotonic() + SLACK
+    while True:
+        s._dechunk()
+        wait = deadline - time.monotonic() if len(s.text) < len(expected) else quiet if quiet else 0
+        if wait <= 0:
+            break
+        try:
+            s._recv(wait)
+        except (EOFError, socket.timeout):
+            break
+        quiet = quiet if len(s.text) < len(expected) else 0.05   # after enough: only what is already there
+    s._dechunk()
+    return s.text.decode("utf-8")
+
+
+def test_the_vectors_accept_header_says_what_a_stream_request_is(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(60), b"{}")
+    for v in STREAM_VECTORS["accept"]:
+        s = Stream(fp, 60, method=v["method"], accept=v["accept"]) if v["accept"] is not None else Poll(fp, 60)
+        status, headers = s.head() if isinstance(s, Stream) else s.answer()[:2]
+        is_stream = status == 200 and headers.get("content-type") == "text/event-stream"
+        assert is_stream == v["stream"], v
+        s.close()
+
+
+def test_the_vectors_events_are_fastpaths_bytes(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    for v in STREAM_VECTORS["events"]:
+        cache.set(key(61, v["name"]), v["body"].encode("utf-8"))
+        s = Stream(fp, 61, resource=v["name"])
+        assert _opening(s, v["bytes"]) == v["bytes"], v
+        s.close()
+
+
+def test_the_vectors_several_resources_open_as_written(fastpath_factory, memcached, cache):
+    fp = start(fastpath_factory, memcached)
+    for v in STREAM_VECTORS["several"]:
+        for name, body in zip(v["names"], v["bodies"]):
+            cache.set(key(62, name), body.encode("utf-8"))
+        s = Stream(fp, 62, resource=",".join(v["names"]), last_event_id=v["last_event_id"])
+        assert _opening(s, v["opening"]) == v["opening"], v["why"]
+        s.close()

@@ -163,3 +163,41 @@ def test_a_stream_of_two_unauthenticated_is_a_json_401(signup):
     client.token = "nope"
     resp = stream(client, BOTH)
     assert resp.status_code == 401 and resp["Content-Type"] == "application/json"
+
+
+# ---- the shared vectors (tests/vectors/contract.json "streams"; fastpath reads the same ones in
+# tests/fastpath/test_stream.py) -------------------------------------------------------------
+
+def _vectors():
+    import json
+    import os
+    with open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")) as fh:
+        return json.load(fh)["streams"]
+
+
+STREAM_VECTORS = _vectors()
+
+
+@pytest.mark.django_db(False)
+@pytest.mark.parametrize("v", STREAM_VECTORS["accept"], ids=lambda v: f"{v['method']} {v['accept']!r}")
+def test_the_vectors_accept_header_says_what_a_stream_request_is(rf, v):
+    from fastpoll.http import wants_event_stream
+    extra = {} if v["accept"] is None else {"HTTP_ACCEPT": v["accept"]}
+    assert wants_event_stream(rf.generic(v["method"], "/Poll/getMessages", **extra)) == v["stream"]
+
+
+@pytest.mark.django_db(False)
+@pytest.mark.parametrize("v", STREAM_VECTORS["events"], ids=lambda v: f"{v['name']} {v['body']!r}")
+def test_the_vectors_events_are_djangos_bytes(v):
+    body = v["body"].encode("utf-8")
+    assert event_bytes(answer_etag(body), v["name"], body).decode("utf-8") == v["bytes"]
+
+
+@pytest.mark.django_db(False)
+@pytest.mark.parametrize("v", STREAM_VECTORS["several"], ids=lambda v: v["why"])
+def test_the_vectors_several_resources_open_as_written(rf, v):
+    from fastpoll.http import streams_response
+    extra = {} if v["last_event_id"] is None else {"HTTP_LAST_EVENT_ID": v["last_event_id"]}
+    request = rf.get("/Poll/" + ",".join(v["names"]), HTTP_ACCEPT=ES, **extra)
+    resp = streams_response([(n, b.encode("utf-8")) for n, b in zip(v["names"], v["bodies"])], request)
+    assert resp.content.decode("utf-8") == f"retry: {STREAM_RETRY_MS}\n\n" + v["opening"]

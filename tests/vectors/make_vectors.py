@@ -8,6 +8,7 @@ import hmac
 import json
 import os
 import random
+import re
 
 from pymemcache.client.rendezvous import RendezvousHash
 from pymemcache.client.murmur3 import murmur3_32
@@ -250,6 +251,66 @@ def conditional(body, other):
     ]
 
 
+def event(id_, name, body):
+    """docs/contract.md, section 9: one event: its id, its resource, a data line for each line of
+    the body (split at CRLF, CR or LF; the empty body is one empty data line), a blank line."""
+    lines = re.split(r"\r\n|\r|\n", body)
+    return f"id: {id_}\nevent: {name}\n" + "".join(f"data: {line}\n" for line in lines) + "\n"
+
+
+def streams():
+    """What a stream request is (Accept), an event's bytes, and what a stream of several resources
+    sends first for a Last-Event-ID (docs/contract.md section 9).  "opening": the events after the
+    head (fastpath) or after the retry: line (Django), in path order."""
+    accept = [
+        ("text/event-stream", "GET", True),
+        ("TEXT/Event-Stream", "GET", True),
+        ("text/html, text/event-stream;q=0.9", "GET", True),
+        ("text/event-stream ; charset=utf-8", "GET", True),
+        (" \ttext/event-stream\t", "GET", True),
+        ("text/event-stream", "HEAD", False),
+        ("text/event-stream", "POST", False),
+        ("*/*", "GET", False),
+        ("text/*", "GET", False),
+        ("application/json", "GET", False),
+        ("text/event-streamx", "GET", False),
+        ("text/event-stream-x, application/json", "GET", False),
+        ("", "GET", False),
+        (None, "GET", False),
+    ]
+    bodies = ["", '{"count":1}', "a\nb", "a\r\nb\rc\n", "\n", '{"count":3,"content":"\u2603"}']
+    events = [{"name": name, "body": body, "bytes": event(etag(body.encode("utf-8")), name, body)}
+              for name in ("getUnreadCount", "getMessages") for body in bodies]
+    names, a, b = ["getUnreadCount", "getMessages"], '{"count":2}', '{"count":2,"items":[]}'
+    ta, tb, old = etag(a.encode()), etag(b.encode()), etag(b"old")
+
+    def opening(last_event_id):
+        have = [None, None]
+        if last_event_id is not None:
+            parts = last_event_id.strip(" \t").split(",")
+            ok = len(parts) == 2 and all(p == '""' or (len(p) == 34 and p[0] == p[-1] == '"') for p in parts)
+            have = [None if p == '""' else p for p in parts] if ok else [None, None]
+        out = ""
+        for i, (name, body, tag) in enumerate(zip(names, (a, b), (ta, tb))):
+            if have[i] != tag:
+                have[i] = tag
+                out += event(",".join(t or '""' for t in have), name, body)
+        return out
+
+    several = [{"why": why, "names": names, "bodies": [a, b], "last_event_id": lei, "opening": opening(lei)}
+               for why, lei in [("no Last-Event-ID: both, the first with \"\" for the second", None),
+                                ("both current: nothing", f"{ta},{tb}"),
+                                ("the first changed", f"{old},{tb}"),
+                                ("the second changed", f"{ta},{old}"),
+                                ("the client had none of the second", f'{ta},""'),
+                                ("OWS around the id", f" {ta},{tb}\t"),
+                                ("a single ETag is not a composite id: both", ta),
+                                ("three parts for two resources: both", f"{ta},{tb},{tb}"),
+                                ("garbage: both", "garbage")]]
+    return {"accept": [{"accept": h, "method": m, "stream": st} for h, m, st in accept],
+            "events": events, "several": several}
+
+
 def main():
     rng = random.Random(20091122)
     valid = []
@@ -341,6 +402,7 @@ def main():
         "etag": [[body, etag(body.encode())] for body in ETAG_BODIES],
         "conditional": [dict(vector, body=body) for body, other in [('{"count":1}', '{"count":2}'), ("", '{"count":1}')]
                         for vector in conditional(body, other)],
+        "streams": streams(),
     }
     with open(os.path.join(HERE, "contract.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
