@@ -45,7 +45,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, RESULTS_DIR, progress, write_result  # noqa: E402
+from bench.common import ROOT, RESULTS_DIR, add_fastpath_edge, progress, write_result  # noqa: E402
 from bench.throughput import _cpu_seconds, _spawn, _stop, _tree  # noqa: E402
 from plurksite.config import format_hostport  # noqa: E402
 from plurksite.services import find_binary, free_port, wait_for_port  # noqa: E402
@@ -411,7 +411,6 @@ def start_stack(var_dir, workers, reuseport=True, edge=None):
     """The stack (plurksite.stack.Stack) on free ports; ``edge``: (host, port) of fastpath's edge
     listener, added to fastpath's command line with the bench's caps (no per-address cap: every
     client is on loopback; streams that outlive the run)."""
-    from plurksite import services as services_module
     from plurksite import stack as stack_module
     from plurksite.stack import Stack
     from tests.support.stack import manage, stack_config
@@ -430,15 +429,9 @@ def start_stack(var_dir, workers, reuseport=True, edge=None):
     if reuseport:
         stack_module.nginxconf.render = _with_reuseport(stack_module.nginxconf.render)
     if edge:
-        command = services_module.fastpath_command
-
-        def with_edge(*args, **kwargs):
-            # later flags win (argparse): whatever edge the stack's own settings give is replaced
-            return command(*args, **kwargs) + [
-                "--edge", format_hostport(*edge), "--edge-max-per-address", "0",
-                "--edge-max-connections", str(EDGE_PER_WORKER), "--max-connections", str(POLL_PER_WORKER),
-                "--max-stream", str(HOLD_S * 6), "--stream-heartbeat", str(STREAM_HEARTBEAT_S)]
-        services_module.fastpath_command = with_edge
+        add_fastpath_edge(edge, "--edge-max-connections", str(EDGE_PER_WORKER), "--max-connections",
+                          str(POLL_PER_WORKER), "--max-stream", str(HOLD_S * 6),
+                          "--stream-heartbeat", str(STREAM_HEARTBEAT_S))
     stack = Stack(config, nginx_workers=workers["nginx"], with_repair=False).start()
     return stack, config
 
@@ -897,8 +890,9 @@ def edge_stretch(path, holders, count):
     accounts): how many were held, how many refused (a connect that failed three times, a head
     other than 200, the connection closed), how long the burst took, memory per stream."""
     reqs = path.requests("stream-edge", [holders[i % len(holders)] for i in range(count)])
+    mc = [svc.pid for svc in path.stack.services if svc.name.startswith("memcached")]
     r = _held("stream-edge", lambda: path.clients("stream-edge", reqs), count, path.gauge("stream-edge"),
-              path.trees("stream-edge"))
+              path.trees("stream-edge"), {"memcached": mc[0]} if mc else None)
     refused = r["failed"] + sum(v for k, v in r["statuses"].items() if k not in ("stream 200", "event"))
     return dict(r, count=count, refused=refused, distinct_tokens=min(count, len(holders)))
 
@@ -1023,7 +1017,7 @@ def main(argv=None):
         if args.edge_stretch:
             # the fan-outs and deliveries changed the followers' answers
             holders = current((fans[1:], plain) if holders else
-                              (make_accounts(config, 1, "lps", os.path.join(var, "stretch.json")),))
+                              (make_accounts(config, min(args.edge_stretch, 10_000), "lps", os.path.join(var, "stretch.json")),))
             progress(f"edge stretch: {args.edge_stretch} streams at once ...")
             result["edge_stretch"] = edge_stretch(path, holders, args.edge_stretch)
             progress(f"edge stretch: {result['edge_stretch']['held']} held, {result['edge_stretch']['refused']} refused "
