@@ -1,8 +1,26 @@
-"""Long-polling against nchan, side by side in one run, and `make load` in long-poll mode.
+"""Long-polls and streams, through nginx and on fastpath's edge, against nchan's long-poll and
+EventSource subscribers, side by side in one run, and `make load` in long-poll mode.
 
     .venv/bin/python bench/longpoll.py [--counts 1000,10000,40000] [--fanout 10000] [--fanout-rounds 3]
-                                       [--delivery-rounds 3]
+                                       [--delivery-rounds 3] [--modes M,...] [--edge-stretch N]
                                        [--load-users 300] [--load-time 60] [--no-load] [--quick]
+
+Modes (--modes, in the order held; each server measures the first mode it holds fresh, later
+ones reuse what earlier connections freed): ``longpoll-nginx`` (the stack's nginx -> fastpath,
+``Prefer: wait``), ``longpoll-edge`` (the same request straight to fastpath's ``--edge``
+listener), ``stream-nginx`` and ``stream-edge`` (``Accept: text/event-stream`` with
+``Last-Event-ID`` of the current answer: the stream opens without an event, the next one is the
+change), ``nchan-longpoll`` and ``nchan-eventsource`` (``nchan_subscriber eventsource``, only
+messages published after the subscriber came).  The stack's fastpath gets the edge on a free
+loopback port with no per-address cap (every client is on loopback; bench.common.add_fastpath_edge).
+Per held connection, besides the user-space memory of every process on the path (``path``:
+nginx + fastpath, fastpath alone on the edge, nchan's nginx), the kernel's: slab growth (both
+ends of every loopback connection: the client's socket is in it too), TCP buffer pages
+(/proc/net/sockstat) and the server's own sockets per connection and their buffers (ss -m).
+Fan-outs and the push layer alone run for every mode, nchan's two beside them in each round;
+each mode's median round carries its ratio to both of nchan's.  --edge-stretch N opens N streams
+on the edge in one burst (tokens reused past the accounts made) and reports how many were held,
+how many refused, and how long the burst took.
 
 1. held: N long-polls (`Prefer: wait`, `If-None-Match` of the current answer) held through the
    stack's own nginx (nginx -> fastpath over the unix socket, plurksite.stack.Stack on free
