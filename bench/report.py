@@ -411,6 +411,10 @@ EDGE_FRESH_RUNS = {"longpoll-edge-fresh": ("`--modes stream-edge,nchan-eventsour
                    "longpoll-edge-fresh-lp": ("`--modes longpoll-edge`", {"longpoll-edge", "stack", "nchan"})}
 
 
+# the locust runs in stream mode (bench/load.py with PLURK_LOAD_POLL_MODE=stream): on the edge, through nginx
+STREAM_LOADS = ("load-streampoll", "load-streampoll-nginx")
+
+
 def _ms(v):
     return "n/a" if v is None else f"{v * 1000:.0f} ms"
 
@@ -487,15 +491,20 @@ def edge_rows(doc):
                          + ", ".join(_ms(v) for v in r.get("rounds_s", [])) + "]")
         out.append(f"- to {doc['fanout_followers']:,} held followers, {title}, last event (median round): "
                    + "; ".join(parts) + ".")
-    load = _load("load-streampoll")
-    if load:
+    for name in STREAM_LOADS:
+        load = _load(name)
+        if not load:
+            continue
         lat = load["delivery_latency_s"]
         lm = load.get("machine", {})
-        out.append(f"- locust `load-streampoll` ({lm.get('date', '?')}, commit {lm.get('commit', '?')}), "
+        d = load.get("endpoints", {}).get("delivery plurk first seen by a follower")
+        out.append(f"- locust `{name}` ({lm.get('date', '?')}, commit {lm.get('commit', '?')}), "
                    f"PLURK_LOAD_POLL_MODE=stream, streams on {'the edge' if load['stack'].get('edge') else 'nginx'}: "
                    f"{load['users']} users, {load['run_time_s']} s, {load['processes']} locust process(es): delivery "
                    f"p50 **{_ms(lat['p50'])}**, p95 {_ms(lat['p95'])}, p99 **{_ms(lat['p99'])}**, max {_ms(lat['max'])}, "
-                   f"**{load['lost']} lost** of {load['deliveries_checked']:,}, {load['failures']} failures.")
+                   f"**{load['lost']} lost** of {load['deliveries_checked']:,}, {load['failures']} failures"
+                   + (f"; locust's histogram (from the plurk's timestamp): p50 {d['median_ms']:.0f} ms, "
+                      f"p95 {d['p95_ms']:.0f} ms" if d else "") + ".")
     out.append("")
     return out
 
@@ -553,8 +562,7 @@ def edge_headline_rows():
                      f"**{st['held']:,}** of {st['count']:,}, {st['refused']} refused, "
                      f"{_b(st['per_held']['path']['pss_bytes'])} each in fastpath",
                      "200,000: " + ("met" if st["held"] >= 200_000 and not st["refused"] else "**not met**")))
-    load = _load("load-streampoll")
-    if load:
+    for load in filter(None, map(_load, STREAM_LOADS)):
         lat = load["delivery_latency_s"]
         ok = lat["p50"] is not None and lat["p50"] <= 0.03, lat["p99"] is not None and lat["p99"] <= 0.15, load["lost"] == 0
         d = load.get("endpoints", {}).get("delivery plurk first seen by a follower")
@@ -630,8 +638,8 @@ def headline_rows():
 
 def headline():
     """The README's table: :func:`headline_rows` with the runs' commits and a link to the rest."""
-    commits = sorted({d["machine"]["commit"] for d in map(_load, ("throughput", "connbench", "longpoll", EDGE_RUN,
-                                                                  "load-streampoll"))
+    commits = sorted({d["machine"]["commit"] for d in map(_load, ("throughput", "connbench", "longpoll", EDGE_RUN)
+                                                                 + STREAM_LOADS)
                       if d and d.get("machine", {}).get("commit")})
     out = _head("comparison (one run each, 2 shared cores; read the ratios)", "figure", "goal")
     out += [f"| {a} | {b} | {c} |" for a, b, c in headline_rows() + edge_headline_rows()]

@@ -631,8 +631,10 @@ class _Plurker(FastHttpUser):
             self.environment.events.request.fire(**meta)
             pause = 0
             for event in reader.events(self._stream_timeout):
-                if event is None:                          # a read fell due while the stream was quiet
-                    self._mark_read_if_due()
+                if event is None:
+                    if self.read_due is None:               # quiet past the heartbeat: a dead stream
+                        raise ValueError(f"no event nor heartbeat for {STREAM_QUIET_S} s")
+                    self._mark_read_if_due()               # a read fell due while the stream was quiet
                     continue
                 if "retry" in event:
                     pause = int(event["retry"]) / 1000
