@@ -119,6 +119,8 @@ MODE_KEYS = {"longpoll-nginx": "stack", "nchan-longpoll": "nchan"}
 # kernel spreads clients evenly, so EDGE_PER_WORKER * workers is the edge's capacity.
 POLL_PER_WORKER = 12_000
 EDGE_PER_WORKER = 7_800
+FD_PLAN = POLL_PER_WORKER + EDGE_PER_WORKER     # + fastpath's own few: under the 20,000
+MAX_FASTPATH_WORKERS = 64                       # PLURK_FASTPATH_WORKERS' largest
 STREAM_HEARTBEAT_S = 25         # fastpath's default (nginx's stream read timeout is rendered from it)
 
 
@@ -446,7 +448,7 @@ def _with_reuseport(render):
     return patched
 
 
-def start_stack(var_dir, workers, reuseport=True, edge=None):
+def start_stack(var_dir, workers, reuseport=True, edge=None, edge_per_worker=EDGE_PER_WORKER):
     """The stack (plurksite.stack.Stack) on free ports; ``edge``: (host, port) of fastpath's edge
     listener, added to fastpath's command line with the bench's caps (no per-address cap: every
     client is on loopback; streams that outlive the run)."""
@@ -468,8 +470,8 @@ def start_stack(var_dir, workers, reuseport=True, edge=None):
     if reuseport:
         stack_module.nginxconf.render = _with_reuseport(stack_module.nginxconf.render)
     if edge:
-        add_fastpath_edge(edge, "--edge-max-connections", str(EDGE_PER_WORKER), "--max-connections",
-                          str(POLL_PER_WORKER), "--max-stream", str(HOLD_S * 6),
+        add_fastpath_edge(edge, "--edge-max-connections", str(edge_per_worker), "--max-connections",
+                          str(FD_PLAN - edge_per_worker), "--max-stream", str(HOLD_S * 6),
                           "--stream-heartbeat", str(STREAM_HEARTBEAT_S))
     stack = Stack(config, nginx_workers=workers["nginx"], with_repair=False).start()
     return stack, config
@@ -911,7 +913,8 @@ def goals(result):
                 g[f"{what}, {mode}: <= {limit:g}x nchan's ({_like_nchan(mode)})"] = ratio <= limit
     st = result.get("edge_stretch")
     if st:
-        g[f"edge: {st['count']:,} streams held, none refused"] = st["held"] == st["count"] and not st["refused"]
+        g[f"edge: {st['count']:,} streams held, none refused"] = (st["held"] == st["count"] and not st["refused"]
+                                                                  and not st.get("ended"))
         g["edge: 200,000 streams held"] = st["held"] >= 200_000 and not st["refused"]
     lo = result.get("load", {}).get("long", {})
     if lo.get("delivery_p50_ms") is not None:
@@ -932,8 +935,11 @@ def edge_stretch(path, holders, count):
     mc = [svc.pid for svc in path.stack.services if svc.name.startswith("memcached")]
     r = _held("stream-edge", lambda: path.clients("stream-edge", reqs), count, path.gauge("stream-edge"),
               path.trees("stream-edge"), {"memcached": mc[0]} if mc else None)
-    refused = r["failed"] + sum(v for k, v in r["statuses"].items() if k not in ("stream 200", "event"))
-    return dict(r, count=count, refused=refused, distinct_tokens=min(count, len(holders)))
+    # refused: never opened (a connect that failed three times, a head other than 200: 429, 503);
+    # ended: opened, then closed or ended with event: miss before the measure
+    refused = r["failed"] + sum(v for k, v in r["statuses"].items() if k.isdigit() and k != "200")
+    ended = sum(v for k, v in r["statuses"].items() if k in ("event", "event miss", "eof"))
+    return dict(r, count=count, refused=refused, ended=ended, distinct_tokens=min(count, len(holders)))
 
 
 def main(argv=None):
@@ -998,15 +1004,21 @@ def main(argv=None):
     # each.  fastpath's workers take POLL_PER_WORKER from nginx (a shared socket: plan 8,000) and
     # EDGE_PER_WORKER on the edge (one SO_REUSEPORT socket each, spread evenly: plan 7,000).
     workers = {"nginx": max(2, -(-biggest // 5000)),
-               "fastpath": max(2, -(-biggest // 8000), -(-args.edge_stretch // 7000))}
+               "fastpath": min(MAX_FASTPATH_WORKERS, max(2, -(-biggest // 8000), -(-args.edge_stretch // 7000)))}
+    # past 64 workers x 7,000 the stretch takes more of each worker's descriptors for the edge
+    # (10% over an even spread), leaving the poll listener the rest
+    edge_per_worker = max(EDGE_PER_WORKER, -(-args.edge_stretch * 11 // (10 * workers["fastpath"])))
+    if FD_PLAN - edge_per_worker < 2 * biggest // workers["fastpath"] + 1000:
+        raise SystemExit(f"error: --edge-stretch {args.edge_stretch} leaves fastpath's {workers['fastpath']} workers "
+                         f"too few descriptors for the poll listener; run the stretch alone (--counts '' --fanout 0)")
     started = time.monotonic()
     result = {"counts": counts, "modes": modes, "fanout_followers": args.fanout, "workers": workers, "hold_s": HOLD_S,
               "client_processes_max": -(-max(biggest, args.edge_stretch) // CLIENT_CONNS), "quiet_window_s": QUIET_S,
               "note": "shared 2-core machine (other agents ran at the same time): compare within this run",
               "listen_reuseport": not args.no_reuseport,
               "nchan_client_header_buffer_size": args.nchan_header_buffer or "1k (nginx default)",
-              "fastpath_edge": {"edge_max_connections_per_worker": EDGE_PER_WORKER,
-                                "max_connections_per_worker": POLL_PER_WORKER, "edge_max_per_address": 0,
+              "fastpath_edge": {"edge_max_connections_per_worker": edge_per_worker,
+                                "max_connections_per_worker": FD_PLAN - edge_per_worker, "edge_max_per_address": 0,
                                 "stream_heartbeat_s": STREAM_HEARTBEAT_S},
               "held": {}}
     var = tempfile.mkdtemp(prefix="plurk-longpoll-")
@@ -1015,7 +1027,7 @@ def main(argv=None):
     try:
         progress(f"starting the stack ({workers}, an edge) and nchan under {var} ...")
         edge = ("127.0.0.1", free_port())
-        stack, config = start_stack(var, workers, not args.no_reuseport, edge)
+        stack, config = start_stack(var, workers, not args.no_reuseport, edge, edge_per_worker)
         path = Path(stack, config, edge)
         nchan, nchan_port = start_nchan(var, workers["nginx"], log, not args.no_reuseport, args.nchan_header_buffer)
         t = time.monotonic()
@@ -1060,7 +1072,8 @@ def main(argv=None):
                               (make_accounts(config, min(args.edge_stretch, 10_000), "lps", os.path.join(var, "stretch.json")),))
             progress(f"edge stretch: {args.edge_stretch} streams at once ...")
             result["edge_stretch"] = edge_stretch(path, holders, args.edge_stretch)
-            progress(f"edge stretch: {result['edge_stretch']['held']} held, {result['edge_stretch']['refused']} refused "
+            progress(f"edge stretch: {result['edge_stretch']['held']} held, {result['edge_stretch']['refused']} refused, "
+                     f"{result['edge_stretch']['ended']} ended "
                      f"({result['edge_stretch']['statuses']}), {result['edge_stretch']['held_after_s']} s")
     finally:
         _stop(nchan)

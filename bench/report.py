@@ -396,7 +396,7 @@ def _goals(doc, prefix):
 
 
 # bench/longpoll.py's run with the edge and streams (issue 31): its result name and the stretch's
-EDGE_RUN, EDGE_STRETCH_RUNS = "longpoll-edge", ("longpoll-edge", "longpoll-edge-200k")
+EDGE_RUN, EDGE_STRETCH_RUNS = "longpoll-edge", ("longpoll-edge", "longpoll-edge-200k", "longpoll-edge-500k")
 EDGE_MODES = (("stream-edge", "stream, edge"), ("longpoll-edge", "long-poll, edge"),
               ("stream-nginx", "stream, nginx"), ("stack", "long-poll, nginx"),
               ("nchan-eventsource", "nchan EventSource"), ("nchan", "nchan long-poll"))
@@ -467,8 +467,8 @@ def edge_rows(doc):
     for name, st in _stretches():
         k = st["kernel_per_held"]
         out.append(f"- `{name}`: **{st['held']:,} of {st['count']:,} streams held on the edge**, "
-                   f"{st['refused']} refused ({st['statuses']}, {st['failed']} connects failed), all held "
-                   f"{st['held_after_s']} s after the burst began; fastpath "
+                   f"{st['refused']} refused, {st.get('ended', 0):,} ended before the measure ({st['statuses']}, "
+                   f"{st['failed']} connects failed), held {st['held_after_s']} s after the burst began; fastpath "
                    f"{_b(st['per_held']['path']['pss_bytes'])} per stream (PSS), kernel "
                    f"{_kb(k['slab_bytes_both_ends'] or 0)} (both ends); CPU with nothing changing "
                    + ", ".join(f"{p} {v:g}%" for p, v in st["cpu_pct_quiet"].items()) + ".")
@@ -557,11 +557,15 @@ def edge_headline_rows():
             rows.append((f"{what} {doc['fanout_followers']:,} held followers against nchan's broadcast "
                          f"(streams against EventSource, long-polls against long-poll)",
                          "; ".join(cells) + "; nchan " + ", ".join(n), _goals(doc, prefix)))
-    for name, st in sorted(_stretches(), key=lambda ns: ns[1]["count"])[-1:]:      # the largest
+    for name, st in _stretches():
+        if name == EDGE_RUN:
+            continue                   # the main run's smaller stretch: in the tables only
+        clean = st["held"] == st["count"] and not st["refused"] and not st.get("ended")
         rows.append((f"streams held at once on the edge (`{name}`)",
-                     f"**{st['held']:,}** of {st['count']:,}, {st['refused']} refused, "
-                     f"{_b(st['per_held']['path']['pss_bytes'])} each in fastpath",
-                     "200,000: " + ("met" if st["held"] >= 200_000 and not st["refused"] else "**not met**")))
+                     f"**{st['held']:,}** of {st['count']:,}, {st['refused']} refused, {st.get('ended', 0):,} ended "
+                     f"(`event: miss`) before the measure, {_b(st['per_held']['path']['pss_bytes'])} each in fastpath",
+                     ("200,000" if st["count"] <= 200_000 else "moonshot 500,000") + ", none refused: "
+                     + ("met" if clean and st["held"] >= min(st["count"], 200_000) else "**not met**")))
     for load in filter(None, map(_load, STREAM_LOADS)):
         lat = load["delivery_latency_s"]
         ok = lat["p50"] is not None and lat["p50"] <= 0.03, lat["p99"] is not None and lat["p99"] <= 0.15, load["lost"] == 0
