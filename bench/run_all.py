@@ -64,8 +64,8 @@ def main():
                          + (["--quick"] if args.quick else []), env={"PLURK_LOAD_POLL_MODE": "stream"}) != 0
     # the long-poll run as before (through nginx against nchan's long-poll, and locust), then the
     # streams and the edge against nchan's two subscribers (docs/benchmarks.md, issue 31)
-    failures += step("long-polling", ["bench/longpoll.py", "--modes", "longpoll-nginx,nchan-longpoll"]
-                     + (["--quick"] if args.quick else [])) != 0
+    failures += step("long-polling", ["bench/longpoll.py"] + (["--quick"] if args.quick else
+                                                              ["--modes", "longpoll-nginx,nchan-longpoll"])) != 0
     if not args.quick:               # --quick's long-poll run already holds every mode
         failures += step("streams and the edge", ["bench/longpoll.py", "--counts", "1000,10000", "--edge-stretch",
                                                   "100000", "--no-load", "--result-name", "longpoll-edge"]) != 0
