@@ -95,3 +95,20 @@ def write_result(name, data):
 def progress(message):
     """One progress line on stderr (benchmarks run for minutes; say what is happening)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def add_fastpath_edge(edge, *extra):
+    """Make the stacks this process starts run fastpath with its edge listener at ``edge``
+    ((host, port)) and the flags ``extra``: plurksite.services.fastpath_command, which the stack
+    reads when it builds its services, gets them appended (later flags win, so an edge the
+    stack's own settings give is replaced).  For benchmarks only: no per-address cap (every
+    client is on loopback)."""
+    from plurksite import services
+    from plurksite.config import format_hostport
+
+    command = services.fastpath_command
+
+    def with_edge(*args, **kwargs):
+        return command(*args, **kwargs) + ["--edge", format_hostport(*edge), "--edge-max-per-address", "0",
+                                           *extra]
+    services.fastpath_command = with_edge

@@ -454,6 +454,9 @@ def main(argv=None):
                     help="users that log in with a password (/api/login; ~0.5 s of server CPU each, "
                          "keep it small); the others start logged in")
     ap.add_argument("--host", default=None, help="base URL (default: PLURK_HTTP; started if not running)")
+    ap.add_argument("--edge", action="store_true",
+                    help="the stack this run starts gets fastpath's edge on a free loopback port, where "
+                         "PLURK_LOAD_POLL_MODE=stream users open their streams (PLURK_LOAD_EDGE)")
     ap.add_argument("--quick", action="store_true", help="30 users for 30 s (the CI-sized run)")
     ap.add_argument("--result-name", default="load")
     ap.add_argument("--prefollow", action="store_true",
@@ -503,7 +506,13 @@ def main(argv=None):
                 config = load()
             subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "migrate", "--noinput", "-v", "0"],
                            check=True, cwd=ROOT)
-            progress(f"starting the stack at {host} ...")
+            if args.edge:
+                from bench.common import add_fastpath_edge
+                from plurksite.services import free_port
+                edge = ("127.0.0.1", free_port())
+                add_fastpath_edge(edge)
+                locust_env["PLURK_LOAD_EDGE"] = f"{edge[0]}:{edge[1]}"
+            progress(f"starting the stack at {host}{' with an edge at ' + locust_env['PLURK_LOAD_EDGE'] if args.edge else ''} ...")
             stack = Stack(config).start()
         elif args.database != "config":
             progress(f"warning: a stack already answers at {host}: --database {args.database} does not apply, "
@@ -512,7 +521,12 @@ def main(argv=None):
     ports = [config.http[1], config.django[1], config.fastpath_admin[1]] + [p for _, p in config.memcached]
     if cluster is not None:
         ports.append(cluster.port)
+    if args.edge and stack is None:
+        raise SystemExit(f"error: --edge needs a stack this run starts, but one already answers at {host}; "
+                         "stop it, or give its edge as PLURK_LOAD_EDGE=host:port without --edge")
     stack_info = {"started_by_this_run": stack is not None,
+                  "poll_mode": os.environ.get("PLURK_LOAD_POLL_MODE", "long"),
+                  "edge": locust_env.get("PLURK_LOAD_EDGE") or os.environ.get("PLURK_LOAD_EDGE"),
                   "database": (config.database_url.split(":", 1)[0].replace("postgres", "postgresql")
                                if stack is not None else None),
                   "memcached_timeout_ms": config.memcached_timeout_ms if stack is not None else None,

@@ -1,8 +1,26 @@
-"""Long-polling against nchan, side by side in one run, and `make load` in long-poll mode.
+"""Long-polls and streams, through nginx and on fastpath's edge, against nchan's long-poll and
+EventSource subscribers, side by side in one run, and `make load` in long-poll mode.
 
     .venv/bin/python bench/longpoll.py [--counts 1000,10000,40000] [--fanout 10000] [--fanout-rounds 3]
-                                       [--delivery-rounds 3]
+                                       [--delivery-rounds 3] [--modes M,...] [--edge-stretch N]
                                        [--load-users 300] [--load-time 60] [--no-load] [--quick]
+
+Modes (--modes, in the order held; each server measures the first mode it holds fresh, later
+ones reuse what earlier connections freed): ``longpoll-nginx`` (the stack's nginx -> fastpath,
+``Prefer: wait``), ``longpoll-edge`` (the same request straight to fastpath's ``--edge``
+listener), ``stream-nginx`` and ``stream-edge`` (``Accept: text/event-stream`` with
+``Last-Event-ID`` of the current answer: the stream opens without an event, the next one is the
+change), ``nchan-longpoll`` and ``nchan-eventsource`` (``nchan_subscriber eventsource``, only
+messages published after the subscriber came).  The stack's fastpath gets the edge on a free
+loopback port with no per-address cap (every client is on loopback; bench.common.add_fastpath_edge).
+Per held connection, besides the user-space memory of every process on the path (``path``:
+nginx + fastpath, fastpath alone on the edge, nchan's nginx), the kernel's: slab growth (both
+ends of every loopback connection: the client's socket is in it too), TCP buffer pages
+(/proc/net/sockstat) and the server's own sockets per connection and their buffers (ss -m).
+Fan-outs and the push layer alone run for every mode, nchan's two beside them in each round;
+each mode's median round carries its ratio to both of nchan's.  --edge-stretch N opens N streams
+on the edge in one burst (tokens reused past the accounts made) and reports how many were held,
+how many refused, and how long the burst took.
 
 1. held: N long-polls (`Prefer: wait`, `If-None-Match` of the current answer) held through the
    stack's own nginx (nginx -> fastpath over the unix socket, plurksite.stack.Stack on free
@@ -45,7 +63,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, RESULTS_DIR, progress, write_result  # noqa: E402
+from bench.common import ROOT, RESULTS_DIR, add_fastpath_edge, progress, write_result  # noqa: E402
 from bench.throughput import _cpu_seconds, _spawn, _stop, _tree  # noqa: E402
 from plurksite.config import format_hostport  # noqa: E402
 from plurksite.services import find_binary, free_port, wait_for_port  # noqa: E402
@@ -78,6 +96,9 @@ http {{
     server {{
         listen 127.0.0.1:{port} backlog=4096{reuseport};
         location = /sub {{ nchan_subscriber longpoll; nchan_channel_id bench; nchan_subscriber_timeout {hold}s; }}
+        # EventSource subscribers of the same channel: only messages published after they came
+        location = /es {{ nchan_subscriber eventsource; nchan_channel_id bench; nchan_subscriber_timeout {hold}s;
+                          nchan_subscriber_first_message newest; nchan_eventsource_event bench; }}
         location = /pub {{ nchan_publisher; nchan_channel_id bench; nchan_message_timeout 60s;
                            nchan_message_buffer_length 1; }}    # the last message, as a cache key
         location = /status {{ nchan_stub_status; }}
@@ -86,18 +107,46 @@ http {{
 """
 
 
+# The ways a held connection reaches the stack (fastpath and nchan side by side): mode -> (where
+# the client connects: "nginx" the stack's nginx, "edge" fastpath's --edge listener; a stream?).
+STACK_MODES = {"longpoll-nginx": ("nginx", False), "longpoll-edge": ("edge", False),
+               "stream-nginx": ("nginx", True), "stream-edge": ("edge", True)}
+NCHAN_MODES = {"nchan-longpoll": False, "nchan-eventsource": True}
+# the result keys of the two modes the bench measured before the edge and streams (issue 14)
+MODE_KEYS = {"longpoll-nginx": "stack", "nchan-longpoll": "nchan"}
+# fastpath's descriptors per worker (hard limit 20,000): the poll listener's connections (nginx's
+# upstream ones) and the edge's.  The edge listener is one SO_REUSEPORT socket per worker: the
+# kernel spreads clients evenly, so EDGE_PER_WORKER * workers is the edge's capacity.
+POLL_PER_WORKER = 12_000
+EDGE_PER_WORKER = 7_800
+FD_PLAN = POLL_PER_WORKER + EDGE_PER_WORKER     # + fastpath's own few: under the 20,000
+MAX_FASTPATH_WORKERS = 64                       # PLURK_FASTPATH_WORKERS' largest
+STREAM_HEARTBEAT_S = 25         # fastpath's default (nginx's stream read timeout is rendered from it)
+
+
+def _key(mode):
+    return MODE_KEYS.get(mode, mode)
+
+
 # --- the client: one process holds up to CLIENT_CONNS requests ------------------------------------
 
-def _client_main(pipe, host, port, requests_, source):
+def _client_main(pipe, host, port, requests_, source, stream=False):
     """Open one connection per request from ``source``, send it, and note when (CLOCK_MONOTONIC,
     shared by every process) and with which status each is first answered.  Commands on the pipe:
-    "status" -> (opened, failed, answered, statuses, first and last answer times); "close"."""
+    "status" -> (opened, failed, answered, statuses, first and last answer times); "close".
+
+    ``stream``: the requests are Server-Sent Events subscriptions.  A 200 head opens the stream
+    (counted as status "stream 200", not as an answer; comments such as heartbeats are not
+    answers either); the answer is the first block with a ``data:`` line (status "event", or
+    "event miss" for fastpath's ``event: miss``).  A head other than 200, or the end of the
+    connection before an event, is the answer as for a poll."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     ep = select.epoll()
     ep.register(pipe.fileno(), select.EPOLLIN)
     socks, pending = {}, list(range(len(requests_)))
     connecting = set()
     answered, statuses, failed = {}, {}, 0
+    streaming, bufs = set(), {}             # stream mode: heads read; bytes since, per connection
     first = last = None
     tries = [0] * len(requests_)
 
@@ -159,12 +208,26 @@ def _client_main(pipe, host, port, requests_, source):
             except OSError:
                 data = b""
             if fd not in answered:
-                now = time.monotonic()
-                answered[fd] = now
-                last = now if last is None else max(last, now)
-                first = now if first is None else min(first, now)
                 code = data[9:12].decode("ascii", "replace") if data else "eof"
-                statuses[code] = statuses.get(code, 0) + 1
+                if stream and data:
+                    if fd not in streaming:
+                        head, sep, body = data.partition(b"\r\n\r\n")
+                        bufs[fd] = body
+                        if code == "200":
+                            streaming.add(fd)
+                            statuses["stream 200"] = statuses.get("stream 200", 0) + 1
+                    else:
+                        bufs[fd] += data
+                    if fd in streaming:
+                        buf = bufs[fd]
+                        code = ("event miss" if b"event: miss" in buf else "event") if b"data:" in buf else None
+                if code is not None:
+                    bufs.pop(fd, None)
+                    now = time.monotonic()
+                    answered[fd] = now
+                    last = now if last is None else max(last, now)
+                    first = now if first is None else min(first, now)
+                    statuses[code] = statuses.get(code, 0) + 1
             if not data:
                 ep.unregister(fd)
         open_some()
@@ -173,13 +236,14 @@ def _client_main(pipe, host, port, requests_, source):
 class Clients:
     """Requests held by several client processes, one 127.0.0.x source address each."""
 
-    def __init__(self, host, port, requests_):
+    def __init__(self, host, port, requests_, stream=False):
         self.procs = []
         ctx = multiprocessing.get_context("fork")
         for n, start in enumerate(range(0, len(requests_), CLIENT_CONNS)):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_client_main, daemon=True,
-                            args=(child, host, port, requests_[start:start + CLIENT_CONNS], f"127.0.0.{10 + n}"))
+                            args=(child, host, port, requests_[start:start + CLIENT_CONNS], f"127.0.0.{10 + n}",
+                                  stream))
             p.start()
             self.procs.append((p, parent))
         self.count = len(requests_)
@@ -238,6 +302,78 @@ def _mem_kb(pids):
     return rss, pss
 
 
+def _slab_bytes():
+    """The kernel's slab memory in use (active objects x object size over /proc/slabinfo, readable
+    by root), or None: sockets, their inodes and files, epoll items live there."""
+    try:
+        with open("/proc/slabinfo") as fh:
+            lines = fh.read().splitlines()[2:]
+    except OSError:
+        return None
+    return sum(int(f[1]) * int(f[3]) for f in (ln.split() for ln in lines) if len(f) > 3)
+
+
+def _sockstat_tcp_pages():
+    """/proc/net/sockstat's TCP "mem": pages charged to TCP socket buffers, host-wide."""
+    with open("/proc/net/sockstat") as fh:
+        return int(re.search(r"^TCP:.* mem (\d+)", fh.read(), re.M).group(1))
+
+
+def _socket_inodes(pids):
+    """The inodes of the sockets the processes ``pids`` hold (their /proc/<pid>/fd links)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def _socket_buffers(pids):
+    """(sockets, bytes): the TCP and unix sockets the processes ``pids`` hold and the buffer
+    memory charged to them (ss -m: rmem_alloc + wmem_queued + fwd_alloc + opt_mem).  Sockets are
+    matched by inode (ss -e), not with ss -p, which takes minutes at 400,000 sockets."""
+    inodes = _socket_inodes(pids)
+    out = subprocess.run(["ss", "-txmneH"], capture_output=True, text=True, timeout=600).stdout
+    count = total = 0
+    # one record per socket: its first line starts at column 0, skmem may follow on the next
+    for rec in re.split(r"\n(?=\S)", out):
+        # a unix socket's inode is its "port" (its ino: is the bound path's file); TCP's is ino:
+        ino = re.match(r"u_\w+\s+\S+\s+\d+\s+\d+\s+\S+\s+(\d+)", rec) if rec.startswith("u_") else \
+            re.search(r"\bino:(\d+)", rec)
+        mem = re.search(r"skmem:\((.*?)\)", rec)
+        if not ino or not mem or int(ino.group(1)) not in inodes:
+            continue
+        fields = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"([a-z]+)(\d+)", mem.group(1)))
+        count += 1
+        total += sum(fields.get(k, 0) for k in ("r", "w", "f", "o"))
+    return count, total
+
+
+def _kernel_mem(pids):
+    return {"slab": _slab_bytes(), "tcp_pages": _sockstat_tcp_pages(), "sockets": _socket_buffers(pids)}
+
+
+def _per_held_kernel(before, after, count):
+    """Kernel memory per held connection: slab growth host-wide (both ends of every loopback
+    connection: the client's socket too), TCP buffer pages (sockstat, host-wide), and the
+    server side's sockets (how many per connection, their buffers)."""
+    n = max(count, 1)
+    return {"slab_bytes_both_ends": None if before["slab"] is None or after["slab"] is None
+            else round((after["slab"] - before["slab"]) / n),
+            "tcp_buffer_bytes_both_ends": round((after["tcp_pages"] - before["tcp_pages"]) * resource.getpagesize() / n),
+            "server_sockets": round((after["sockets"][0] - before["sockets"][0]) / n, 2),
+            "server_socket_buffer_bytes": round((after["sockets"][1] - before["sockets"][1]) / n)}
+
+
 def _wait_gauge(read, want, limit_s, stall_s=20.0):
     """Poll read() until it returns want, the limit passes, or it has not moved for stall_s (a
     client whose connects failed will not come); returns the last value read."""
@@ -257,9 +393,10 @@ def _wait_gauge(read, want, limit_s, stall_s=20.0):
     return value
 
 
-def _fastpath_held(admin):
+def _fastpath_held(admin, metric="fastpath_held_polls"):
+    """A gauge of fastpath's /metrics: held polls (or ``fastpath_streams``, open streams)."""
     text = urllib.request.urlopen(f"http://{admin[0]}:{admin[1]}/metrics", timeout=5).read().decode()
-    return int(sum(float(m) for m in re.findall(r"^fastpath_held_polls(?:\{[^}]*\})?\s+(\S+)", text, re.M)))
+    return int(sum(float(m) for m in re.findall(rf"^{metric}(?:\{{[^}}]*\}})?\s+(\S+)", text, re.M)))
 
 
 def _nchan_subscribers(port):
@@ -270,6 +407,7 @@ def _nchan_subscribers(port):
 def _measure_held(name, clients, count, gauge, trees, settle_limit):
     """Memory growth per held request and CPU over a quiet window, once ``gauge`` says all are held."""
     seen = _wait_gauge(gauge, count, settle_limit)
+    seen_at = time.monotonic()
     st = clients.status()
     if seen != count:
         progress(f"{name}: only {seen} of {count} held ({st})")
@@ -282,7 +420,7 @@ def _measure_held(name, clients, count, gauge, trees, settle_limit):
     cpu = {k: round(100 * (_cpu_seconds(p) - cpu0[k]) / elapsed, 2) for k, p in pids.items()}
     mem = {k: _mem_kb(p) for k, p in pids.items()}
     return {"held": seen, "answered_early": st["answered"], "failed": st["failed"], "statuses": st["statuses"],
-            "mem_kb": mem, "cpu_pct_quiet": cpu}
+            "mem_kb": mem, "cpu_pct_quiet": cpu, "seen_at": seen_at}
 
 
 def _per_held(before, after, count):
@@ -310,7 +448,10 @@ def _with_reuseport(render):
     return patched
 
 
-def start_stack(var_dir, workers, reuseport=True):
+def start_stack(var_dir, workers, reuseport=True, edge=None, edge_per_worker=EDGE_PER_WORKER):
+    """The stack (plurksite.stack.Stack) on free ports; ``edge``: (host, port) of fastpath's edge
+    listener, added to fastpath's command line with the bench's caps (no per-address cap: every
+    client is on loopback; streams that outlive the run)."""
     from plurksite import stack as stack_module
     from plurksite.stack import Stack
     from tests.support.stack import manage, stack_config
@@ -328,6 +469,10 @@ def start_stack(var_dir, workers, reuseport=True):
     manage(config, "migrate", "--noinput", "-v", "0")
     if reuseport:
         stack_module.nginxconf.render = _with_reuseport(stack_module.nginxconf.render)
+    if edge:
+        add_fastpath_edge(edge, "--edge-max-connections", str(edge_per_worker), "--max-connections",
+                          str(FD_PLAN - edge_per_worker), "--max-stream", str(HOLD_S * 6),
+                          "--stream-heartbeat", str(STREAM_HEARTBEAT_S))
     stack = Stack(config, nginx_workers=workers["nginx"], with_repair=False).start()
     return stack, config
 
@@ -362,45 +507,89 @@ def _etag(config, token):
         return resp.headers["ETag"]
 
 
-def _stack_request(token, etag):
+def _stack_request(token, etag, stream=False):
+    """A long-poll held until the answer is not ``etag``; or a stream (Server-Sent Events) that
+    resumes after ``etag`` (Last-Event-ID: no first event, the next one is the change)."""
+    wait = f"Accept: text/event-stream\r\nLast-Event-ID: {etag}" if stream else \
+        f"Prefer: wait={HOLD_S}\r\nIf-None-Match: {etag}"
     return (f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-            f"Prefer: wait={HOLD_S}\r\nIf-None-Match: {etag}\r\n\r\n").encode()
+            f"{wait}\r\n\r\n").encode()
 
 
 NCHAN_REQUEST = b"GET /sub HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n"
+NCHAN_ES_REQUEST = b"GET /es HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
 
 
-def held_stack(stack, config, reqs, count):
-    trees = {"fastpath": stack.service("fastpath").pid, "nginx": stack.service("nginx").pid}
+class Path:
+    """Where a mode's clients connect and what holds them: the stack's nginx or fastpath's edge."""
+
+    def __init__(self, stack, config, edge):
+        self.stack, self.config, self.edge = stack, config, edge
+
+    def address(self, mode):
+        return self.edge if STACK_MODES[mode][0] == "edge" else self.config.http
+
+    def gauge(self, mode):
+        metric = "fastpath_streams" if STACK_MODES[mode][1] else "fastpath_held_polls"
+        return lambda: _fastpath_held(self.config.fastpath_admin, metric)
+
+    def trees(self, mode):
+        """The user-space processes a held connection of ``mode`` passes: {name: pid}."""
+        trees = {"fastpath": self.stack.service("fastpath").pid}
+        if STACK_MODES[mode][0] == "nginx":
+            trees["nginx"] = self.stack.service("nginx").pid
+        return trees
+
+    def requests(self, mode, holders):
+        """holders: [(token, the ETag of its current answer)]."""
+        return [_stack_request(token, tag, STACK_MODES[mode][1]) for token, tag in holders]
+
+    def clients(self, mode, reqs):
+        return Clients(*self.address(mode), reqs, stream=STACK_MODES[mode][1])
+
+
+def _held(name, clients_factory, count, gauge, trees, cpu_only=None):
+    """Hold ``count`` connections (``clients_factory()``): growth per held connection of the
+    user-space memory of ``trees`` ({name: pid}; "path" their sum) and of the kernel's, CPU of
+    trees and ``cpu_only`` over a quiet window."""
     before = {k: _mem_kb(_tree(p)) for k, p in trees.items()}
+    server_pids = [p for pid in trees.values() for p in _tree(pid)]
+    kernel_before = _kernel_mem(server_pids)
+    started = time.monotonic()
+    clients = clients_factory()
+    try:
+        r = _measure_held(name, clients, count, gauge, dict(trees, **(cpu_only or {})), 60 + count / 200)
+        r["held_after_s"] = round(r.pop("seen_at") - started, 1)
+        kernel_after = _kernel_mem([p for pid in trees.values() for p in _tree(pid)])
+        for k in cpu_only or {}:
+            r["mem_kb"].pop(k, None)
+    finally:
+        clients.close()
+    n = r["held"] or count
+    r["per_held"] = _per_held(before, r.pop("mem_kb"), n)
+    r["per_held"]["path"] = {m: sum(v[m] for v in r["per_held"].values()) for m in ("rss_bytes", "pss_bytes")}
+    r["kernel_per_held"] = _per_held_kernel(kernel_before, kernel_after, n)
+    _wait_gauge(gauge, 0, 60)
+    return r
+
+
+def held_stack(path, mode, holders, count):
     # memcached's CPU too (fastpath re-reads every held key every --reread-interval): not its memory,
     # which holds the answers whether anyone polls or not
-    mc = [svc.pid for svc in stack.services if svc.name.startswith("memcached")]
-    clients = Clients(config.http[0], config.http[1], reqs[:count])
-    try:
-        r = _measure_held("stack", clients, count, lambda: _fastpath_held(config.fastpath_admin),
-                          dict(trees, **({"memcached": mc[0]} if mc else {})), 60 + count / 200)
-        r["mem_kb"].pop("memcached", None)
-    finally:
-        clients.close()
-    r["per_held"] = _per_held(before, r.pop("mem_kb"), r["held"] or count)
-    r["per_held"]["nginx+fastpath"] = {m: r["per_held"]["nginx"][m] + r["per_held"]["fastpath"][m]
-                                       for m in ("rss_bytes", "pss_bytes")}
-    _wait_gauge(lambda: _fastpath_held(config.fastpath_admin), 0, 60)
+    mc = [svc.pid for svc in path.stack.services if svc.name.startswith("memcached")]
+    reqs = path.requests(mode, holders[:count])
+    r = _held(mode, lambda: path.clients(mode, reqs), count, path.gauge(mode), path.trees(mode),
+              {"memcached": mc[0]} if mc else None)
+    if "nginx" in r["per_held"]:
+        r["per_held"]["nginx+fastpath"] = r["per_held"]["path"]
     return r
 
 
-def held_nchan(proc, port, count):
-    trees = {"nchan nginx": proc.pid}
-    before = {k: _mem_kb(_tree(p)) for k, p in trees.items()}
-    clients = Clients("127.0.0.1", port, [NCHAN_REQUEST] * count)
-    try:
-        r = _measure_held("nchan", clients, count, lambda: _nchan_subscribers(port), trees, 60 + count / 200)
-    finally:
-        clients.close()
-    r["per_held"] = _per_held(before, r.pop("mem_kb"), r["held"] or count)
-    _wait_gauge(lambda: _nchan_subscribers(port), 0, 60)
-    return r
+def held_nchan(proc, port, count, mode="nchan-longpoll"):
+    stream = NCHAN_MODES[mode]
+    request = NCHAN_ES_REQUEST if stream else NCHAN_REQUEST
+    return _held(mode, lambda: Clients("127.0.0.1", port, [request] * count, stream=stream), count,
+                 lambda: _nchan_subscribers(port), {"nchan nginx": proc.pid})
 
 
 def _fanout(clients, held_gauge, count, publish, held_name, trees):
@@ -412,6 +601,7 @@ def _fanout(clients, held_gauge, count, publish, held_name, trees):
     try:
         held = _wait_gauge(held_gauge, count, 60 + count / 200)
         time.sleep(1.0)
+        early = clients.status()["answered"]
         pids = {k: _tree(p) for k, p in trees.items()}
         pids["client"] = [p.pid for p, _ in clients.procs]
         cpu0 = {k: _cpu_seconds(p) for k, p in pids.items()}
@@ -422,8 +612,9 @@ def _fanout(clients, held_gauge, count, publish, held_name, trees):
         cpu = {k: round(_cpu_seconds(p) - cpu0[k], 3) for k, p in pids.items()}
     finally:
         clients.close()
-    return {held_name: held, "post_status": status, "post_s": round(t_post, 4), "answered": st["answered"],
-            "statuses": st["statuses"], "first_answer_s": round(st["first"] - t0, 4) if st["first"] else None,
+    return {held_name: held, "answered_early": early, "post_status": status, "post_s": round(t_post, 4),
+            "answered": st["answered"], "statuses": st["statuses"],
+            "first_answer_s": round(st["first"] - t0, 4) if st["first"] else None,
             "last_answer_s": round(st["last"] - t0, 4) if st["last"] else None, "cpu_s": cpu}
 
 
@@ -432,22 +623,23 @@ def _urlopen_status(request):
         return resp.status
 
 
-def _stack_trees(stack):
-    """{service name: pid} of the stack's processes that take part in a fan-out."""
-    return {svc.name.split(":")[0]: svc.pid for svc in stack.services
-            if svc.name.split(":")[0] in ("fastpath", "nginx", "gunicorn", "memcached")}
+def _stack_trees(stack, mode="longpoll-nginx"):
+    """{service name: pid} of the stack's processes that take part in a fan-out (nginx not on
+    the edge's path)."""
+    names = ("fastpath", "gunicorn", "memcached") + (("nginx",) if STACK_MODES[mode][0] == "nginx" else ())
+    return {svc.name.split(":")[0]: svc.pid for svc in stack.services if svc.name.split(":")[0] in names}
 
 
-def fanout_stack(stack, config, author_token, reqs, count):
-    """An author with count held followers posts through the API (plurkcore's writer and notices
-    run for real)."""
+def fanout_stack(path, mode, author_token, holders):
+    """An author with len(holders) held followers posts through the API (plurkcore's writer and
+    notices run for real); the post goes through nginx, the followers are held as ``mode`` says."""
+    config = path.config
     body = json.dumps({"content": "fan-out to every held follower"}).encode()
     post = urllib.request.Request(f"http://{config.http[0]}:{config.http[1]}/api/plurks", data=body,
                                   method="POST", headers={"Authorization": f"Bearer {author_token}",
                                                           "Content-Type": "application/json"})
-    return _fanout(Clients(config.http[0], config.http[1], reqs[:count]),
-                   lambda: _fastpath_held(config.fastpath_admin), count, lambda: _urlopen_status(post),
-                   "followers_held", _stack_trees(stack))
+    return _fanout(path.clients(mode, path.requests(mode, holders)), path.gauge(mode), len(holders),
+                   lambda: _urlopen_status(post), "followers_held", _stack_trees(path.stack, mode))
 
 
 def _median_round(runs):
@@ -466,24 +658,45 @@ def _paired(stack_runs, nchan_runs):
     return result
 
 
-def run_fanouts(stack, config, fans, nchan_pid, nchan_port, count, rounds, var):
-    """``rounds`` fan-outs of the stack and of nchan, alternated: {"stack": median round,
-    "nchan": median round, "rounds": every round's pair of last-answer times}.  Each of the
-    stack's rounds is the first post of a new author to new followers (``fans``, then accounts
-    made for the round), so every round writes the same answers."""
-    stack_runs, nchan_runs = [], []
+def _by_mode(runs):
+    """{mode: [round, ...]} -> the paired result of before (longpoll-nginx against nchan's
+    long-poll, keys "stack" and "nchan"), plus "modes": every mode's median round with its
+    ratios to nchan's broadcast (long-poll and EventSource subscribers) of the same run."""
+    base_stack = runs.get("longpoll-nginx") or next(v for k, v in runs.items() if k in STACK_MODES)
+    out = _paired(base_stack, runs["nchan-longpoll"])
+    out["modes"] = {}
+    nchan = {m: _median_round(runs[m])["last_answer_s"] for m in NCHAN_MODES if runs.get(m)}
+    for mode, rs in runs.items():
+        med = dict(_median_round(rs), rounds_s=[r["last_answer_s"] for r in rs])
+        if mode in STACK_MODES:
+            for m, t in nchan.items():
+                if med["last_answer_s"] and t:
+                    med[f"over_{m.replace('-', '_')}"] = round(med["last_answer_s"] / t, 2)
+        out["modes"][mode] = med
+    return out
+
+
+def run_fanouts(path, fans, nchan_pid, nchan_port, count, rounds, var, modes):
+    """``rounds`` fan-outs of each stack mode and of nchan (long-poll and EventSource
+    subscribers), alternated.  Each of the stack's fan-outs is the first post of a new author to
+    new followers (``fans``, then accounts made for it), so every one writes the same answers."""
+    runs = {m: [] for m in modes}
+    made = 0
     for r in range(rounds):
-        if r:
-            fans = make_accounts(config, count + 1, f"lpf{r}x", os.path.join(var, f"fan{r}.json"), True)
-        # the followers follow the author alone and read nothing: they all hold the same answer
-        tag = _etag(config, fans[1]["token"])
-        reqs = [_stack_request(a["token"], tag) for a in fans[1:count + 1]]
-        stack_runs.append(fanout_stack(stack, config, fans[0]["token"], reqs, count))
-        nchan_runs.append(fanout_nchan(nchan_pid, nchan_port, count,
-                                       _nchan_request_after_last(nchan_port) if r else NCHAN_REQUEST))
-        progress(f"fan-out round {r + 1}: stack {stack_runs[-1]['last_answer_s']} s, "
-                 f"nchan {nchan_runs[-1]['last_answer_s']} s")
-    return _paired(stack_runs, nchan_runs)
+        for mode in [m for m in modes if m in STACK_MODES]:
+            if made:
+                fans = make_accounts(path.config, count + 1, f"lpf{made}x", os.path.join(var, f"fan{made}.json"), True)
+            made += 1
+            # the followers follow the author alone and read nothing: they all hold the same answer
+            tag = _etag(path.config, fans[1]["token"])
+            runs[mode].append(fanout_stack(path, mode, fans[0]["token"], [(a["token"], tag) for a in fans[1:count + 1]]))
+            progress(f"fan-out round {r + 1}: {mode} {runs[mode][-1]['last_answer_s']} s {runs[mode][-1]['statuses']}")
+        runs["nchan-longpoll"].append(fanout_nchan(nchan_pid, nchan_port, count,
+                                                   _nchan_request_after_last(nchan_port) if r else NCHAN_REQUEST))
+        runs["nchan-eventsource"].append(fanout_nchan(nchan_pid, nchan_port, count, NCHAN_ES_REQUEST, stream=True))
+        progress(f"fan-out round {r + 1}: nchan long-poll {runs['nchan-longpoll'][-1]['last_answer_s']} s, "
+                 f"EventSource {runs['nchan-eventsource'][-1]['last_answer_s']} s")
+    return _by_mode(runs)
 
 
 # --- the push layer alone: new answers stored by the bench, one notice ---------------------------
@@ -524,20 +737,23 @@ def _delivery_child(accounts_path):
     return 0
 
 
-def run_deliveries(stack, config, fans, nchan_pid, nchan_port, count, rounds, var):
-    """The push layer alone, against nchan: ``rounds`` times the followers of ``fans`` hold the
-    ETag of their current answer, then a child process with the stack's configuration (Django
-    loaded before the clock starts) stores a new answer under every held key and sends one
-    notice, with nothing read from the database or computed: what nginx and fastpath take to
-    answer F held polls once memcached holds their new answers, beside nchan's publish to as many
-    subscribers (rounds alternated).  The difference to :func:`run_fanouts` is the writer's share."""
+def run_deliveries(path, fans, nchan_pid, nchan_port, count, rounds, var, modes):
+    """The push layer alone, against nchan: ``rounds`` times, for each mode, the followers of
+    ``fans`` hold the ETag of their current answer, then a child process with the stack's
+    configuration (Django loaded before the clock starts) stores a new answer under every held
+    key and sends one notice, with nothing read from the database or computed: what fastpath
+    (and nginx) take to answer F held followers once memcached holds their new answers, beside
+    nchan's publish to as many subscribers (alternated).  The difference to :func:`run_fanouts`
+    is the writer's share."""
+    config = path.config
     accounts = os.path.join(var, "delivery.json")
     with open(accounts, "w") as fh:
         json.dump(fans[:count + 1], fh)
     env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--delivery-child", accounts], cwd=ROOT,
                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    stack_runs, nchan_runs, notices = [], [], []
+    runs = {m: [] for m in modes}
+    values = iter(range(1_000_000, 2_000_000))      # a new answer each time
     try:
         ready = child.stdout.readline()
         if not ready.startswith("ready"):
@@ -547,33 +763,37 @@ def run_deliveries(stack, config, fans, nchan_pid, nchan_port, count, rounds, va
             child.stdin.write(f"go {value}\n")
             child.stdin.flush()
             said = json.loads(child.stdout.readline())
-            notices.append(said["notices"])
+            publish.notices = said["notices"]
             return "stored" if not said["failed"] else f"{said['failed']} not stored"
 
         for r in range(rounds):
-            tag = _etag(config, fans[1]["token"])
-            reqs = [_stack_request(a["token"], tag) for a in fans[1:count + 1]]
-            value = json.dumps({"count": 1_000_000 + r})      # a new answer each round
-            stack_runs.append(_fanout(Clients(config.http[0], config.http[1], reqs),
-                                      lambda: _fastpath_held(config.fastpath_admin), count,
-                                      lambda: publish(value), "followers_held", _stack_trees(stack)))
-            nchan_runs.append(fanout_nchan(nchan_pid, nchan_port, count, _nchan_request_after_last(nchan_port)))
-            stack_runs[-1]["notices"] = notices[-1]
-            progress(f"delivery round {r + 1}: stack {stack_runs[-1]['last_answer_s']} s "
-                     f"({stack_runs[-1]['post_status']}, notices {notices[-1]}), nchan {nchan_runs[-1]['last_answer_s']} s")
+            for mode in [m for m in modes if m in STACK_MODES]:
+                tag = _etag(config, fans[1]["token"])
+                value = json.dumps({"count": next(values)})
+                run = _fanout(path.clients(mode, path.requests(mode, [(a["token"], tag) for a in fans[1:count + 1]])),
+                              path.gauge(mode), count, lambda: publish(value), "followers_held",
+                              _stack_trees(path.stack, mode))
+                run["notices"] = publish.notices
+                runs[mode].append(run)
+                progress(f"delivery round {r + 1}: {mode} {run['last_answer_s']} s ({run['post_status']}, "
+                         f"notices {run['notices']}, {run['statuses']})")
+            runs["nchan-longpoll"].append(fanout_nchan(nchan_pid, nchan_port, count, _nchan_request_after_last(nchan_port)))
+            runs["nchan-eventsource"].append(fanout_nchan(nchan_pid, nchan_port, count, NCHAN_ES_REQUEST, stream=True))
+            progress(f"delivery round {r + 1}: nchan long-poll {runs['nchan-longpoll'][-1]['last_answer_s']} s, "
+                     f"EventSource {runs['nchan-eventsource'][-1]['last_answer_s']} s")
     finally:
         child.stdin.close()
         try:
             child.wait(timeout=30)
         except subprocess.TimeoutExpired:
             child.kill()
-    return _paired(stack_runs, nchan_runs)
+    return _by_mode(runs)
 
 
-def fanout_nchan(pid, port, count, request=NCHAN_REQUEST):
-    """One publish to a channel with count long-poll subscribers."""
+def fanout_nchan(pid, port, count, request=NCHAN_REQUEST, stream=False):
+    """One publish to a channel with count long-poll (or EventSource) subscribers."""
     pub = urllib.request.Request(f"http://127.0.0.1:{port}/pub", data=b'{"count":1}', method="POST")
-    return _fanout(Clients("127.0.0.1", port, [request] * count), lambda: _nchan_subscribers(port),
+    return _fanout(Clients("127.0.0.1", port, [request] * count, stream=stream), lambda: _nchan_subscribers(port),
                    count, lambda: _urlopen_status(pub), "subscribers_held", {"nchan nginx": pid})
 
 
@@ -664,18 +884,38 @@ def run_load(users, run_time, processes=LOAD_PROCESSES):
 
 # --- main -------------------------------------------------------------------------------------
 
+def _like_nchan(mode):
+    """The nchan subscriber a stack mode is judged against: streams against EventSource."""
+    return "nchan-eventsource" if STACK_MODES[mode][1] else "nchan-longpoll"
+
+
 def goals(result):
     g = {}
     held = result.get("held", {})
     for count, r in held.items():
-        s, n = r["stack"]["per_held"], r["nchan"]["per_held"]
-        g[f"fastpath RSS per held poll <= 1 KB at {count}"] = s["fastpath"]["rss_bytes"] <= 1024
-        g[f"nginx+fastpath PSS per held poll <= nchan's at {count}"] = (
-            s["nginx+fastpath"]["pss_bytes"] <= n["nchan nginx"]["pss_bytes"])
+        if "stack" in r and "nchan" in r:
+            s, n = r["stack"]["per_held"], r["nchan"]["per_held"]
+            g[f"fastpath RSS per held poll <= 1 KB at {count}"] = s["fastpath"]["rss_bytes"] <= 1024
+            g[f"nginx+fastpath PSS per held poll <= nchan's at {count}"] = (
+                s["nginx+fastpath"]["pss_bytes"] <= n["nchan nginx"]["pss_bytes"])
+        for mode in ("stream-edge", "longpoll-edge"):
+            if mode in r:     # issue 31: all user-space processes on the path
+                g[f"{mode}: PSS per held connection <= 2 KB at {count}"] = r[mode]["per_held"]["path"]["pss_bytes"] <= 2048
     f = result.get("fanout")
     if f and f["stack"]["last_answer_s"] is not None and f["nchan"]["last_answer_s"]:
         g["fan-out <= 0.5 s"] = f["stack"]["last_answer_s"] <= 0.5
         g["fan-out <= 1.5x nchan's"] = f["stack"]["last_answer_s"] <= 1.5 * f["nchan"]["last_answer_s"]
+    for what, runs, limit in (("fan-out", (f or {}).get("modes", {}), 1.5),
+                              ("push layer alone", (f or {}).get("delivery", {}).get("modes", {}), 0.5)):
+        for mode, run in runs.items():
+            ratio = run.get("over_" + _like_nchan(mode).replace("-", "_")) if mode in STACK_MODES else None
+            if ratio is not None:
+                g[f"{what}, {mode}: <= {limit:g}x nchan's ({_like_nchan(mode)})"] = ratio <= limit
+    st = result.get("edge_stretch")
+    if st:
+        g[f"edge: {st['count']:,} streams held, none refused"] = (st["held"] == st["count"] and not st["refused"]
+                                                                  and not st.get("ended"))
+        g["edge: 200,000 streams held"] = st["held"] >= 200_000 and not st["refused"]
     lo = result.get("load", {}).get("long", {})
     if lo.get("delivery_p50_ms") is not None:
         g["load: delivery p50 <= 50 ms"] = lo["delivery_p50_ms"] <= 50
@@ -687,13 +927,33 @@ def goals(result):
     return g
 
 
+def edge_stretch(path, holders, count):
+    """``count`` streams opened on the edge in one burst (tokens repeated when there are fewer
+    accounts): how many were held, how many refused (a connect that failed three times, a head
+    other than 200, the connection closed), how long the burst took, memory per stream."""
+    reqs = path.requests("stream-edge", [holders[i % len(holders)] for i in range(count)])
+    mc = [svc.pid for svc in path.stack.services if svc.name.startswith("memcached")]
+    r = _held("stream-edge", lambda: path.clients("stream-edge", reqs), count, path.gauge("stream-edge"),
+              path.trees("stream-edge"), {"memcached": mc[0]} if mc else None)
+    # refused: never opened (a connect that failed three times, a head other than 200: 429, 503);
+    # ended: opened, then closed or ended with event: miss before the measure
+    refused = r["failed"] + sum(v for k, v in r["statuses"].items() if k.isdigit() and k != "200")
+    ended = sum(v for k, v in r["statuses"].items() if k in ("event", "event miss", "eof"))
+    return dict(r, count=count, refused=refused, ended=ended, distinct_tokens=min(count, len(holders)))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--counts", default="1000,10000,40000", help="held long-polls per point")
+    ap.add_argument("--counts", default="1000,10000,40000", help="held connections per point, in every mode")
+    ap.add_argument("--modes", default=",".join(list(STACK_MODES) + list(NCHAN_MODES)),
+                    help="the held-connection modes measured, in this order (longpoll-nginx, nchan-longpoll and "
+                         "nchan-eventsource always are, after the others)")
     ap.add_argument("--fanout", type=int, default=10_000, help="held followers of the posting author (0: skip)")
     ap.add_argument("--fanout-rounds", type=int, default=3, help="fan-outs of each; the median round is reported")
     ap.add_argument("--delivery-rounds", type=int, default=3,
                     help="rounds of the push layer alone: answers stored by the bench, one notice (0: skip)")
+    ap.add_argument("--edge-stretch", type=int, default=0, metavar="N",
+                    help="also open N streams on the edge at once and report how many were held (0: skip)")
     ap.add_argument("--load-users", type=int, default=300)
     ap.add_argument("--load-time", type=int, default=60)
     ap.add_argument("--load-processes", type=int, default=LOAD_PROCESSES, help="locust processes (distributed mode)")
@@ -713,10 +973,19 @@ def main(argv=None):
     if args.load_child:
         return _load_child(args.load_child, args.load_users, args.load_time, _load_name(args.load_child, args.load_users),
                            args.load_processes)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in STACK_MODES and m not in NCHAN_MODES]
+    if unknown:
+        raise SystemExit(f"error: unknown mode(s) {', '.join(unknown)}; give --modes from "
+                         f"{', '.join(list(STACK_MODES) + list(NCHAN_MODES))}")
+    # in the order given (the first mode held on each server measures it fresh; later ones reuse
+    # what the earlier ones' connections freed), then the two the results always carry
+    modes = list(dict.fromkeys(modes + ["longpoll-nginx", "nchan-longpoll", "nchan-eventsource"]))
     if args.quick:
         args.counts, args.fanout, args.no_load = "100", 100, True
         args.fanout_rounds = min(args.fanout_rounds, 2)      # the second holds the first one's ETag
         args.delivery_rounds = min(args.delivery_rounds, 1)
+        args.edge_stretch = min(args.edge_stretch, 200)
     counts = [int(c) for c in args.counts.split(",") if c]
     if args.load_only:
         result = {"load": run_load(args.load_users, args.load_time, args.load_processes)}
@@ -732,52 +1001,80 @@ def main(argv=None):
     # each nginx worker carries ~9,000 held polls (19,000 connections, two per poll through the
     # stack's nginx), but the kernel spreads accepts unevenly over workers that share a listen
     # socket (at 40,000 on 5 workers one reached its 19,000 while another had 14,000): plan 5,000
-    # each.  fastpath's workers take 16,384 each (its --max-connections).
-    workers = {"nginx": max(2, -(-biggest // 5000)), "fastpath": max(1, -(-biggest // 10000))}
+    # each.  fastpath's workers take POLL_PER_WORKER from nginx (a shared socket: plan 8,000) and
+    # EDGE_PER_WORKER on the edge (one SO_REUSEPORT socket each, spread evenly: plan 7,000).
+    workers = {"nginx": max(2, -(-biggest // 5000)),
+               "fastpath": min(MAX_FASTPATH_WORKERS, max(2, -(-biggest // 8000), -(-args.edge_stretch // 7000)))}
+    # past 64 workers x 7,000 the stretch takes more of each worker's descriptors for the edge
+    # (10% over an even spread), leaving the poll listener the rest
+    edge_per_worker = max(EDGE_PER_WORKER, -(-args.edge_stretch * 11 // (10 * workers["fastpath"])))
+    if FD_PLAN - edge_per_worker < 2 * biggest // workers["fastpath"] + 1000:
+        raise SystemExit(f"error: --edge-stretch {args.edge_stretch} leaves fastpath's {workers['fastpath']} workers "
+                         f"too few descriptors for the poll listener; run the stretch alone (--counts '' --fanout 0)")
     started = time.monotonic()
-    result = {"counts": counts, "fanout_followers": args.fanout, "workers": workers, "hold_s": HOLD_S,
-              "client_processes_max": -(-biggest // CLIENT_CONNS), "quiet_window_s": QUIET_S,
+    result = {"counts": counts, "modes": modes, "fanout_followers": args.fanout, "workers": workers, "hold_s": HOLD_S,
+              "client_processes_max": -(-max(biggest, args.edge_stretch) // CLIENT_CONNS), "quiet_window_s": QUIET_S,
               "note": "shared 2-core machine (other agents ran at the same time): compare within this run",
               "listen_reuseport": not args.no_reuseport,
               "nchan_client_header_buffer_size": args.nchan_header_buffer or "1k (nginx default)",
+              "fastpath_edge": {"edge_max_connections_per_worker": edge_per_worker,
+                                "max_connections_per_worker": FD_PLAN - edge_per_worker, "edge_max_per_address": 0,
+                                "stream_heartbeat_s": STREAM_HEARTBEAT_S},
               "held": {}}
     var = tempfile.mkdtemp(prefix="plurk-longpoll-")
     log = open(os.path.join(var, "nchan.log"), "ab")
     stack = nchan = None
     try:
-        progress(f"starting the stack ({workers}) and nchan under {var} ...")
-        stack, config = start_stack(var, workers, not args.no_reuseport)
+        progress(f"starting the stack ({workers}, an edge) and nchan under {var} ...")
+        edge = ("127.0.0.1", free_port())
+        stack, config = start_stack(var, workers, not args.no_reuseport, edge, edge_per_worker)
+        path = Path(stack, config, edge)
         nchan, nchan_port = start_nchan(var, workers["nginx"], log, not args.no_reuseport, args.nchan_header_buffer)
         t = time.monotonic()
         fans = make_accounts(config, args.fanout + 1, "lpf", os.path.join(var, "fan.json"), True) if args.fanout else []
         rest = max(0, biggest - args.fanout)
         plain = make_accounts(config, rest, "lpp", os.path.join(var, "plain.json")) if rest else []
         result["accounts_s"] = round(time.monotonic() - t, 1)
-        holders = fans[1:] + plain
-        tags = {}
-        reqs = []
-        for group in (fans[1:], plain):
-            if group:
-                tags[id(group)] = _etag(config, group[0]["token"])
-                reqs += [_stack_request(a["token"], tags[id(group)]) for a in group]
-        result["etags"] = sorted(set(tags.values()))
+
+        def current(groups):
+            """[(token, the ETag of its answer now)]: every account of a group holds the same answer."""
+            out = []
+            for group in groups:
+                if group:
+                    tag = _etag(config, group[0]["token"])
+                    out += [(a["token"], tag) for a in group]
+            return out
+        holders = current((fans[1:], plain))
+        result["etags"] = sorted({tag for _, tag in holders})
         for count in counts:
             if count > len(holders):
                 continue
-            progress(f"held {count}: stack ...")
-            s = held_stack(stack, config, reqs, count)
-            progress(f"held {count}: stack {s['per_held']} cpu {s['cpu_pct_quiet']}; nchan ...")
-            n = held_nchan(nchan, nchan_port, count)
-            progress(f"held {count}: nchan {n['per_held']} cpu {n['cpu_pct_quiet']}")
-            result["held"][str(count)] = {"stack": s, "nchan": n}
+            point = result["held"][str(count)] = {}
+            for mode in modes:
+                progress(f"held {count}: {mode} ...")
+                r = (held_stack(path, mode, holders, count) if mode in STACK_MODES
+                     else held_nchan(nchan, nchan_port, count, mode))
+                point[_key(mode)] = r
+                progress(f"held {count}: {mode} {r['held']} held, {r['per_held']['path']} "
+                         f"kernel {r['kernel_per_held']} cpu {r['cpu_pct_quiet']}")
         if args.fanout:
-            progress(f"fan-out to {args.fanout}, {args.fanout_rounds} round(s) of the stack and nchan ...")
-            result["fanout"] = run_fanouts(stack, config, fans, nchan.pid, nchan_port, args.fanout, args.fanout_rounds, var)
-            progress(f"fan-out median: stack {result['fanout']['stack']}; nchan {result['fanout']['nchan']}")
+            progress(f"fan-out to {args.fanout}, {args.fanout_rounds} round(s) of {modes} ...")
+            result["fanout"] = run_fanouts(path, fans, nchan.pid, nchan_port, args.fanout, args.fanout_rounds,
+                                           var, modes)
+            progress(f"fan-out median: " + ", ".join(f"{m} {r['last_answer_s']}" for m, r in result['fanout']['modes'].items()))
             if args.delivery_rounds:
-                progress(f"delivery alone to {args.fanout}, {args.delivery_rounds} round(s) of the stack and nchan ...")
-                result["fanout"]["delivery"] = run_deliveries(stack, config, fans, nchan.pid, nchan_port, args.fanout,
-                                                              args.delivery_rounds, var)
+                progress(f"delivery alone to {args.fanout}, {args.delivery_rounds} round(s) ...")
+                result["fanout"]["delivery"] = run_deliveries(path, fans, nchan.pid, nchan_port, args.fanout,
+                                                              args.delivery_rounds, var, modes)
+        if args.edge_stretch:
+            # the fan-outs and deliveries changed the followers' answers
+            holders = current((fans[1:], plain) if holders else
+                              (make_accounts(config, min(args.edge_stretch, 10_000), "lps", os.path.join(var, "stretch.json")),))
+            progress(f"edge stretch: {args.edge_stretch} streams at once ...")
+            result["edge_stretch"] = edge_stretch(path, holders, args.edge_stretch)
+            progress(f"edge stretch: {result['edge_stretch']['held']} held, {result['edge_stretch']['refused']} refused, "
+                     f"{result['edge_stretch']['ended']} ended "
+                     f"({result['edge_stretch']['statuses']}), {result['edge_stretch']['held_after_s']} s")
     finally:
         _stop(nchan)
         if stack is not None:

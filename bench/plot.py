@@ -204,6 +204,48 @@ def longpoll(doc):
     fig.savefig(os.path.join(RESULTS_DIR, "longpoll.png"), dpi=110)
 
 
+def longpoll_edge(doc, fresh_docs):
+    """Streams and the edge against nchan (bench/longpoll.py, issue 31): memory per held
+    connection by mode (user space and kernel), and the fan-out and the push layer alone by mode."""
+    modes = [("stream-edge", "stream\nedge"), ("longpoll-edge", "long-poll\nedge"),
+             ("stream-nginx", "stream\nnginx"), ("stack", "long-poll\nnginx"),
+             ("nchan-eventsource", "nchan\nEventSource"), ("nchan", "nchan\nlong-poll")]
+    # each mode's figure from the run where it was held first on fresh servers, else the main run's
+    best = {}
+    count, point = max(doc["held"].items(), key=lambda kv: int(kv[0]), default=(None, {}))
+    best.update({k: v for k, v in point.items()})
+    for fdoc, fresh in fresh_docs:
+        for p in fdoc.get("held", {}).values():
+            best.update({k: p[k] for k in fresh if k in p})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    shown = [(k, label) for k, label in modes if k in best]
+    xs = range(len(shown))
+    user = [best[k]["per_held"]["path"]["pss_bytes"] / 1024 for k, _ in shown]
+    kern = [(best[k].get("kernel_per_held", {}).get("slab_bytes_both_ends") or 0) / 1024 for k, _ in shown]
+    ax1.bar([x - .2 for x in xs], user, width=.4, label="user space, every process on the path (PSS)")
+    ax1.bar([x + .2 for x in xs], kern, width=.4, label="kernel slab, both ends of the connection")
+    ax1.axhline(2.0, color="red", linestyle="--", linewidth=1, label="goal on the edge (2 KB)")
+    ax1.set_xticks(list(xs), [label for _, label in shown], fontsize=8)
+    ax1.set(ylabel="KB per held connection", title="Held connections (10,000; fresh servers where measured)")
+    ax1.legend(fontsize=7)
+    fan = doc.get("fanout") or {}
+    runs = [("fan-out (post via API)", fan.get("modes") or {}),
+            ("push layer alone", (fan.get("delivery") or {}).get("modes") or {})]
+    keys = [("stream-edge", "stream edge"), ("longpoll-edge", "long-poll edge"), ("stream-nginx", "stream nginx"),
+            ("longpoll-nginx", "long-poll nginx"), ("nchan-eventsource", "nchan EventSource"),
+            ("nchan-longpoll", "nchan long-poll")]
+    width = .8 / len(keys)
+    for i, (key, label) in enumerate(keys):
+        ax2.bar([j + (i - len(keys) / 2 + .5) * width for j in range(len(runs))],
+                [(r.get(key) or {}).get("last_answer_s") or 0 for _, r in runs], width=width, label=label)
+    ax2.set_xticks(range(len(runs)), [t for t, _ in runs])
+    ax2.set(ylabel="seconds to the last of the held followers (median round)",
+            title=f"Fan-out to {doc['fanout_followers']:,}")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS_DIR, "longpoll-edge.png"), dpi=110)
+
+
 def main():
     made = []
     for name, draw in (("atr", atr), ("connbench", connbench)):
@@ -226,6 +268,12 @@ def main():
     if (doc := _load("longpoll")) and doc.get("held"):
         longpoll(doc)
         made.append("longpoll.png")
+    if (doc := _load("longpoll-edge")) and doc.get("held"):
+        fresh = [(d, keys) for name, keys in (("longpoll-edge-fresh", {"stream-edge", "nchan-eventsource", "stream-nginx"}),
+                                              ("longpoll-edge-fresh-lp", {"longpoll-edge", "stack", "nchan"}))
+                 if (d := _load(name))]
+        longpoll_edge(doc, fresh)
+        made.append("longpoll-edge.png")
     print("plots:", ", ".join(os.path.join(RESULTS_DIR, m) for m in made))
 
 

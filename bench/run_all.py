@@ -9,8 +9,13 @@
                         connections per second straight to fastpath and to nginx return 200
 4. bench/fanout.py      one plurk to 1,000 / 10,000 followers (SQLite and PostgreSQL)
 5. bench/load.py        the locust simulation, 300 users for 60 s, with the delivery verdict
+5b.                     the same, 300 users streaming (PLURK_LOAD_POLL_MODE=stream) on fastpath's
+                        edge (--edge) and through nginx
 6. bench/longpoll.py    long-polls held through nginx -> fastpath against nchan subscribers (1,000 /
-                        10,000 / 40,000), fan-out to 10,000 held followers, locust long vs short
+                        10,000 / 40,000), fan-out to 10,000 held followers, locust long vs short;
+                        then streams and long-polls on the edge and through nginx against nchan's
+                        long-poll and EventSource subscribers (1,000 / 10,000, fan-out, the push
+                        layer alone, 100,000 and 200,000 streams held on the edge)
 7. bench/cluster.py     the namespace cluster with 1 and 2 web hosts: polls through the balancer
                         and long-poll delivery (root only; `make drill` runs the failure drills)
 8. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
@@ -29,10 +34,11 @@ sys.path.insert(0, os.path.dirname(HERE))
 from bench.common import progress  # noqa: E402
 
 
-def step(name, argv):
-    progress(f"=== {name}: {' '.join(argv)}")
+def step(name, argv, env=None):
+    progress(f"=== {name}: {' '.join(argv)}" + "".join(f" ({k}={v})" for k, v in (env or {}).items()))
     started = time.monotonic()
-    rc = subprocess.run([sys.executable, *argv], cwd=os.path.dirname(HERE)).returncode
+    rc = subprocess.run([sys.executable, *argv], cwd=os.path.dirname(HERE),
+                        env=dict(os.environ, **(env or {}))).returncode
     progress(f"=== {name}: exit {rc} after {time.monotonic() - started:.0f}s")
     return rc
 
@@ -51,7 +57,21 @@ def main():
                                                               if args.quick else [])) != 0
     failures += step("fan-out", ["bench/fanout.py"]) != 0
     failures += step("load", ["bench/load.py"] + (["--quick"] if args.quick else [])) != 0
-    failures += step("long-polling", ["bench/longpoll.py"] + (["--quick"] if args.quick else [])) != 0
+    # streams: on the edge (a stack of this run's own with fastpath's edge), then through nginx
+    for name, edge in (("load-streampoll", ["--edge"]), ("load-streampoll-nginx", [])):
+        failures += step(f"load, streams{' on the edge' if edge else ' through nginx'}",
+                         ["bench/load.py", *edge, "--processes", "2", "--result-name", name]
+                         + (["--quick"] if args.quick else []), env={"PLURK_LOAD_POLL_MODE": "stream"}) != 0
+    # the long-poll run as before (through nginx against nchan's long-poll, and locust), then the
+    # streams and the edge against nchan's two subscribers (docs/benchmarks.md, issue 31)
+    failures += step("long-polling", ["bench/longpoll.py"] + (["--quick"] if args.quick else
+                                                              ["--modes", "longpoll-nginx,nchan-longpoll"])) != 0
+    if not args.quick:               # --quick's long-poll run already holds every mode
+        failures += step("streams and the edge", ["bench/longpoll.py", "--counts", "1000,10000", "--edge-stretch",
+                                                  "100000", "--no-load", "--result-name", "longpoll-edge"]) != 0
+        failures += step("the edge, 200,000 streams", ["bench/longpoll.py", "--counts", "", "--fanout", "0",
+                                                       "--edge-stretch", "200000", "--no-load", "--result-name",
+                                                       "longpoll-edge-200k"]) != 0
     if os.geteuid() == 0:
         failures += step("cluster", ["bench/cluster.py"] + (["--web-hosts", "1", "--steady", "20"]
                                                              if args.quick else [])) != 0

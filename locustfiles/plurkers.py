@@ -55,6 +55,19 @@ Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_M
                   users post and respond as often as in the short mode.
   short           every user's poll task asks getUnreadCount (and getMessages when the count
                   differs from what was shown) every couple of seconds: the comparison.
+  stream          each user keeps one Server-Sent Events stream of getUnreadCount open
+                  (``Accept: text/event-stream``, ``Last-Event-ID`` of its last event), in a
+                  greenlet of its own with a socket of its own (geventhttpclient would read the
+                  body to its end): every event is a count answer (then getMessages, as the page
+                  does), a heartbeat comment is nothing, the end of a stream (its --max-stream,
+                  Django's one-event stream and its ``retry:``) is followed by a new one.  The
+                  stream goes to fastpath's edge when there is one (``$PLURK_LOAD_EDGE``
+                  host:port, else the stack's PLURK_EDGE), else through nginx (the locust host);
+                  ``$PLURK_LOAD_STREAM_VIA=nginx`` forces nginx.  On the edge a miss (``event:
+                  miss``, or a 409 ``X-Cache: MISS``) is asked of the site once (a poll through
+                  nginx: Django fills the cache), then the stream opens again.  Streams are named
+                  ``/Poll/getUnreadCount (stream)`` (response time: until the head) and, on the
+                  edge, ``/Poll/getUnreadCount (edge stream)``.
 Delivery latency is measured the same way in both, from the plurk's commit to its first sight.
 Both read as the page does: what was shown is marked read (one markRead) once it has been seen
 ``PLURK_LOAD_READ_AFTER_S``; in long mode a hold then ends when the read falls due.
@@ -64,7 +77,9 @@ Knobs (environment), for a polling-heavy run such as 10,000 users on 2 cores:
                           +-25%); Plurk's pollers asked every few to tens of seconds
   PLURK_LOAD_WRITE_WEIGHT task weight of posting and of responding against 30 for polling (default 1)
   PLURK_LOAD_CELEB_WAIT   mean seconds between a celebrity's actions (default 3)
-  PLURK_LOAD_POLL_MODE    long (default) or short, as --poll-mode
+  PLURK_LOAD_POLL_MODE    long (default), short or stream, as --poll-mode
+  PLURK_LOAD_EDGE         host:port of fastpath's edge listener, for the stream mode
+  PLURK_LOAD_STREAM_VIA   edge (default when an edge is known) or nginx
   PLURK_LOAD_LONGPOLL_WAIT  N of ``Prefer: wait=N`` (default 50, below fastpath's 55 s max wait)
   PLURK_LOAD_READ_AFTER_S   seconds what was shown stays unread before markRead (default 3, the
                           page's READ_AFTER_MS; 0: marked read at once after every answer)
@@ -75,14 +90,17 @@ import logging
 import math
 import os
 import random
+import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 
 import gevent
 import gevent.event
 from locust import between, events, task
+from gevent import socket as gsocket
 from locust.contrib.fasthttp import FastHttpUser
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -97,7 +115,8 @@ from plurksite.config import ConfigError  # noqa: E402
 from plurksite.config import load as _load_config  # noqa: E402
 
 try:
-    DEFAULT_HOST = _load_config().base_url          # PLURK_HTTP, parsed as every entry point does
+    _CONFIG = _load_config()
+    DEFAULT_HOST = _CONFIG.base_url                 # PLURK_HTTP, parsed as every entry point does
 except ConfigError as exc:
     sys.exit(f"error: {exc}")
 
@@ -108,7 +127,9 @@ POLL_WAIT = float(os.environ.get("PLURK_LOAD_POLL_WAIT", "2"))
 WRITE_WEIGHT = int(os.environ.get("PLURK_LOAD_WRITE_WEIGHT", "1"))
 CELEB_WAIT = float(os.environ.get("PLURK_LOAD_CELEB_WAIT", "3"))
 SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
-POLL_MODES = ("long", "short")
+POLL_MODES = ("long", "short", "stream")
+STREAM_VIA = os.environ.get("PLURK_LOAD_STREAM_VIA", "")
+STREAM_QUIET_S = 25 + 15          # fastpath's heartbeat (25 s) + the margin nginx's read timeout has
 LONGPOLL_WAIT = int(os.environ.get("PLURK_LOAD_LONGPOLL_WAIT", "50"))
 LONGPOLL_QUICK_S = 1.0           # a held 304 sooner than this is not trusted: wait before the next
 # What was shown is marked read once it has been on screen this long, as the page does (app.js's
@@ -270,6 +291,104 @@ def _zipf_index(n, s=1.2):
     return random.choices(range(n), weights=weights)[0]
 
 
+
+def _edge_address():
+    """fastpath's edge listener for streams: $PLURK_LOAD_EDGE (host:port), else the stack's
+    PLURK_EDGE when its configuration has one; None: no edge."""
+    spec = os.environ.get("PLURK_LOAD_EDGE")
+    if spec:
+        host, _, port = spec.rpartition(":")
+        return host.strip("[]"), int(port)
+    edge = getattr(_CONFIG, "edge", None)
+    return tuple(edge) if edge else None
+
+
+class _EventReader:
+    """The client side of one Server-Sent Events answer on a socket: the head, then the body's
+    events (chunked, Content-Length or until the end), each a dict of its fields (``data`` lines
+    joined with LF), comments skipped."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+
+    def _recv(self, timeout):
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(65536)
+        if not data:
+            raise ValueError("connection closed")
+        self.buf += data
+
+    def head(self):
+        while b"\r\n\r\n" not in self.buf:
+            self._recv(STREAM_QUIET_S)
+            if len(self.buf) > 65536:
+                raise ValueError("head too long")
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        fields = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        self.chunked = "chunked" in fields.get("transfer-encoding", "").lower()
+        self.left = int(fields["content-length"]) if "content-length" in fields and not self.chunked else None
+        return status, fields
+
+    def _body(self, timeout):
+        """Body bytes as they come; b"" at the body's end.  None when ``timeout()`` passes quietly
+        (the caller may act and ask again)."""
+        while True:
+            if self.chunked:
+                if b"\r\n" in self.buf:
+                    size_line, rest = self.buf.split(b"\r\n", 1)
+                    size = int(size_line.split(b";")[0], 16)
+                    if len(rest) >= size + 2:
+                        self.buf = rest[size + 2:]
+                        return rest[:size]
+            elif self.left is not None:
+                if self.left == 0:
+                    return b""
+                if self.buf:
+                    piece, self.buf = self.buf[:self.left], self.buf[self.left:]
+                    self.left -= len(piece)
+                    return piece
+            elif self.buf:
+                piece, self.buf = self.buf, b""
+                return piece
+            try:
+                self._recv(timeout())
+            except socket.timeout:
+                return None
+            except ValueError:
+                if self.chunked or self.left:
+                    raise
+                return b""                     # the end of a body framed by the connection's end
+
+    def events(self, timeout):
+        """Each event as a dict; None each time ``timeout()`` passed with nothing."""
+        text = b""
+        while True:
+            piece = self._body(timeout)
+            if piece is None:
+                yield None
+                continue
+            if piece == b"":
+                return
+            text += piece.replace(b"\r\n", b"\n")
+            while b"\n\n" in text:
+                block, text = text.split(b"\n\n", 1)
+                event = {}
+                for line in block.decode("utf-8").split("\n"):
+                    if not line or line.startswith(":"):
+                        continue
+                    k, _, v = line.partition(":")
+                    v = v[1:] if v.startswith(" ") else v
+                    event[k] = event[k] + "\n" + v if k == "data" and k in event else v
+                if event:
+                    yield event
+
+
 class _Plurker(FastHttpUser):
     abstract = True
     host = DEFAULT_HOST
@@ -389,9 +508,11 @@ class _Plurker(FastHttpUser):
     # -- long-polling ----------------------------------------------------------------------------
 
     def _start_polling(self):
-        """Long mode: this user's one long-poll in flight, in a greenlet of its own."""
-        if _poll_mode(self.environment) == "long" and self.token and self._poller is None:
-            self._poller = gevent.spawn(self._long_poll_loop)
+        """Long mode: this user's one long-poll in flight, in a greenlet of its own (stream mode:
+        its one stream)."""
+        mode = _poll_mode(self.environment)
+        if mode in ("long", "stream") and self.token and self._poller is None:
+            self._poller = gevent.spawn(self._long_poll_loop if mode == "long" else self._stream_loop)
 
     def on_stop(self):
         if self._poller is not None:
@@ -450,6 +571,111 @@ class _Plurker(FastHttpUser):
             backoff = POLL_WAIT
             if not held or quick:         # Django answered, or fastpath did not hold: poll wait
                 gevent.sleep(random.uniform(0.75, 1.25) * POLL_WAIT)
+
+    # -- streams (Server-Sent Events) ----------------------------------------------------------------
+
+    def _stream_target(self):
+        """(host, port, name): the edge when there is one (and PLURK_LOAD_STREAM_VIA is not
+        nginx), else the locust host (nginx)."""
+        if STREAM_VIA != "nginx" and (edge := _edge_address()):
+            return edge[0], edge[1], "/Poll/getUnreadCount (edge stream)"
+        url = urllib.parse.urlsplit(self.host)
+        return url.hostname, url.port or 80, "/Poll/getUnreadCount (stream)"
+
+    def _stream_loop(self):
+        backoff = POLL_WAIT
+        while True:
+            try:
+                self._mark_read_if_due()
+                pause = self._stream()
+            except Exception:             # a bug here must not stop this user's stream in silence
+                log.exception("stream of %s", self.username)
+                pause = None
+            if pause is None:
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                gevent.sleep(random.uniform(0.5, 1.0) * backoff)
+                continue
+            backoff = POLL_WAIT
+            gevent.sleep(pause)
+
+    def _stream(self):
+        """One stream, until it ends: the seconds to wait before the next one (Django's
+        ``retry:``, 0 after fastpath's end), or None on a failure (recorded by locust)."""
+        host, port, name = self._stream_target()
+        edge = name.endswith("(edge stream)")
+        headers = f"Authorization: Bearer {self.token}\r\nAccept: text/event-stream\r\n"
+        if self.etag:
+            headers += f"Last-Event-ID: {self.etag}\r\n"
+        started, began = time.perf_counter(), time.time()
+        meta = {"request_type": "GET", "name": name, "response_length": 0, "response": None, "context": {},
+                "exception": None}
+        try:
+            sock = gsocket.create_connection((host, port), timeout=10)
+        except OSError as exc:
+            self.environment.events.request.fire(response_time=(time.perf_counter() - started) * 1000,
+                                                 **dict(meta, exception=exc))
+            return None
+        try:
+            sock.sendall(f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}\r\n".encode())
+            reader = _EventReader(sock)
+            status, head = reader.head()
+            meta["response_time"] = (time.perf_counter() - started) * 1000
+            if head.get("x-cache") in ("HIT", "MISS"):
+                with _lock:
+                    _records["cache"][head["x-cache"]] += 1
+            if status == 409 and edge and head.get("x-cache") == "MISS":
+                self.environment.events.request.fire(**meta)      # the edge's miss: ask the site once
+                self.poll()
+                return 0
+            if status != 200 or not head.get("content-type", "").startswith("text/event-stream"):
+                meta["exception"] = RuntimeError(f"stream answered {status} {head.get('content-type')}")
+                self.environment.events.request.fire(**meta)
+                return None
+            self.environment.events.request.fire(**meta)
+            pause = 0
+            for event in reader.events(self._stream_timeout):
+                if event is None:
+                    if self.read_due is None:               # quiet past the heartbeat: a dead stream
+                        raise ValueError(f"no event nor heartbeat for {STREAM_QUIET_S} s")
+                    self._mark_read_if_due()               # a read fell due while the stream was quiet
+                    continue
+                if "retry" in event:
+                    pause = int(event["retry"]) / 1000
+                if event.get("event") == "miss":           # the key is gone: ask the site once
+                    self.poll()
+                    return 0
+                if "data" not in event:
+                    continue
+                self._stream_event(event, began)
+                self._mark_read_if_due()
+            return pause
+        except (OSError, ValueError) as exc:
+            self.environment.events.request.fire(response_time=(time.perf_counter() - started) * 1000,
+                                                 **dict(meta, name=name + " broken", exception=exc))
+            return None
+        finally:
+            sock.close()
+
+    def _stream_timeout(self):
+        """How long a quiet stream may stay so: until a read falls due, else the heartbeat's margin."""
+        if self.read_due is None:
+            return STREAM_QUIET_S
+        return max(0.05, min(STREAM_QUIET_S, self.read_due - time.monotonic()))
+
+    def _stream_event(self, event, began):
+        """One count answer on the stream: as a long-poll's 200 (the messages when the count is
+        not what was shown; again, a moment later, while they are behind it)."""
+        data = event["data"]
+        count = json.loads(data)["count"] if data else 0
+        self.etag, self.count = event.get("id") or self.etag, count
+        now = time.time()
+        if count and count == self.known:
+            self._polled(now)
+            return
+        for attempt in range(5):
+            if self._read(now, count):
+                return
+            gevent.sleep(0.1 * (attempt + 1))
 
     def _delivered(self, item, now):
         """A custom locust request of type ``delivery``: a plurk of someone else, created after this
@@ -650,7 +876,8 @@ def _default_poll_mode():
 def _options(parser, **kwargs):
     parser.add_argument("--poll-mode", choices=POLL_MODES, default=_default_poll_mode(),
                         help="long: one held poll in flight per user (default); short: poll every "
-                             "couple of seconds ($PLURK_LOAD_POLL_MODE)")
+                             "couple of seconds; stream: one Server-Sent Events stream per user, on the "
+                             "edge when there is one ($PLURK_LOAD_POLL_MODE)")
 
 
 @events.init.add_listener

@@ -85,3 +85,38 @@ def test_distributed_mode_merges_every_worker(stack, tmp_path):
     assert result["password_logins"] == 2, result
     assert result["plurks_posted"] > 0 and result["deliveries_checked"] > 0, result
     assert result["hit_ratio"] > 0.95, result
+
+
+@pytest.mark.load
+@pytest.mark.slow
+def test_quick_simulation_streams_on_the_edge_and_delivers_everything(tmp_path):
+    """PLURK_LOAD_POLL_MODE=stream with `bench/load.py --edge` (a stack of its own, on free ports,
+    whose fastpath has an edge listener): every user keeps one stream open on the edge, not
+    through nginx, and the same oracle holds: every plurk reaches every follower."""
+    from plurksite.services import free_ports
+
+    var = tmp_path / "var"
+    var.mkdir()
+    os.chmod(var, 0o755)
+    ports = free_ports(5)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLURK_")}
+    env.update(PLURK_BENCH_RESULTS=str(tmp_path), PLURK_LOAD_POLL_MODE="stream",
+               PLURK_HTTP=f"127.0.0.1:{ports[0]}", PLURK_DJANGO=f"127.0.0.1:{ports[1]}",
+               PLURK_FASTPATH_ADMIN=f"127.0.0.1:{ports[2]}", PLURK_MEMCACHED=f"127.0.0.1:{ports[3]}",
+               PLURK_VAR_DIR=str(var), PLURK_SECRET_FILE=str(var / "secret.key"),
+               PLURK_DATABASE_URL=f"sqlite:///{var / 'plurk.sqlite3'}")
+    subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "migrate", "--noinput", "-v", "0"],
+                   env=env, cwd=ROOT, check=True, timeout=300)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "load.py"), "--quick", "--edge"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    result = json.load(open(tmp_path / "load.json"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert result["stack"]["poll_mode"] == "stream" and result["stack"]["edge"], result["stack"]
+    assert result["failures"] == 0 and result["lost"] == 0, result["failure_kinds"]
+    assert result["exceptions"] == 0 and result["locust_exit"] == 0 and result["problems"] == []
+    streams = result["endpoints"]["GET /Poll/getUnreadCount (edge stream)"]
+    # one stream per user (30, the celebrities' too), reopened only when one ends: not per delivery
+    assert 30 <= streams["requests"] <= 60 and streams["failures"] == 0, streams
+    assert "GET /Poll/getUnreadCount (held)" not in result["endpoints"], result["endpoints"].keys()
+    assert result["deliveries_checked"] > 0
+    assert result["endpoints"]["delivery plurk first seen by a follower"]["requests"] > 0

@@ -224,7 +224,7 @@ def test_messages_behind_their_count_are_asked_for_again_not_held_over(tmp_path)
 
 @pytest.mark.load
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["short", "long"])
+@pytest.mark.parametrize("mode", ["short", "long", "stream"])
 def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path, mode):
     """No setup file, no --host: users sign up at PLURK_HTTP, follow each other, post and poll;
     locust prints its own delivery line (nothing lost) and exits 0."""
@@ -236,9 +236,19 @@ def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path, mo
     assert int(stats[("POST", "/api/signup")]["Request Count"]) == 6, stats.keys()
     if mode == "short":
         assert int(stats[("GET", "/Poll/getUnreadCount")]["Request Count"]) > 20
-    else:
+    elif mode == "long":
         assert int(stats[("GET", "/Poll/getUnreadCount (held)")]["Request Count"]) >= 6
         assert ("GET", "/Poll/getUnreadCount") not in stats
+    else:
+        # one stream per user through nginx (the stack has no edge unless PLURK_EDGE is set),
+        # kept open: not one per delivery
+        name = "/Poll/getUnreadCount (edge stream)" if getattr(stack.config, "edge", None) else \
+            "/Poll/getUnreadCount (stream)"
+        assert 6 <= int(stats[("GET", name)]["Request Count"]) <= 12, stats.keys()
+        assert ("GET", "/Poll/getUnreadCount (held)") not in stats
+        # the streams' events did deliver (a stream that never parsed one would lose nothing
+        # in the judge's eyes: no poll completes after a post)
+        assert int(stats[("delivery", "plurk first seen by a follower")]["Request Count"]) > 0, stats.keys()
     assert int(stats[("", "Aggregated")]["Failure Count"]) == 0
     line = next((ln for ln in out.splitlines() if ln.startswith("delivery (6 users")), None)
     assert line is not None and "LOST 0" in line and "poll hit ratio" in line, out[-3000:]
