@@ -98,11 +98,10 @@ def progress(message):
 
 
 def add_fastpath_edge(edge, *extra):
-    """Make the stacks this process starts run fastpath with its edge listener at ``edge``
-    ((host, port)) and the flags ``extra``: plurksite.services.fastpath_command, which the stack
-    reads when it builds its services, gets them appended (later flags win, so an edge the
-    stack's own settings give is replaced).  For benchmarks only: no per-address cap (every
-    client is on loopback)."""
+    """Make the stacks this process starts run fastpath's edge listener (at ``edge``, (host,
+    port), which the stack's PLURK_EDGE must name) with the flags ``extra`` and no per-address
+    cap (every client is on loopback): plurksite.services.fastpath_command gets them appended
+    (later flags win over the stack's own).  For benchmarks only."""
     from plurksite import services
     from plurksite.config import format_hostport
 

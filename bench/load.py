@@ -508,8 +508,9 @@ def main(argv=None):
                            check=True, cwd=ROOT)
             if args.edge:
                 from bench.common import add_fastpath_edge
-                from plurksite.services import free_port
-                edge = ("127.0.0.1", free_port())
+                edge = config.edge          # the stack's own (PLURK_EDGE), without its per-address cap
+                if edge is None:
+                    raise SystemExit("error: --edge needs the stack's edge: PLURK_EDGE is empty")
                 add_fastpath_edge(edge)
                 locust_env["PLURK_LOAD_EDGE"] = f"{edge[0]}:{edge[1]}"
             progress(f"starting the stack at {host}{' with an edge at ' + locust_env['PLURK_LOAD_EDGE'] if args.edge else ''} ...")

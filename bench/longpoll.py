@@ -439,11 +439,15 @@ def _with_reuseport(render):
         path = render(config, worker_processes)
         with open(path) as fh:
             text = fh.read()
-        listen = f"listen {format_hostport(*config.http)} backlog=4096;"
-        if listen not in text:
-            raise SystemExit(f"error: {path} has no `{listen}` to add reuseport to")
+        # the address's options are on its first listen: the default server's (the one that
+        # closes other Hosts), or the site's own when there is none (PLURK_DEBUG)
+        address = format_hostport(*config.http)
+        listen = next((f"listen {address}{opts} backlog=4096;" for opts in (" default_server", "")
+                       if f"listen {address}{opts} backlog=4096;" in text), None)
+        if listen is None:
+            raise SystemExit(f"error: {path} has no `listen {address} ... backlog=4096;` to add reuseport to")
         with open(path, "w") as fh:
-            fh.write(text.replace(listen, listen[:-1] + " reuseport;"))
+            fh.write(text.replace(listen, listen[:-1] + " reuseport;", 1))
         return path
     return patched
 
@@ -465,7 +469,10 @@ def start_stack(var_dir, workers, reuseport=True, edge=None, edge_per_worker=EDG
                           # 40,000 polls arriving within seconds on 2 shared cores: at the default
                           # 50 ms some of fastpath's gets time out (503, Django answers at once, not
                           # held); bench/load.py's 10k preset waits 500 ms for the same reason
-                          PLURK_MEMCACHED_TIMEOUT_MS="500")
+                          PLURK_MEMCACHED_TIMEOUT_MS="500",
+                          # the stack's own edge where the bench wants it, or none; no per-user cap
+                          # (the bench's clients may share tokens; the per-address cap is off below)
+                          PLURK_EDGE=format_hostport(*edge) if edge else "", PLURK_MAX_HELD_PER_USER="0")
     manage(config, "migrate", "--noinput", "-v", "0")
     if reuseport:
         stack_module.nginxconf.render = _with_reuseport(stack_module.nginxconf.render)
