@@ -88,7 +88,7 @@ DEFAULTS = {
     # long-polls and streams nginx holds at once per client address ($binary_remote_addr:
     # limit_conn on the hold and stream locations); beyond it a JSON 429 with Retry-After.  Behind
     # a balancer, give nginx the client's address (set_real_ip_from) or this caps the balancer.
-    # 0: no cap.
+    # Loopback clients are not capped.  0: no cap.
     "NGINX_HELD_PER_ADDRESS": 256,
     # the nginx variable sent to fastpath as X-Request-ID: "$request_id" (nginx's own), or one
     # the server block defines (a balancer's id when it comes from a trusted proxy).

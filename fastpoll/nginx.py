@@ -150,7 +150,10 @@ def context(config=None):
         "poll_error_pages": error_pages(name, POLL_ERRORS, "    "),
         "hold_error_pages": error_pages(name, HOLD_ERRORS, "    "),
         "django_error_pages": error_pages(name, DJANGO_ERRORS, "    "),
-        "held_zone": (f"limit_conn_zone $binary_remote_addr zone={name}_held:{HELD_ZONE_MB}m;" if held else
+        "held_zone": ("\n".join((
+            f"geo ${name}_held_capped {{ default 1; 127.0.0.0/8 0; ::1 0; }}",
+            f'map ${name}_held_capped ${name}_held_key {{ 0 ""; default $binary_remote_addr; }}',
+            f"limit_conn_zone ${name}_held_key zone={name}_held:{HELD_ZONE_MB}m;")) if held else
                       "# no cap on held connections per client address (NGINX_HELD_PER_ADDRESS is 0)"),
         "held_limit": (f"    limit_conn {name}_held {held};\n    limit_conn_status 429;" if held else
                        "    # no cap per client address (NGINX_HELD_PER_ADDRESS is 0)"),

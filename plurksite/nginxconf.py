@@ -311,14 +311,27 @@ def host_servers(config):
     if config.debug:
         return ("# PLURK_DEBUG: every Host reaches Django (ALLOWED_HOSTS is *), no default server",
                 " default_server backlog=4096", "_")
+    settings = fastpoll_nginx_settings(config)
     other = "\n".join((
         "# Any other Host (a scanner, a name that points here by mistake) is closed without an answer",
         "# (444) and never reaches Django, which would answer 400 and log a DisallowedHost each time.",
+        "# nginx reads every request's head with this server's settings (it knows the Host only after),",
+        "# so they are the site's, and an error found before the Host (a request line too long, a bad",
+        "# request) is the site's JSON error.",
         "server {",
         f"    listen {listen} default_server backlog=4096;",
         '    server_name "";',
         f"    access_log {config.log_dir()}/nginx-access.log plurk buffer=64k flush=1s;",
-        "    return 444;",
+        "    client_header_buffer_size 1k;",
+        "    large_client_header_buffers 4 8k;",
+        "    connection_pool_size 384;",
+        "    request_pool_size 1k;",
+        "    client_header_timeout 10s;",
+        fastpoll_nginx.error_pages(settings["NGINX_NAME"], indent="    "),
+        "    location / {",
+        "        return 444;",
+        "    }",
+        fastpoll_nginx.error_locations(settings["NGINX_NAME"], indent="    "),
         "}",
     ))
     names = config.site_hosts       # ".localhost" is localhost and its subdomains for nginx too

@@ -21,6 +21,7 @@ from tests.support.stack import TestStack, stack_config
 
 BALANCER = "127.0.0.2"
 OTHER_CLIENT = "127.0.0.3"
+CLIENT = "203.0.113.7"     # a client behind the balancer: capped (loopback clients are not)
 PER_USER = 50           # PLURK_MAX_HELD_PER_USER (fastpath, one worker)
 PER_ADDRESS = 60        # PLURK_HELD_PER_ADDRESS (nginx limit_conn)
 LOG_KB = 16             # PLURK_NGINX_LOG_KB
@@ -224,11 +225,15 @@ def _etag(stack, token):
     raise AssertionError(f"no fastpath answer for the token: {status} {got}")
 
 
-def _hold(stack, token, etag, source="127.0.0.1"):
-    """A long-poll sent and left waiting on its socket."""
+def _hold(stack, token, etag, source="127.0.0.1", client=None):
+    """A long-poll sent and left waiting on its socket; with ``client``, through the balancer
+    (the trusted proxy), for that client address (loopback clients are not capped)."""
+    forwarded = ""
+    if client is not None:
+        source, forwarded = BALANCER, f"X-Forwarded-For: {client}\r\n"
     sock = socket.create_connection(stack.config.http, timeout=10, source_address=(source, 0))
     sock.sendall((f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer {token}\r\n"
-                  f"Prefer: wait=55\r\nIf-None-Match: {etag}\r\nConnection: close\r\n\r\n"
+                  f"Prefer: wait=55\r\nIf-None-Match: {etag}\r\n{forwarded}Connection: close\r\n\r\n"
                   % stack.config.http).encode())
     return sock
 
@@ -250,27 +255,28 @@ def test_one_user_cannot_take_everyones_slots(public):
     etags = {t: _etag(public, t) for t in (token_a, token_b, token_c)}
     held = []
     try:
-        held += [_hold(public, token_a, etags[token_a]) for _ in range(PER_USER)]
+        held += [_hold(public, token_a, etags[token_a], client=CLIENT) for _ in range(PER_USER)]
         time.sleep(1.0)
         assert select.select(held, [], [], 0)[0] == [], "a long-poll under the caps was answered, not held"
         # the user's next one: fastpath's 429 at once, not queued
         began = time.monotonic()
-        head, body = _answer(_hold(public, token_a, etags[token_a]))
+        head, body = _answer(_hold(public, token_a, etags[token_a], client=CLIENT))
         assert head.startswith("HTTP/1.1 429 "), head
         assert re.search(r"(?im)^retry-after: \d+\r?$", head), head
         assert json.loads(body)["error"].startswith("too many held connections")
         assert time.monotonic() - began < 2.0
         # another user from the same address holds the rest of the address's slots (nginx's cap)
-        held += [_hold(public, token_b, etags[token_b]) for _ in range(PER_ADDRESS - PER_USER)]
+        held += [_hold(public, token_b, etags[token_b], client=CLIENT) for _ in range(PER_ADDRESS - PER_USER)]
         time.sleep(1.0)
         assert select.select(held, [], [], 0)[0] == [], "a long-poll under the caps was answered, not held"
-        head, body = _answer(_hold(public, token_b, etags[token_b]))
+        head, body = _answer(_hold(public, token_b, etags[token_b], client=CLIENT))
         assert head.startswith("HTTP/1.1 429 "), head
         assert re.search(r"(?im)^retry-after: 5\r?$", head) and b"too many held connections" in body
         assert re.search(r"(?im)^content-type: application/json", head), head
         # a short poll from that address is no held connection: answered; and another client's
         # poll is answered by fastpath at once
-        status, got, _ = _request(public, "GET", "/Poll/getUnreadCount", {"Authorization": f"Bearer {token_b}"})
+        status, got, _ = _request(public, "GET", "/Poll/getUnreadCount",
+                                  {"Authorization": f"Bearer {token_b}", "X-Forwarded-For": CLIENT}, source=BALANCER)
         assert status in (200, 204) and got["x-cache"] == ["HIT"]
         timings = []
         for _ in range(5):

@@ -55,7 +55,9 @@ def test_the_probe_key_is_made_once_and_rendered(tmp_path):
 
 def test_held_caps_are_rendered(tmp_path):
     text = nginxconf.render_include(_config(tmp_path, PLURK_HELD_PER_ADDRESS="7"))
-    assert "limit_conn_zone $binary_remote_addr zone=plurk_held:10m;" in text
+    assert "limit_conn_zone $plurk_held_key zone=plurk_held:10m;" in text
+    assert 'map $plurk_held_capped $plurk_held_key { 0 ""; default $binary_remote_addr; }' in text
+    assert "geo $plurk_held_capped { default 1; 127.0.0.0/8 0; ::1 0; }" in text      # loopback: not capped
     assert text.count("limit_conn plurk_held 7;") == 2        # the hold and stream locations only
     assert "add_header Retry-After 5 always; return 429" in text
     off = nginxconf.render_include(_config(tmp_path, PLURK_HELD_PER_ADDRESS="0"))

@@ -30,6 +30,8 @@ def stack_config(var_dir, memcached_count=1, **overrides):
         "PLURK_VAR_DIR": str(var_dir),
         "PLURK_GUNICORN_WORKERS": "2",
         "PLURK_FASTPATH_WORKERS": "1",
+        # tests hold hundreds of polls of one user (tests/e2e/test_public_face.py sets a cap)
+        "PLURK_MAX_HELD_PER_USER": "0",
     }
     env.update(overrides)
     return StackConfig.from_env(env)
