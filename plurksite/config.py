@@ -528,6 +528,15 @@ VARIABLES = (
     Variable("PLURK_EDGE_ORIGINS", "edge_origins", _origins, _joined, "",
              "comma-separated page origins the edge answers with CORS and credentials (empty: "
              "`PLURK_HTTP`'s, and its `localhost` name when loopback)", default_of=default_edge_origins),
+    Variable("PLURK_EDGE_MAX_PER_ADDRESS", "edge_max_per_address", _integer(0, 1 << 20), _text, "64",
+             "long-polls and streams the edge holds at once per client address, per fastpath worker "
+             "(`--edge-max-per-address`; `0`: no cap).  Behind the balancer's TLS edge every "
+             "connection comes from the balancer's address: set `0` there and let "
+             "`PLURK_MAX_HELD_PER_USER` cap each user"),
+    Variable("PLURK_WEB_EDGES", "web_edges", _hostport_list, _addresses, "",
+             "the balancer's: comma-separated `host:port` list of the web hosts' `PLURK_EDGE`; with "
+             "its certificate, the balancer terminates TLS for them on its https address at port "
+             "8443 (nginx `stream`, docs/deploy.md \"The edge over TLS\"); empty: no edge there"),
     Variable("PLURK_TRUSTED_PROXIES", "trusted_proxies", _networks, _joined, "",
              "comma-separated addresses or CIDRs of the balancer(s) in front of this web host: only "
              "from them does nginx take the client's address (`X-Forwarded-For`), the scheme "
@@ -613,6 +622,8 @@ class StackConfig:
     held_per_address: int           # nginx limit_conn on held polls per client address (0: off)
     max_held_per_user: int          # fastpath --max-held-per-user (0: off)
     nginx_log_kb: int               # runstack rotates nginx's logs past this (0: never)
+    edge_max_per_address: int       # fastpath --edge-max-per-address (0: off)
+    web_edges: tuple                # ((host, port), ...): the balancer's TLS edge upstreams
 
     @classmethod
     def from_env(cls, environ=None):
@@ -638,6 +649,9 @@ class StackConfig:
         return role in self.roles or ("all" in self.roles and role in ALL_ROLES)
 
     def check_roles(self):
+        if self.web_edges and not self.runs("balancer"):
+            raise ConfigError("PLURK_WEB_EDGES is the balancer's (PLURK_ROLES=balancer): on a web host set "
+                              "PLURK_EDGE instead, or leave PLURK_WEB_EDGES empty")
         if not self.runs("balancer"):
             return
         if not self.web_hosts:

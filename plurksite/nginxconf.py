@@ -20,12 +20,16 @@ MAIN_TEMPLATE = os.path.join(ROOT, "nginx", "main.conf.template")
 TEMPLATE = os.path.join(ROOT, "nginx", "plurk.conf.template")
 BALANCER_TEMPLATE = os.path.join(ROOT, "nginx", "balancer.conf.template")
 BALANCER_TLS_TEMPLATE = os.path.join(ROOT, "nginx", "balancer-tls.conf.template")
+BALANCER_EDGE_TEMPLATE = os.path.join(ROOT, "nginx", "balancer-edge.conf.template")
 # The balancer serves the site over TLS when its var dir holds a certificate chain and its key
 # (TLS_FILES in TLS_DIR, Let's Encrypt's names): https on PLURK_HTTP's address at HTTPS_PORT, and
 # plain HTTP only redirects there (docs/deploy.md, "TLS").
 TLS_DIR = "tls"
 TLS_FILES = ("fullchain.pem", "privkey.pem")
 HTTPS_PORT = 443
+# The balancer's TLS edge (PLURK_WEB_EDGES): nginx's stream module on the https address at this
+# port, in front of the web hosts' edges (nginx/balancer-edge.conf.template).
+EDGE_TLS_PORT = 8443
 # a web host's read timeout for a long-poll is fastpath's max wait + fastpoll.nginx's
 # LONGPOLL_READ_MARGIN_S (15); the balancer's is longer still, so a web host always answers first
 BALANCER_READ_MARGIN_S = fastpoll_nginx.LONGPOLL_READ_MARGIN_S + 5
@@ -227,6 +231,71 @@ def tls_context(config):
     return fastpoll_nginx.indent(text)
 
 
+def edge_tls_address(config):
+    """Where the balancer terminates TLS for the edges: its https host at EDGE_TLS_PORT."""
+    return (config.http[0], EDGE_TLS_PORT)
+
+
+def edge_tls(config):
+    """(certificate chain, key) of the balancer's TLS edge, or None without PLURK_WEB_EDGES; a
+    ConfigError when the edges are asked for without a certificate (they are never plain here)."""
+    if not config.web_edges:
+        return None
+    tls = site_tls(config)
+    if tls is None:
+        raise ConfigError(f"PLURK_WEB_EDGES is set but {os.path.join(config.var_dir, TLS_DIR)} holds no "
+                          f"{' and '.join(TLS_FILES)}: the balancer serves the edges over TLS only; put the "
+                          f"site's certificate there (docs/deploy.md, \"TLS\") or leave PLURK_WEB_EDGES empty")
+    return tls
+
+
+def _nginx_build_flags():
+    from .services import find_binary
+
+    try:
+        done = subprocess.run([find_binary("nginx", "nginx"), "-V"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    return done.stderr + done.stdout
+
+
+def stream_module_line(flags=None):
+    """The ``load_module`` line nginx needs for ``stream {}`` (Debian builds it as a module,
+    libnginx-mod-stream), or a comment when it is built in; ConfigError when it is neither."""
+    flags = _nginx_build_flags() if flags is None else flags
+    words = flags.split()
+    if "--with-stream" in words:
+        return "# the stream module is built into this nginx"
+    if "--with-stream=dynamic" in words:
+        modules = next((w.split("=", 1)[1] for w in words if w.startswith("--modules-path=")), None)
+        if modules is None:
+            prefix = next((w.split("=", 1)[1] for w in words if w.startswith("--prefix=")), "/etc/nginx")
+            modules = os.path.join(prefix, "modules")
+        path = os.path.join(modules, "ngx_stream_module.so")
+        if os.path.exists(path):
+            return f"load_module {path};      # the balancer's TLS edge: stream {{}} below"
+    raise ConfigError("PLURK_WEB_EDGES needs nginx's stream module (the balancer's TLS edge): "
+                      "apt-get install libnginx-mod-stream, or leave PLURK_WEB_EDGES empty")
+
+
+def render_edge_stream(config):
+    """The balancer's ``stream {}`` block (nginx/balancer-edge.conf.template): TLS on
+    edge_tls_address() before the web hosts' edges (PLURK_WEB_EDGES)."""
+    certificate, key = edge_tls(config)
+    with open(BALANCER_EDGE_TEMPLATE) as fh:
+        return fastpoll_nginx.render_text(fh.read(), {
+            "edge_port": str(EDGE_TLS_PORT),
+            "log_dir": config.log_dir(),
+            "edge_tls": format_hostport(*edge_tls_address(config)),
+            "certificate": certificate,
+            "certificate_key": key,
+            "edge_servers": "\n".join(f"        server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
+                                      f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_edges),
+            # a long-poll's longest hold and then some, as the balancer's http read timeout
+            "edge_idle_timeout": f"{config.longpoll_max_wait_s + BALANCER_READ_MARGIN_S}s",
+        }, BALANCER_EDGE_TEMPLATE).rstrip("\n")
+
+
 def balancer_context(config):
     return {
         "tls": tls_context(config),
@@ -380,6 +449,14 @@ def template(config):
     return BALANCER_TEMPLATE if config.runs("balancer") else TEMPLATE
 
 
+def main_level_context(config):
+    """The full config's main-level parts besides http: the balancer's TLS edge (``stream {}``
+    and the module it needs) when PLURK_WEB_EDGES is set, else comments."""
+    if config.runs("balancer") and config.web_edges:
+        return {"load_modules": stream_module_line(), "stream_block": render_edge_stream(config)}
+    return {"load_modules": "# no dynamic module", "stream_block": "# no TLS edge at this host (PLURK_WEB_EDGES is the balancer's)"}
+
+
 def render_include(config):
     """The http-level part of this host's nginx (log format, maps, upstreams, the server block) as
     text: what an operator's nginx includes at http level, and what the full config inlines."""
@@ -390,6 +467,7 @@ def render_include(config):
 def render_full(config, worker_processes="auto"):
     """The whole nginx.conf of this host as text: the main template around render_include()."""
     values = dict(context(config, worker_processes))
+    values.update(main_level_context(config))
     values["http_block"] = "\n".join("    " + line if line else line
                                       for line in render_include(config).rstrip("\n").split("\n"))
     with open(MAIN_TEMPLATE) as fh:

@@ -148,6 +148,8 @@ def fastpoll_settings(config):
             "EDGE_ADDRESS": format_hostport(*config.edge),
             "EDGE_URL": config.edge_url,
             "EDGE_ORIGINS": list(config.edge_origins),
+            # 0 behind a TLS terminator (the balancer's stream edge): every connection is its
+            "EDGE_MAX_PER_ADDRESS": config.edge_max_per_address,
         })
     if config.fastpath_notify_udp:
         values["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"

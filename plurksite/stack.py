@@ -385,12 +385,18 @@ class Stack:
         if cfg.runs("balancer"):
             try:
                 tls = nginxconf.site_tls(cfg)
+                edge = nginxconf.edge_tls(cfg) and nginxconf.edge_tls_address(cfg)
+                if edge:                            # the TLS edge needs the stream module too
+                    nginxconf.stream_module_line()
             except ConfigError as exc:
                 raise ServiceError(str(exc)) from None
             https = nginxconf.https_address(cfg)
             if tls and services.port_in_use(*https):
                 raise ServiceError(f"https {format_hostport(*https)} (the balancer's, with the certificate in "
                                    f"{os.path.dirname(tls[0])}) is already in use (another runstack?); stop it")
+            if edge and services.port_in_use(*edge):
+                raise ServiceError(f"the TLS edge {format_hostport(*edge)} (the balancer's, PLURK_WEB_EDGES) is "
+                                   f"already in use (another runstack?); stop it or leave PLURK_WEB_EDGES empty")
         if web:
             listens[1:1] = [("PLURK_DJANGO", cfg.django), ("PLURK_FASTPATH", cfg.fastpath),
                             ("PLURK_FASTPATH_ADMIN", cfg.fastpath_admin)]

@@ -14,6 +14,8 @@ HTTP_PORT = 80                      # the balancer's plain HTTP: only redirects 
 HTTPS_PORT = 443                    # the balancer's https (plurksite.nginxconf.HTTPS_PORT)
 SITE_NAME = "plurk.test"            # the site's name (RFC 6761 .test); its certificate names it and the balancer's address
 WEB_PORT = 8080                     # each web host's nginx
+EDGE_PORT = 8003                    # each web host's edge (fastpath --edge), reached by the balancer only
+EDGE_TLS_PORT = 8443                # the balancer's TLS edge (plurksite.nginxconf.EDGE_TLS_PORT)
 MEMCACHED_PORT = 11211
 POSTGRES_PORT = 5432
 NOTIFY_PORTS = (9100, 9101)         # first and last UDP notice port of a web host (one per worker)
@@ -48,10 +50,11 @@ class Host:
         for role in self.roles:
             if role == "balancer":
                 where.append(f"nginx https {self.address}:{HTTPS_PORT} ({SITE_NAME}), "
-                             f"{self.address}:{HTTP_PORT} redirects")
+                             f"{self.address}:{HTTP_PORT} redirects, the edges over TLS at "
+                             f"{self.address}:{EDGE_TLS_PORT}")
             elif role == "web":
-                where.append(f"nginx {self.address}:{WEB_PORT}, notices udp:{self.address}:"
-                             f"{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]} (fastpath, gunicorn on loopback)")
+                where.append(f"nginx {self.address}:{WEB_PORT}, edge {self.address}:{EDGE_PORT}, notices "
+                             f"udp:{self.address}:{NOTIFY_PORTS[0]}-{NOTIFY_PORTS[1]} (fastpath, gunicorn on loopback)")
             elif role == "memcached":
                 where.append(f"memcached {self.address}:{MEMCACHED_PORT}")
             elif role == "repair":
@@ -91,6 +94,16 @@ def site_url():
     return f"https://{balancer_address()}"
 
 
+def edge_url():
+    """Where pages reach the edges: the balancer's TLS edge (the site's certificate names it)."""
+    return f"https://{balancer_address()}:{EDGE_TLS_PORT}"
+
+
+def site_origins():
+    """The origins the site's pages are opened at (by address and by name): the edges' CORS."""
+    return [site_url(), f"https://{SITE_NAME}"]
+
+
 def site_names():
     """What the balancer's certificate names (subjectAltName entries)."""
     return [f"IP:{balancer_address()}", f"DNS:{SITE_NAME}"]
@@ -117,9 +130,14 @@ def shared_env(web_hosts=WEB_HOSTS):
         # default) for a CPU alone, and a writer's timed-out store marks a healthy memcached
         # suspect and flushes it (bench/load.py's 10k preset found the same)
         "PLURK_MEMCACHED_TIMEOUT_MS": "500",
-        # no edge on the web hosts yet: clients reach the site only through the balancer (an
-        # edge the balancer passes on, over TLS, is issue 32's)
+        # the edge: each web host's (PLURK_EDGE, its own below; empty elsewhere), reached only by
+        # the balancer, which terminates TLS for it (PLURK_WEB_EDGES); pages reach it there.
+        # Every edge connection comes from the balancer's address: no per-address cap, the
+        # per-user cap (PLURK_MAX_HELD_PER_USER) bounds a client (docs/deploy.md "The edge over TLS")
         "PLURK_EDGE": "",
+        "PLURK_EDGE_URL": edge_url(),
+        "PLURK_EDGE_ORIGINS": ",".join(site_origins()),
+        "PLURK_EDGE_MAX_PER_ADDRESS": "0",
         # the web hosts believe the balancer's X-Forwarded-For/-Proto and X-Request-ID (and no
         # one else's): their logs and per-address caps see the client, not the balancer
         "PLURK_TRUSTED_PROXIES": balancer_address(),
@@ -142,8 +160,11 @@ def hosts(web_hosts=WEB_HOSTS):
             env["PLURK_ROLES"] = ",".join(entry.stack_roles)
         if "web" in roles:
             env["PLURK_HTTP"] = f"{address}:{WEB_PORT}"
+            env["PLURK_EDGE"] = f"{address}:{EDGE_PORT}"
         else:                       # the balancer's, and where the client (locust) sends
             env["PLURK_HTTP"] = f"{balancer_address()}:{HTTP_PORT}"
+        if "balancer" in roles:
+            env["PLURK_WEB_EDGES"] = ",".join(f"{a}:{EDGE_PORT}" for a in _with_role("web", web_hosts))
         result.append(entry)
     return result
 

@@ -1,0 +1,190 @@
+"""The edge over TLS at the balancer (issue 32 item 2): with PLURK_WEB_EDGES and its certificate,
+the balancer's nginx terminates TLS in a ``stream {}`` (nginx/balancer-edge.conf.template) before
+the web hosts' edges.  A real nginx on loopback, stand-in edges that record what reached them and
+a certificate of a CA made here; through the cluster with fastpath's own edges:
+tests/cluster/test_edge_tls.py."""
+import os
+import socket
+import ssl
+import threading
+import time
+
+import pytest
+
+from plurksite import nginxconf, services
+from plurksite.cluster import tls
+from plurksite.config import ConfigError, StackConfig
+from plurksite.services import ServiceError, fastpath_command, free_port
+from plurksite.stack import Stack
+from tests.plurksite.test_roles import _Recorder, _web_addresses
+from tests.support.stack import nginx_in_front_of, stack_config
+
+HOST = "127.0.0.10"
+
+
+def _config(var_dir, web_hosts, edges):
+    return StackConfig.from_env({
+        "PLURK_ROLES": "balancer", "PLURK_HTTP": f"{HOST}:{free_port(HOST)}",
+        "PLURK_WEB_HOSTS": ",".join(f"{h}:{p}" for h, p in web_hosts),
+        "PLURK_WEB_EDGES": ",".join(f"{h}:{p}" for h, p in edges),
+        "PLURK_VAR_DIR": str(var_dir), "PLURK_SECRET_FILE": os.path.join(var_dir, "secret.key")})
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("ca"))
+
+
+def _with_certificate(var_dir, ca_dir):
+    return tls.ensure_site(os.path.join(var_dir, nginxconf.TLS_DIR), ca_dir, [f"IP:{HOST}", "DNS:plurk.test"])
+
+
+class Edge(_Recorder):
+    """A stand-in web host's edge: records who answered; /stream sends two events, the second
+    only once the client has read the first (which it cannot if the balancer buffers)."""
+    seen = []
+    first_read = threading.Event()
+
+    def do_GET(self):
+        type(self).seen.append({"at": self.server.server_address, "peer": self.client_address[0],
+                                "path": self.path})
+        if self.path != "/Poll/stream":
+            body = b'{"count": 1}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.close_connection = True
+        self.wfile.write(b"event: e\ndata: 1\n\n")
+        self.wfile.flush()
+        type(self).first_read.wait(10)
+        self.wfile.write(b"event: e\ndata: 2\n\n")
+        self.wfile.flush()
+
+
+@pytest.fixture(scope="module")
+def balancer(tmp_path_factory, ca):
+    """A TLS balancer on HOST before one stand-in web host and two stand-in edges; its TLS edge
+    on a free port standing for 8443."""
+    var_dir = tmp_path_factory.mktemp("balancer")
+    _with_certificate(str(var_dir), ca)
+    web = _web_addresses(1)
+    edges = _web_addresses(2)
+    config = _config(var_dir, web, edges)
+    edge_port = free_port(HOST)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nginxconf, "HTTPS_PORT", free_port(HOST))
+        mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
+        with nginx_in_front_of(config, {web[0]: _Recorder, edges[0]: Edge, edges[1]: Edge}):
+            services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
+            yield config, edge_port, edges
+
+
+def _client(ca, **versions):
+    context = ssl.create_default_context(cafile=os.path.join(ca, "ca.crt"))
+    for key, value in versions.items():
+        setattr(context, key, value)
+    return context
+
+
+def _get(port, context, path="/Poll/getUnreadCount", source=None):
+    raw = socket.create_connection((HOST, port), timeout=10, source_address=(source, 0) if source else None)
+    with context.wrap_socket(raw, server_hostname=HOST) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        return data, sock.version(), sock.session
+
+
+def test_the_stream_block_is_rendered_only_for_a_balancer_with_edges(tmp_path, ca):
+    _with_certificate(str(tmp_path), ca)
+    edges = [("10.77.0.21", 8003), ("10.77.0.22", 8003)]
+    text = nginxconf.render_full(_config(tmp_path, [("10.77.0.21", 8080)], edges))
+    stream = text[text.index("\nstream {"):]
+    assert text.index("load_module ") < text.index("events {")                   # main level, first
+    assert "hash $remote_addr consistent;" in stream
+    assert all(f"server {h}:{p} max_fails=" in stream for h, p in edges)
+    assert f"listen {HOST}:{nginxconf.EDGE_TLS_PORT} ssl" in stream
+    for line in ("ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_tickets off;", "proxy_buffer_size 4k;",
+                 "proxy_timeout 75s;"):                  # 55 s long-poll + the balancer's 20 s margin
+        assert line in stream
+    assert "stream {" not in nginxconf.render_include(_config(tmp_path, [("10.77.0.21", 8080)], edges))
+    plain = nginxconf.render_full(_config(tmp_path, [("10.77.0.21", 8080)], []))
+    assert "\nstream {" not in plain and "load_module" not in plain
+
+
+def test_edges_without_a_certificate_or_on_a_web_host_or_without_the_module_are_one_line(tmp_path):
+    config = _config(tmp_path, [("127.0.0.21", 8080)], [("127.0.0.21", 8003)])
+    with pytest.raises(ConfigError, match="PLURK_WEB_EDGES is set but .*tls holds no fullchain.pem and "
+                                          "privkey.pem: the balancer serves the edges over TLS only"):
+        nginxconf.render_full(config)
+    with pytest.raises(ServiceError, match="^PLURK_WEB_EDGES is set but"):           # runstack's one line
+        Stack(config).preflight()
+    with pytest.raises(ConfigError, match="^PLURK_WEB_EDGES is the balancer's"):
+        stack_config(tmp_path, PLURK_WEB_EDGES="127.0.0.21:8003")
+    with pytest.raises(ConfigError, match="apt-get install libnginx-mod-stream"):
+        nginxconf.stream_module_line("nginx version: nginx/1.22.1 configure arguments: --with-http_ssl_module")
+    assert nginxconf.stream_module_line("--with-stream --with-stream_ssl_module").startswith("# ")
+
+
+def test_behind_the_balancer_the_edge_caps_users_not_the_balancers_address(tmp_path):
+    config = stack_config(tmp_path, PLURK_EDGE_MAX_PER_ADDRESS="0", PLURK_MAX_HELD_PER_USER="32")
+    argv = " ".join(fastpath_command(config))
+    assert "--edge-max-per-address 0" in argv or "--edge-max-per-address=0" in argv, argv
+    assert "--max-held-per-user 32" in argv or "--max-held-per-user=32" in argv, argv
+    assert "--edge-max-per-address 64" in " ".join(fastpath_command(stack_config(tmp_path))).replace("=", " ")
+
+
+def test_a_poll_over_tls_reaches_an_edge_and_a_client_sticks_to_one(balancer, ca):
+    _, port, edges = balancer
+    Edge.seen.clear()
+    for source in ("127.0.0.51", "127.0.0.51", "127.0.0.52", "127.0.0.53", "127.0.0.54", "127.0.0.51"):
+        data, version, session = _get(port, _client(ca), source=source)
+        assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b'{"count": 1}'), data
+        assert version == "TLSv1.3"
+    # the edge sees the balancer, never the client (hence PLURK_EDGE_MAX_PER_ADDRESS=0 behind it)
+    assert all(seen["path"] == "/Poll/getUnreadCount" and not seen["peer"].startswith("127.0.0.5") for seen in Edge.seen)
+    by_source = [seen["at"] for seen in Edge.seen]
+    assert by_source[0] == by_source[1] == by_source[5]           # 127.0.0.51's, every time
+    assert {tuple(a) for a in by_source} <= {tuple(e) for e in edges}
+
+
+def test_a_stream_over_tls_is_not_buffered(balancer, ca):
+    _, port, _ = balancer
+    Edge.first_read.clear()
+    raw = socket.create_connection((HOST, port), timeout=10)
+    with _client(ca).wrap_socket(raw, server_hostname=HOST) as sock:
+        sock.sendall(f"GET /Poll/stream HTTP/1.1\r\nHost: {HOST}\r\nAccept: text/event-stream\r\n\r\n".encode())
+        got, started = b"", time.monotonic()
+        while b"data: 1\n\n" not in got:
+            got += sock.recv(4096)
+            assert time.monotonic() - started < 5
+        assert b"data: 2" not in got
+        Edge.first_read.set()
+        while b"data: 2\n\n" not in got:
+            chunk = sock.recv(4096)
+            assert chunk, got
+            got += chunk
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")     # offered to be refused
+def test_only_tls_1_2_and_1_3_and_an_untrusted_certificate_is_refused(balancer, ca):
+    _, port, _ = balancer
+    _, version, session = _get(port, _client(ca, maximum_version=ssl.TLSVersion.TLSv1_2))
+    assert version == "TLSv1.2" and not session.has_ticket             # ssl_session_tickets off
+    old = _client(ca, minimum_version=ssl.TLSVersion.TLSv1_1, maximum_version=ssl.TLSVersion.TLSv1_1)
+    old.set_ciphers("DEFAULT:@SECLEVEL=0")
+    with pytest.raises(ssl.SSLError, match="TLSV1_ALERT_PROTOCOL_VERSION|UNSUPPORTED_PROTOCOL"):
+        _get(port, old)
+    weak = _client(ca, maximum_version=ssl.TLSVersion.TLSv1_2)
+    weak.set_ciphers("AES128-GCM-SHA256")                               # no forward secrecy
+    with pytest.raises(ssl.SSLError, match="HANDSHAKE_FAILURE|NO_SHARED_CIPHER"):
+        _get(port, weak)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _get(port, ssl.create_default_context())
