@@ -422,6 +422,10 @@ class Options:
                 raise ConfigurationError(
                     f"bad --edge-origins entry {origin!r}: an origin as a browser sends it, "
                     f"scheme://host[:port] in lower case without a path, e.g. https://www.example.com")
+            if origin.endswith(":443" if origin.startswith("https:") else ":80"):
+                raise ConfigurationError(
+                    f"bad --edge-origins entry {origin!r}: a browser never sends its scheme's default port "
+                    f"in an Origin, so it would never match; write {origin.rsplit(':', 1)[0]!r}")
         if len(self.edge_origins or ()) > _MAX_ORIGINS:
             raise ConfigurationError(f"--edge-origins takes at most {_MAX_ORIGINS} origins")
         if not self.edge:

@@ -19,15 +19,26 @@ def _request_host(request):
         return None
 
 
+def _page_origin(request):
+    try:
+        return f"{request.scheme}://{request.get_host()}".lower()
+    except Exception:           # DisallowedHost: no page is served to it anyway
+        return None
+
+
 def edge_url(request=None):
     """The origin of the edge as a page's script must call it, without a trailing slash (a poll
     is ``edge_url() + PATH_PREFIX + resource``), or ``""`` when the page should poll the site.
 
-    ``FASTPOLL["EDGE_URL"]`` when it is set.  Otherwise, for a loopback ``EDGE_ADDRESS``,
-    ``http://<EDGE_ADDRESS>``: only to a ``request`` made to that very host, or to ``localhost``
-    (then by that name): a browser on another machine cannot reach this one's loopback, and a
-    page on another host has no cookie for the edge's.  With no ``request``: that URL as such."""
+    Only to a ``request`` whose page origin is one of ``EDGE_ORIGINS`` (the edge would refuse any
+    other page's requests by CORS).  ``FASTPOLL["EDGE_URL"]`` when it is set.  Otherwise, for a
+    loopback ``EDGE_ADDRESS``, ``http://<EDGE_ADDRESS>``: only to a ``request`` made to that very
+    host, or to ``localhost`` (then by that name): a browser on another machine cannot reach this
+    one's loopback, and a page on another host has no cookie for the edge's.  With no
+    ``request``: that URL as such."""
     config = conf.get_config()
+    if request is not None and _page_origin(request) not in (config["EDGE_ORIGINS"] or ()):
+        return ""
     if config["EDGE_URL"]:
         return config["EDGE_URL"]
     address = config["EDGE_ADDRESS"]

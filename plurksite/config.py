@@ -259,10 +259,15 @@ def parse_networks(name, value):
         if not part:
             continue
         try:
-            networks.append(str(ipaddress.ip_network(part, strict=False)))
+            network = ipaddress.ip_network(part, strict=False)
         except ValueError:
             raise ConfigError(f"{name}={value.strip()!r}: {part!r} is not an address or network; expected "
                               f"addresses or CIDRs, for example 10.77.0.10,10.77.1.0/24") from None
+        if network.prefixlen < (8 if network.version == 4 else 32):
+            raise ConfigError(f"{name}={value.strip()!r}: {part!r} would trust the forwarded headers of "
+                              f"clients anywhere (anyone could claim any address and escape the per-address "
+                              f"caps); give the balancers' own addresses or subnet, for example 10.77.0.10")
+        networks.append(str(network))
     return tuple(dict.fromkeys(networks))
 
 
@@ -371,6 +376,19 @@ def _edge_url(name, value, get):
     return value
 
 
+def _cookie_domain(name, value, get):
+    """PLURK_COOKIE_DOMAIN: a domain such as .example.com, or None when empty."""
+    value = value.strip()
+    if not value:
+        return None
+    labels = value.lstrip(".").split(".")
+    if len(labels) < 2 or not all(label and all(c.isalnum() or c == "-" for c in label) for label in labels) \
+            or not value.isascii():
+        raise ConfigError(f"{name}={value!r}: expected the site's registrable domain or a parent of it, "
+                          f"for example .example.com (a browser refuses a cookie for a public suffix such as .com)")
+    return value
+
+
 def _origins(name, value, get):
     """PLURK_EDGE_ORIGINS: the page origins the edge answers with CORS, each as a browser sends it."""
     from fastpath.errors import ConfigurationError
@@ -386,12 +404,29 @@ def _origins(name, value, get):
 
 def default_edge_origins(get):
     """PLURK_EDGE_ORIGINS when it is not set: the origin of PLURK_HTTP (and its localhost name
-    when it is loopback, as `make run` prints both)."""
+    when it is loopback, as `make run` prints both), and each name of PLURK_PUBLIC_HOSTS on the
+    site's scheme (https with PLURK_HTTPS, at the default port: a balancer's) except wildcards,
+    which no origin list can name."""
     host, port = parse_hostport("PLURK_HTTP", get("PLURK_HTTP"))
-    origins = [f"http://{format_hostport(host, port)}"]
+    origins = []
+    at = "" if port == 80 else f":{port}"     # a browser never sends the default port
+    if not _unspecified(host):
+        origins.append(f"http://{format_hostport(host, port)[:-len(str(port)) - 1]}{at}")
     if is_loopback(host) and host != "localhost":
-        origins.append(f"http://localhost:{port}")
-    return ",".join(origins)
+        origins.append(f"http://localhost{at}")
+    scheme = "https" if _boolean("PLURK_HTTPS", get("PLURK_HTTPS")) else "http"
+    origins += [f"{scheme}://{name}" for name in parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS"))
+                if not name.startswith(".")]
+    return ",".join(dict.fromkeys(origins))
+
+
+def _unspecified(host):
+    """0.0.0.0 or ::, which a listen takes and no browser sends in an Origin."""
+    import ipaddress
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def _text(value):
@@ -527,7 +562,11 @@ VARIABLES = (
              "`http://PLURK_EDGE`, given only to pages opened on a loopback address)"),
     Variable("PLURK_EDGE_ORIGINS", "edge_origins", _origins, _joined, "",
              "comma-separated page origins the edge answers with CORS and credentials (empty: "
-             "`PLURK_HTTP`'s, and its `localhost` name when loopback)", default_of=default_edge_origins),
+             "`PLURK_HTTP`'s, and its `localhost` name when loopback, and each `PLURK_PUBLIC_HOSTS` "
+             "name on the site's scheme)", default_of=default_edge_origins),
+    Variable("PLURK_COOKIE_DOMAIN", "cookie_domain", _cookie_domain, _optional, "",
+             "the poll token cookie's Domain (FASTPOLL `COOKIE_DOMAIN`), so that an edge on another "
+             "host of the site's domain gets it, for example `.example.com` (empty: host-only)"),
     Variable("PLURK_EDGE_MAX_PER_ADDRESS", "edge_max_per_address", _integer(0, 1 << 20), _text, "64",
              "long-polls and streams the edge holds at once per client address, per fastpath worker "
              "(`--edge-max-per-address`; `0`: no cap).  Behind the balancer's TLS edge every "
@@ -616,6 +655,7 @@ class StackConfig:
     edge: tuple                     # (host, port) of fastpath's edge listener, or None
     edge_url: str                   # the URL browsers reach the edge by, or None: derived
     edge_origins: tuple             # page origins the edge answers with CORS
+    cookie_domain: str              # the poll cookie's Domain, or None: host-only
     trusted_proxies: tuple          # networks (text) nginx takes X-Forwarded-* from
     https: bool                     # served over HTTPS: Secure session/CSRF cookies
     hsts_seconds: int               # SECURE_HSTS_SECONDS
@@ -665,6 +705,14 @@ class StackConfig:
         if self.edge and self.edge_url is None and not is_loopback(self.edge[0]):
             raise ConfigError(f"PLURK_EDGE={format_hostport(*self.edge)!r} is not a loopback address: set "
                               f"PLURK_EDGE_URL to the URL browsers reach it by, for example https://poll.example.com")
+        if self.edge and self.https and (self.edge_url or "").startswith("http://"):
+            raise ConfigError(f"PLURK_HTTPS=1 but PLURK_EDGE_URL={self.edge_url!r} is plain http: a page served "
+                              f"over https cannot use it (mixed content, and the Secure poll cookie is not sent); "
+                              f"give the edge's https:// URL")
+        if self.edge and not self.edge_origins:
+            raise ConfigError("PLURK_EDGE_ORIGINS is empty (PLURK_HTTP listens on every address and "
+                              "PLURK_PUBLIC_HOSTS names no host): set it to the origins of the site's pages, "
+                              "for example https://www.example.com")
 
     def check_ports(self):
         seen = {}

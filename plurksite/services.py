@@ -142,6 +142,8 @@ def fastpoll_settings(config):
         # and nginx's per client address (fastpoll.nginx renders limit_conn)
         "MAX_HELD_PER_USER": config.max_held_per_user,
         "NGINX_HELD_PER_ADDRESS": config.held_per_address,
+        # the poll cookie's Domain: an edge on another host of the site's domain gets it
+        "COOKIE_DOMAIN": config.cookie_domain,
     }
     if config.edge:
         values.update({

@@ -190,9 +190,14 @@ def _page(host):
     ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "127.0.0.2:8080", ""),
     ({"EDGE_ADDRESS": "0.0.0.0:8443"}, "127.0.0.1", ""),          # E016: EDGE_URL is required
     ({"EDGE_ADDRESS": "nope"}, "127.0.0.1", ""),
+    # a page whose origin the edge does not answer (CORS) is not sent there
+    ({"EDGE_URL": "https://poll.example.com"}, "evil.example", ""),
+    ({"EDGE_ADDRESS": "127.0.0.1:8003"}, "127.0.0.1:8000", ""),
 ])
 def test_edge_url(fastpoll_settings, settings, edge, host, expected):
-    settings.FASTPOLL = dict(fastpoll_settings, **edge)
+    origins = [f"http://{h}" for h in ("www.example.com", "127.0.0.1", "127.0.0.1:8080", "localhost:8080",
+                                       "[::1]:8080", "testserver", "127.0.0.2:8080")]
+    settings.FASTPOLL = dict(fastpoll_settings, EDGE_ORIGINS=origins, **edge)
     settings.ALLOWED_HOSTS = ["*"]
     assert fastpoll.edge_url(_page(host)) == expected
 

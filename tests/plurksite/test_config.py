@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from plurksite import services
 from plurksite.config import ROOT, VARIABLES, ConfigError, StackConfig, parse_hostport, variables_table
 
 
@@ -398,6 +399,17 @@ def test_an_empty_plurk_edge_runs_no_edge():
     assert "EDGE_ADDRESS" not in services.fastpoll_settings(config)
 
 
+def test_the_default_edge_origins_are_the_sites_public_names_on_its_scheme():
+    config = StackConfig.from_env({"PLURK_PUBLIC_HOSTS": "www.example.com,.example.com", "PLURK_HTTPS": "1",
+                                   "PLURK_HTTP": "0.0.0.0:8080", "PLURK_EDGE": "0.0.0.0:8443",
+                                   "PLURK_EDGE_URL": "https://poll.example.com",
+                                   "PLURK_COOKIE_DOMAIN": ".example.com"})
+    assert config.edge_origins == ("https://www.example.com",)         # a wildcard names no origin
+    assert services.fastpoll_settings(config)["COOKIE_DOMAIN"] == ".example.com"
+    plain = StackConfig.from_env({"PLURK_HTTP": "127.0.0.1:80"})
+    assert plain.edge_origins == ("http://127.0.0.1", "http://localhost")   # never the default port
+
+
 def test_a_public_edge_with_its_url_and_origins():
     from plurksite import services
 
@@ -422,6 +434,23 @@ def test_a_public_edge_with_its_url_and_origins():
     ({"PLURK_EDGE_ORIGINS": "https://www.example.com/"},
      "PLURK_EDGE_ORIGINS: bad --edge-origins entry 'https://www.example.com/': an origin as a browser sends it, "
      "scheme://host[:port] in lower case without a path, e.g. https://www.example.com"),
+    ({"PLURK_EDGE_ORIGINS": "https://www.example.com:443"},
+     "PLURK_EDGE_ORIGINS: bad --edge-origins entry 'https://www.example.com:443': a browser never sends its "
+     "scheme's default port in an Origin, so it would never match; write 'https://www.example.com'"),
+    ({"PLURK_HTTPS": "1", "PLURK_EDGE": "0.0.0.0:8443", "PLURK_EDGE_URL": "http://poll.example.com",
+      "PLURK_PUBLIC_HOSTS": "www.example.com"},
+     "PLURK_HTTPS=1 but PLURK_EDGE_URL='http://poll.example.com' is plain http: a page served over https cannot "
+     "use it (mixed content, and the Secure poll cookie is not sent); give the edge's https:// URL"),
+    ({"PLURK_HTTP": "0.0.0.0:8080", "PLURK_EDGE": "0.0.0.0:8443", "PLURK_EDGE_URL": "https://poll.example.com"},
+     "PLURK_EDGE_ORIGINS is empty (PLURK_HTTP listens on every address and PLURK_PUBLIC_HOSTS names no host): "
+     "set it to the origins of the site's pages, for example https://www.example.com"),
+    ({"PLURK_TRUSTED_PROXIES": "10.0.0.1,0.0.0.0/0"},
+     "PLURK_TRUSTED_PROXIES='10.0.0.1,0.0.0.0/0': '0.0.0.0/0' would trust the forwarded headers of clients "
+     "anywhere (anyone could claim any address and escape the per-address caps); give the balancers' own "
+     "addresses or subnet, for example 10.77.0.10"),
+    ({"PLURK_COOKIE_DOMAIN": ".com"},
+     "PLURK_COOKIE_DOMAIN='.com': expected the site's registrable domain or a parent of it, for example "
+     ".example.com (a browser refuses a cookie for a public suffix such as .com)"),
 ])
 def test_bad_edge_settings_are_one_line_naming_the_variable(env, line):
     with pytest.raises(ConfigError) as info:
