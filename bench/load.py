@@ -488,7 +488,7 @@ def main(argv=None):
                                                        ("PLURK_LOAD_WRITE_WEIGHT", args.write_weight),
                                                        ("PLURK_LOAD_CELEB_WAIT", args.celeb_wait))
                   if value is not None}
-    from plurksite.config import load
+    from plurksite.config import format_hostport, load
 
     stack = None
     config = load()                  # the same PLURK_* the stack runs with (its database)
@@ -506,13 +506,15 @@ def main(argv=None):
                 config = load()
             subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), "migrate", "--noinput", "-v", "0"],
                            check=True, cwd=ROOT)
-            if args.edge:
+            if args.edge and config.edge is None:
+                raise SystemExit("error: --edge needs the stack's edge: PLURK_EDGE is empty")
+            if config.edge:
+                # the stack's own edge (PLURK_EDGE) without its per-address caps: every locust
+                # user connects from 127.0.0.1 (a stack already running keeps its caps)
                 from bench.common import add_fastpath_edge
-                edge = config.edge          # the stack's own (PLURK_EDGE), without its per-address cap
-                if edge is None:
-                    raise SystemExit("error: --edge needs the stack's edge: PLURK_EDGE is empty")
-                add_fastpath_edge(edge)
-                locust_env["PLURK_LOAD_EDGE"] = f"{edge[0]}:{edge[1]}"
+                add_fastpath_edge(config.edge)
+            if args.edge:
+                locust_env["PLURK_LOAD_EDGE"] = format_hostport(*config.edge)
             progress(f"starting the stack at {host}{' with an edge at ' + locust_env['PLURK_LOAD_EDGE'] if args.edge else ''} ...")
             stack = Stack(config).start()
         elif args.database != "config":
