@@ -164,7 +164,7 @@ typedef struct {
      * does not hold is answered so).  0: clients come straight: such an answer tells the client
      * to ask the site once (fp_reply_site), and what fastpath cannot read is refused. */
     uint8_t hands_on;
-    uint8_t per_address;                     /* held connections count per client address */
+    uint8_t per_address;                     /* held and open connections count per client address */
     int (*header_timeout)(const fp_config_t *cfg);  /* a request must arrive within this many s of
                                                        its first byte; NULL: the idle timeout's */
 } fp_kind_t;
