@@ -163,6 +163,10 @@ OPTIONS = (
     Option("--edge-max-per-address", "edge_max_per_address", int, 64,
            "held edge connections (long-polls and streams) per client address, per worker; "
            "beyond it 429 with Retry-After; 0: no cap", 0, 1 << 20, c_field="edge_max_per_address"),
+    Option("--edge-max-conns-per-address", "edge_max_conns_per_address", int, None,
+           "open edge connections per client address (IPv4, IPv6 /64), per worker; beyond it a "
+           "new one is closed at once; 0: no cap; unset: 2 x --edge-max-per-address",
+           0, 1 << 20, c_field="edge_max_conns_per_address"),
     Option("--max-held-per-user", "max_held_per_user", int, 0,
            "held connections (long-polls and streams) per user (the token's uid), per worker, on "
            "both listeners; beyond it 429 with Retry-After; 0: no cap (give one, e.g. 32, when "
@@ -376,6 +380,8 @@ class Options:
     def validate(self):
         """Check every option (ConfigurationError; FastpathError for a secret file that cannot
         be read or a memcached host name that does not resolve) and derive the addresses."""
+        if self.edge_max_conns_per_address is None:
+            self.edge_max_conns_per_address = min(2 * self.edge_max_per_address, 1 << 20)
         for opt in OPTIONS:
             opt.check(getattr(self, opt.attr))
         self.listen_addr = parse_listen(self.listen)

@@ -43,6 +43,7 @@ static int _conn_after_response(fp_conn_t *c);
 static void _conn_readable(fp_conn_t *c);
 static void _object_free(fp_conn_t *c);
 static void _held_put(fp_conn_t *c);
+static size_t _fd_address_key(evutil_socket_t fd, char *buf);
 
 /* ---- answer modes ----------------------------------------------------------------------- *
  *
@@ -162,6 +163,7 @@ void fp_conn_close(fp_conn_t *c)
     fp_wait_remove(&srv->waits, &c->waiter);     /* a held poll's client left */
     fp_wait_remove(&srv->waits, &c->marker_waiter);
     _held_put(c);
+    fp_limit_put(&srv->limits, FP_LIMIT_OPEN, c->open_by);
     if (c->stream_open)
         srv->st->streams--;
     event_del(_ev(c));               /* its memory goes with c's: nothing of it may stay armed */
@@ -222,7 +224,9 @@ static int _conn_unarmed(fp_conn_t *c)
 }
 
 /* Over a kind's cap (or while draining) a connection is closed at once: nginx falls back to
- * Django instead of queueing, and an operator can still read /metrics at the poll cap.  A
+ * Django instead of queueing, and an operator can still read /metrics at the poll cap.  So is
+ * an edge connection beyond --edge-max-conns-per-address from its client's address: one address
+ * trickling heads cannot keep every edge connection busy (docs/contract.md section 10).  A
  * connection whose listener defers accept until data came is read at once: the gets of every
  * connection accepted in this pass leave together, and one that is answered and closed before
  * it ever waits for the client costs no epoll_ctl at all. */
@@ -233,11 +237,21 @@ void fp_conn_open(fp_listener_t *ls, evutil_socket_t fd)
     fp_conn_kind_t kind = (fp_conn_kind_t)ls->kind;
     int read_now = ls->read_on_accept;
     fp_conn_t *c = NULL;
+    fp_limit_entry_t *open_by = NULL;
+    char key[FP_LIMIT_KEY_MAX];
+    size_t key_len;
 
-    if (srv->stopping || srv->n_kind[kind] >= fp_kinds[kind].cap(cfg) || _set_nodelay(ls, fd) != 0 ||
-        (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
+    if (srv->stopping || srv->n_kind[kind] >= fp_kinds[kind].cap(cfg))
+        goto reject;
+    if (fp_kinds[kind].per_address && cfg->edge_max_conns_per_address > 0 &&
+        (key_len = _fd_address_key(fd, key)) > 0 &&
+        (open_by = fp_limit_take(&srv->limits, FP_LIMIT_OPEN, key, key_len,
+                                 (uint32_t)cfg->edge_max_conns_per_address)) == NULL)
+        goto reject;
+    if (_set_nodelay(ls, fd) != 0 || (c = fp_slab_alloc(&srv->conn_slab)) == NULL)
         goto reject;
     c->srv = srv;
+    c->open_by = open_by;
     c->fd = fd;
     c->kind = (uint8_t)kind;
     c->deadline_s = fp_now_s() + cfg->idle_timeout_s;
@@ -260,6 +274,7 @@ void fp_conn_open(fp_listener_t *ls, evutil_socket_t fd)
         _conn_readable(c);           /* arms the event when it must wait for the client */
     return;
 reject:
+    fp_limit_put(&srv->limits, FP_LIMIT_OPEN, open_by);
     close(fd);
     srv->st->conn_rejected++;
 }
@@ -497,7 +512,9 @@ static fp_mode_t _conn_mode_of(const fp_conn_t *c)
  *
  * A poll about to be held or streamed counts, until its answer is out or its connection
  * closes, toward the user's held connections (every listener) and toward its client
- * address's (the edge).  Beyond a cap it is answered 429 at once, never queued. */
+ * address's (the edge).  Beyond a cap it is answered 429 at once, never queued.  (An edge
+ * connection also counts toward its address's open connections from accept to close:
+ * fp_conn_open.) */
 
 static int _address_cap(const fp_config_t *cfg)
 {
@@ -509,15 +526,16 @@ static int _user_cap(const fp_config_t *cfg)
     return cfg->max_held_per_user;
 }
 
-/* The client's address as a key (a family byte, then its bytes; IPv4-mapped IPv6 as IPv4), or
- * 0 on a listener that does not count per address or when it cannot be known. */
-static size_t _address_key(const fp_conn_t *c, char *buf)
+/* The client's address of socket fd as a key (a family byte, then its bytes: IPv4's 4, IPv6's
+ * /64, as one host is often given a whole /64; IPv4-mapped IPv6 as IPv4), or 0 when it cannot
+ * be known (a unix socket, a socketpair). */
+static size_t _fd_address_key(evutil_socket_t fd, char *buf)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
     static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
-    if (!fp_kinds[c->kind].per_address || getpeername(c->fd, (struct sockaddr *)&ss, &len) != 0)
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
         return 0;
     if (ss.ss_family == AF_INET) {
         buf[0] = 4;
@@ -532,10 +550,16 @@ static size_t _address_key(const fp_conn_t *c, char *buf)
             return 5;
         }
         buf[0] = 6;
-        memcpy(buf + 1, a, 16);
-        return 17;
+        memcpy(buf + 1, a, 8);
+        return 9;
     }
     return 0;
+}
+
+/* The client's address as a key, or 0 on a listener that does not count per address. */
+static size_t _address_key(const fp_conn_t *c, char *buf)
+{
+    return fp_kinds[c->kind].per_address ? _fd_address_key(c->fd, buf) : 0;
 }
 
 /* The token's uid (kept in the request by fp_route.c). */
@@ -550,14 +574,14 @@ static const struct {
     const char *refusal;                                 /* the 429's message */
     int (*cap)(const fp_config_t *cfg);                  /* 0: no cap, nothing counted */
     size_t (*key)(const fp_conn_t *c, char *buf);        /* FP_LIMIT_KEY_MAX bytes; 0: not counted */
-} _held_limits[FP_LIMIT_N] = {
+} _held_limits[FP_LIMIT_HELD_N] = {
     [FP_LIMIT_ADDRESS] = {"too many held connections from this address", _address_cap, _address_key},
     [FP_LIMIT_USER] = {"too many held connections for this user", _user_cap, _user_key},
 };
 
 static void _held_put(fp_conn_t *c)
 {
-    for (int i = 0; i < FP_LIMIT_N; i++) {
+    for (int i = 0; i < FP_LIMIT_HELD_N; i++) {
         fp_limit_put(&c->srv->limits, (fp_limit_id_t)i, c->held_by[i]);
         c->held_by[i] = NULL;
     }
@@ -570,7 +594,7 @@ static int _held_take(fp_conn_t *c)
     fp_server_t *srv = c->srv;
     char key[FP_LIMIT_KEY_MAX];
 
-    for (int i = 0; i < FP_LIMIT_N; i++) {
+    for (int i = 0; i < FP_LIMIT_HELD_N; i++) {
         int cap = _held_limits[i].cap(srv->cfg);
         size_t len = cap > 0 ? _held_limits[i].key(c, key) : 0;
         if (len == 0)

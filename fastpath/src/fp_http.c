@@ -229,8 +229,9 @@ static int _on_headers_complete(llhttp_t *p)
         return _http_fail(c, 413, "body too large", NULL);
     c->keep_alive = (uint8_t)llhttp_should_keep_alive(p);
     uint8_t method = llhttp_get_method(p);
-    if (c->is_head)
-        c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts */
+    if (c->is_head && fp_kinds[c->kind].hands_on)
+        c->keep_alive = 0;           /* HEAD goes to Django (404 MISS); no body framing doubts.
+                                        The edge answers it with a GET's head, kept alive alike */
     fp_route(c, method, c->in->data + rq->url.off, rq->url.len);
     c->in_head = 0;                  /* from here on the head's bytes are no longer needed */
     return 0;

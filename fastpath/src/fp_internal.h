@@ -164,7 +164,7 @@ typedef struct {
      * does not hold is answered so).  0: clients come straight: such an answer tells the client
      * to ask the site once (fp_reply_site), and what fastpath cannot read is refused. */
     uint8_t hands_on;
-    uint8_t per_address;                     /* held connections count per client address */
+    uint8_t per_address;                     /* held and open connections count per client address */
     int (*header_timeout)(const fp_config_t *cfg);  /* a request must arrive within this many s of
                                                        its first byte; NULL: the idle timeout's */
 } fp_kind_t;
@@ -227,7 +227,8 @@ typedef struct fp_conn {
         fp_stream_set_t *set;        /* STREAM of several resources (resource FP_RESOURCE_SET):
                                         its parts (fp_stream.c) */
     };
-    fp_limit_entry_t *held_by[FP_LIMIT_N];   /* HOLD, STREAM: what its hold counts in (NULL: none) */
+    fp_limit_entry_t *held_by[FP_LIMIT_HELD_N];   /* HOLD, STREAM: what its hold counts in (NULL: none) */
+    fp_limit_entry_t *open_by;       /* the edge: its address's count of open connections (NULL: none) */
     int64_t hold_until_us;           /* HELD: answered 304 then (STREAM: its next timer) */
     int64_t stream_end_us;           /* STREAM: ended then (--max-stream, jittered) */
     int64_t beat_us;                 /* STREAM: the next heartbeat */
@@ -251,7 +252,8 @@ typedef struct fp_server {
     int n_listeners;
     fp_mc_pool_t mc;                 /* the memcached servers */
     fp_wait_table_t waits;           /* held polls by key */
-    fp_limits_t limits;              /* held connections per client address and per user */
+    fp_limits_t limits;              /* held connections per client address and per user, open
+                                        edge connections per client address */
     fp_notify_t notify;              /* its sources: --notify-dir, --notify-udp */
     uint64_t rng;                    /* xorshift: hold jitter */
     fp_slab_t conn_slab;             /* fp_conn_t, each followed by its struct event */
@@ -323,7 +325,7 @@ int fp_reply_not_modified(const fp_conn_t *c, const char *etag);   /* If-None-Ma
 size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *buf, size_t cap);
 /* Server-Sent Events (docs/contract.md section 9): the head of a stream, and its events, each
  * framed as a chunk when chunked */
-size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap);
+size_t fp_reply_stream_head(fp_conn_t *c, const char *cache, char *buf, size_t cap);
 const char *fp_reply_resource_name(const fp_config_t *cfg, uint8_t resource, size_t *len);
 size_t fp_reply_event_size(const fp_conn_t *c, uint8_t resource, size_t id_len, const char *data, size_t len);
 size_t fp_reply_event(const fp_conn_t *c, uint8_t resource, const char *id, size_t id_len, const char *data,

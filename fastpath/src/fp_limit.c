@@ -11,6 +11,7 @@
 static const char *const _names[FP_LIMIT_N] = {
     [FP_LIMIT_ADDRESS] = "address",
     [FP_LIMIT_USER] = "user",
+    [FP_LIMIT_OPEN] = "open",
 };
 
 const char *fp_limit_name(fp_limit_id_t which)

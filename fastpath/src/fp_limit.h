@@ -1,5 +1,5 @@
-/* Counts per key with a cap: held connections per client address and per user (docs/contract.md
- * section 10).  One small chained hash table per limit, an entry per key that holds at least
+/* Counts per key with a cap: held connections per client address and per user, and open edge
+ * connections per client address (docs/contract.md section 10).  One small chained hash table per limit, an entry per key that holds at least
  * one, freed when its count falls to 0, so that the table's size follows the keys holding now.
  * One worker's: nothing is locked, and a cap is per worker. */
 #ifndef FP_LIMIT_H
@@ -13,6 +13,8 @@
 typedef enum {
     FP_LIMIT_ADDRESS,                /**< held on a client-facing listener, per client address */
     FP_LIMIT_USER,                   /**< held on any listener, per token uid */
+    FP_LIMIT_HELD_N,                 /* the limits of a hold are the ones before this */
+    FP_LIMIT_OPEN = FP_LIMIT_HELD_N, /**< open on a client-facing listener, per client address */
     FP_LIMIT_N
 } fp_limit_id_t;
 
@@ -34,7 +36,7 @@ typedef struct {
     uint64_t refused[FP_LIMIT_N];    /* takes refused at the cap */
 } fp_limits_t;
 
-/* The limit's name, for messages ("address", "user"). */
+/* The limit's name, for messages ("address", "user", "open"). */
 const char *fp_limit_name(fp_limit_id_t which);
 
 /* One more for key (len bytes, 1..FP_LIMIT_KEY_MAX): its entry, to give back with fp_limit_put;

@@ -158,7 +158,7 @@ static void _put_cors(_text_t *h, const fp_conn_t *c)
     PUT_LIT(h, "Access-Control-Allow-Origin: ");
     _put(h, cfg->edge_origins[c->origin - 1], cfg->edge_origin_len[c->origin - 1]);
     PUT_LIT(h, "\r\nAccess-Control-Allow-Credentials: true\r\n"
-               "Access-Control-Expose-Headers: ETag, Preference-Applied, X-Cache\r\n");
+               "Access-Control-Expose-Headers: ETag, Preference-Applied, Retry-After, X-Cache\r\n");
 }
 
 /* A preflight's answer: what an allowed origin's page may send, cached by the browser. */
@@ -233,7 +233,7 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
  * the body's lines split at CRLF, CR or LF as an EventSource splits them, so that the client's
  * data is the body (an empty body is one empty data line: still an event). */
 
-size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap)
+size_t fp_reply_stream_head(fp_conn_t *c, const char *cache, char *buf, size_t cap)
 {
     _text_t h = {buf, 0, cap};
     size_t date_len;
@@ -242,7 +242,9 @@ size_t fp_reply_stream_head(fp_conn_t *c, char *buf, size_t cap)
     PUT_LIT(&h, "HTTP/1.1 200 OK\r\nDate: ");
     _put(&h, date, date_len);
     PUT_LIT(&h, "\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
-                "X-Accel-Buffering: no\r\nX-Cache: HIT\r\n");
+                "X-Accel-Buffering: no\r\nX-Cache: ");
+    _put_str(&h, cache, 8);
+    PUT_LIT(&h, "\r\n");
     _put_cors(&h, c);
     if (c->stream_chunked)
         PUT_LIT(&h, "Transfer-Encoding: chunked\r\n");

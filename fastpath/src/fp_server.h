@@ -33,6 +33,7 @@
     X(int, max_stream_s, 300)         /* longest stream (jittered down by up to 10%) */          \
     X(int, edge_max_connections, 2048) /* the edge listener's open connections per worker */      \
     X(int, edge_max_per_address, 64)  /* held on the edge per client address, per worker; 0: no cap */ \
+    X(int, edge_max_conns_per_address, 128) /* open on the edge per address, per worker; 0: no cap */ \
     X(int, max_held_per_user, 0)      /* held per user (token uid), per worker, both listeners; 0: no cap */ \
     X(int, edge_header_timeout_s, 10) /* an edge request must arrive within this of its first byte */
 

@@ -77,13 +77,13 @@ static int _stream_send(fp_conn_t *c, const char *bytes, size_t n)
 }
 
 /* The edge: a stream that cannot start (a miss, an error, a drain) is a stream of one
- * `event: miss`, then its end: the client asks the site once (which fills the cache), then
- * comes back (docs/contract.md section 10). */
+ * `event: miss`, then its end, with X-Cache: MISS as every miss the edge answers: the client
+ * asks the site once (which fills the cache), then comes back (docs/contract.md section 10). */
 static int _stream_miss(fp_conn_t *c)
 {
     static const char miss_event[] = "event: miss\ndata: \n\n";
     char head[FP_HEAD_CAP], buf[96];
-    size_t head_len = fp_reply_stream_head(c, head, sizeof(head));
+    size_t head_len = fp_reply_stream_head(c, "MISS", head, sizeof(head));
     size_t n = fp_reply_stream_text(c, miss_event, sizeof(miss_event) - 1, buf, sizeof(buf));
 
     if (c->stream_chunked)
@@ -148,7 +148,7 @@ static int _stream_event(fp_conn_t *c, const char *head, size_t head_len, uint8_
 static int _stream_open(fp_conn_t *c, const char *tag, const char *data, size_t len)
 {
     char head[FP_HEAD_CAP];
-    size_t head_len = fp_reply_stream_head(c, head, sizeof(head));
+    size_t head_len = fp_reply_stream_head(c, "HIT", head, sizeof(head));
     int known = fp_reply_not_modified(c, tag);
 
     memcpy(c->inm_tag, tag, FP_ETAG_LEN);
@@ -334,7 +334,7 @@ static int _set_open(fp_conn_t *c, const _part_t *last, const char *data, size_t
 {
     fp_stream_set_t *s = c->set;
     char head[FP_HEAD_CAP], id[SET_ID_MAX], stack[EVENT_STACK], *buf = stack;
-    size_t head_len = fp_reply_stream_head(c, head, sizeof(head)), cap = 0, n = 0, id_len;
+    size_t head_len = fp_reply_stream_head(c, "HIT", head, sizeof(head)), cap = 0, n = 0, id_len;
     int rc;
 
     c->stream_open = 1;

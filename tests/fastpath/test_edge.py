@@ -59,8 +59,9 @@ def request(path="/Poll/getMessages", uid=1, method="GET", headers=(), version="
 class Conn:
     """One raw connection to a port of fastpath: send requests, read whole responses."""
 
-    def __init__(self, port, timeout=SLACK):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port, timeout=SLACK, source="127.0.0.1"):
+        """``source``: the client's address (another 127.0.0.x is another client)."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
         self.reader = Reader(self.sock)
 
     def ask(self, data=None, **kwargs):
@@ -139,20 +140,34 @@ def test_edge_keeps_the_connection_between_polls(fp):
         conn.close()
 
 
-def test_edge_answers_head_without_a_body(fp):
+def _head_lines(raw):
+    """A response head's lines but its Date, in order."""
+    return [line for line in raw.split(b"\r\n") if not line.startswith(b"Date: ")]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_edge_answers_head_without_a_body(fp, version):
     """HEAD is handed to Django on the poll listener; the edge has no Django, so it answers
-    what a GET would get, without the content."""
+    with the head a GET gets (Connection included: the connection is kept alike), without
+    the content."""
+    keep = [("Connection", "keep-alive")] if version == "1.0" else []
     conn = Conn(fp.edge_port)
     try:
-        conn.sock.sendall(request(method="HEAD"))
         conn.sock.settimeout(SLACK)
-        raw = b""
-        while b"\r\n\r\n" not in raw:
-            raw += conn.sock.recv(65536)
-        head, _, rest = raw.partition(b"\r\n\r\n")
+        heads = []
+        for method in ("GET", "HEAD"):
+            conn.sock.sendall(request(method=method, version=version, headers=keep))
+            raw = b""
+            while b"\r\n\r\n" not in raw:
+                raw += conn.sock.recv(65536)
+            head, _, rest = raw.partition(b"\r\n\r\n")
+            assert rest == (b'{"mine":1}' if method == "GET" else b"")
+            heads.append(head)
+        head = heads[1]
         assert head.startswith(b"HTTP/1.1 200 ") and b"Content-Length: 10\r\n" in head
         assert b"ETag: " + etag(b'{"mine":1}').encode() in head
-        assert rest == b"" and conn.closed()
+        assert _head_lines(head) == _head_lines(heads[0]) and b"Connection: close" not in head
+        assert conn.ask(version=version, headers=keep)[2] == b'{"mine":1}'    # still open after it
     finally:
         conn.close()
     conn = Conn(fp.port)
@@ -190,7 +205,7 @@ def test_edge_streams_events(fastpath_factory, memcached, cache):
     try:
         status, headers = s.head()
         assert status == 200 and headers["content-type"] == "text/event-stream"
-        assert headers["vary"] == "Origin"
+        assert headers["vary"] == "Origin" and headers["x-cache"] == "HIT"
         first = s.block()
         assert "event: getMessages" in first and 'data: {"mine":1}' in first
         cache.set(key(1), b'{"mine":"next"}')
@@ -228,10 +243,12 @@ def test_a_miss_on_the_edge_sends_the_client_to_the_site(fp):
 
 
 def test_a_stream_of_a_missing_key_on_the_edge_is_one_miss_event(fp):
+    """... with X-Cache: MISS, as any miss of the edge (a client may read the header only)."""
     s = edge_stream(fp, uid=99)
     try:
         status, headers = s.head()
         assert status == 200 and headers["content-type"] == "text/event-stream"
+        assert headers["x-cache"] == "MISS"
         assert s.block() == "event: miss\ndata: "
         assert s.block() is None     # the end (the last chunk): the client asks the site
     finally:
@@ -298,7 +315,7 @@ def _metrics(fp):
 def _assert_cors(headers, origin=SITE):
     assert headers["access-control-allow-origin"] == origin
     assert headers["access-control-allow-credentials"] == "true"
-    assert headers["access-control-expose-headers"] == "ETag, Preference-Applied, X-Cache"
+    assert headers["access-control-expose-headers"] == "ETag, Preference-Applied, Retry-After, X-Cache"
     assert headers["vary"] == "Origin"
 
 
@@ -439,6 +456,21 @@ def test_held_connections_per_user_are_capped_on_both_listeners(fastpath_factory
             conn.close()
 
 
+def test_a_page_can_read_the_back_off_of_a_429(fastpath_factory, memcached, cache):
+    """A 429's Retry-After is among the headers CORS lets the page's script read."""
+    fp = start(fastpath_factory, memcached, "--max-held-per-user", "1")
+    conn = _hold(fp.edge_port, 1)
+    try:
+        held(fp, 1)
+        status, headers, _ = edge(fp, uid=1, headers=[("If-None-Match", etag(b'{"mine":1}')),
+                                                      ("Prefer", "wait=50"), ("Origin", SITE)])
+        assert (status, headers["retry-after"]) == (429, "5")
+        _assert_cors(headers)
+        assert "Retry-After" in headers["access-control-expose-headers"].split(", ")
+    finally:
+        conn.close()
+
+
 def test_an_answered_hold_no_longer_counts(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--max-held-per-user", "1", "--reread-interval", "1")
     conn = _hold(fp.edge_port, 1)
@@ -487,6 +519,59 @@ def test_edge_connections_are_capped(fastpath_factory, memcached, cache):
         assert conns[0].ask()[0] == 200
         assert poll(fp)[0] == 200                             # the poll listener has its own cap
         assert metric(fp, "fastpath_connections_rejected_total") == 2
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_one_address_cannot_take_every_edge_connection(fastpath_factory, memcached, cache):
+    """An address that opens connections and trickles heads (each cut by --edge-header-timeout,
+    then opened again) keeps at most --edge-max-conns-per-address of them: beyond it a new one
+    is closed at once, and a client from another address still gets an edge connection."""
+    fp = start(fastpath_factory, memcached, "--edge-max-connections", "8", "--edge-max-conns-per-address", "3")
+    time.sleep(0.3)                                           # the readiness probe's slot is free
+    attacker = []
+    try:
+        for _ in range(8):                                    # as many as the edge has
+            attacker.append(Conn(fp.edge_port))
+            attacker[-1].sock.sendall(b"GET /Poll/getMessages HTTP/1.1\r\nHo")    # a head begun
+        assert all(conn.closed() for conn in attacker[3:])   # beyond the cap: closed at once
+        for conn in attacker[:3]:                             # the first ones are still open
+            with pytest.raises(TimeoutError):
+                conn.closed(timeout=0.3)
+        assert metric(fp, "fastpath_connections_rejected_total") == 5
+        for source in ("127.0.0.2", "127.0.0.3"):             # other clients: answered, kept
+            victim = Conn(fp.edge_port, source=source)
+            attacker.append(victim)
+            assert victim.ask()[:3:2] == (200, b'{"mine":1}')
+        assert attacker[-2].ask(uid=2)[2] == b'{"mine":2}'
+        attacker[0].close()                                   # one of the address's leaves ...
+        deadline = time.monotonic() + SLACK
+        while True:                                           # ... and it may open one again
+            conn = Conn(fp.edge_port)
+            attacker.append(conn)
+            try:
+                if conn.ask()[0] == 200:
+                    break
+            except ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "the address's slot was never given back"
+            time.sleep(0.05)
+    finally:
+        for conn in attacker:
+            conn.close()
+
+
+def test_edge_connections_per_address_are_not_capped_with_0(fastpath_factory, memcached, cache):
+    """0 (as behind a balancer, where every connection has the balancer's address): no cap."""
+    fp = start(fastpath_factory, memcached, "--edge-max-per-address", "0", "--edge-max-connections", "8")
+    time.sleep(0.3)
+    conns = []
+    try:
+        for _ in range(8):
+            conns.append(Conn(fp.edge_port))
+            assert conns[-1].ask()[0] == 200
+        assert metric(fp, "fastpath_connections_rejected_total") == 0
     finally:
         for conn in conns:
             conn.close()

@@ -35,6 +35,24 @@ SAMPLES = {
 }
 
 
+# the C options whose default (None in the table) validate() derives from another option's value
+DERIVED = {
+    "edge_max_conns_per_address": lambda opts: min(2 * opts.edge_max_per_address, 1 << 20),
+}
+
+
+def _c_default(opt, opts):
+    """What C gets for ``opt`` when it is not given, the other options being ``opts``'s."""
+    return DERIVED[opt.attr](opts) if opt.default is None else opt.default
+
+
+def test_derived_defaults_follow_their_option_and_yield_to_a_value_given():
+    assert Options(secret=SECRET).validate().edge_max_conns_per_address == 128
+    assert Options(secret=SECRET, edge_max_per_address=0).validate().edge_max_conns_per_address == 0
+    assert Options(secret=SECRET, edge_max_per_address=5,
+                   edge_max_conns_per_address=3).validate().edge_max_conns_per_address == 3
+
+
 def _sample(opt):
     """A valid value of ``opt`` that is not its default."""
     if opt.attr in SAMPLES:
@@ -60,8 +78,9 @@ def test_c_config_fields_are_the_tables():
 
 @pytest.mark.parametrize("opt", C_OPTIONS, ids=lambda opt: opt.flag)
 def test_c_defaults_are_the_tables(opt):
-    """fp_config_defaults (what the fuzz targets run with) and the CLI agree on every default."""
-    assert _server._testhelper_config()[opt.c_field] == opt.default
+    """fp_config_defaults (what the fuzz targets run with) and the CLI agree on every default
+    (one derived from another option, default None in the table, as validate() derives it)."""
+    assert _server._testhelper_config()[opt.c_field] == _c_default(opt, Options())
 
 
 def test_defaults_nginx_forwards_are_accepted():
@@ -109,7 +128,7 @@ def test_every_option_round_trips_from_the_command_line_to_c(opt):
     opts.secret = SECRET
     config = _server._testhelper_config(opts.validate(), 3 if opt.attr == "workers" else 0)
     for c_opt in C_OPTIONS:
-        assert config[c_opt.c_field] == (value if c_opt is opt else c_opt.default), c_opt.c_field
+        assert config[c_opt.c_field] == (value if c_opt is opt else _c_default(c_opt, opts)), c_opt.c_field
     # the options that stay in Python, where C sees them
     assert config["node_names"] == opts.node_names and config["node_addrs"] == opts.node_addrs
     assert config["resources"] == list(opts.resources)
