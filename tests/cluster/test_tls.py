@@ -144,4 +144,4 @@ def test_tls_1_1_is_refused_and_1_3_answers(cluster):
     old = offer("-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0")
     assert old.returncode != 0 and "Cipher is (NONE)" in old.stdout, old.stdout + old.stderr
     new = offer("-tls1_3")
-    assert new.returncode == 0 and "Protocol  : TLSv1.3" in new.stdout and "Verify return code: 0 (ok)" in new.stdout
+    assert new.returncode == 0 and "TLSv1.3" in new.stdout.split("Verify return code")[0] and "Verify return code: 0 (ok)" in new.stdout

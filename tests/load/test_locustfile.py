@@ -228,9 +228,11 @@ def test_messages_behind_their_count_are_asked_for_again_not_held_over(tmp_path)
 def test_plain_locust_run_against_the_stack_reports_delivery(stack, tmp_path, mode):
     """No setup file, no --host: users sign up at PLURK_HTTP, follow each other, post and poll;
     locust prints its own delivery line (nothing lost) and exits 0."""
+    edge = stack.config.edge          # the stack's, not PLURK_EDGE's default port
     proc, out = _plain_locust(tmp_path, f"{stack.config.http[0]}:{stack.config.http[1]}",
                               "-u", "6", "-r", "3", "-t", "15s", "--poll-mode", mode,
-                              env={"PLURK_LOAD_POLL_WAIT": "1", "PLURK_LOAD_WRITE_WEIGHT": "6"})
+                              env={"PLURK_LOAD_POLL_WAIT": "1", "PLURK_LOAD_WRITE_WEIGHT": "6",
+                                   "PLURK_EDGE": f"{edge[0]}:{edge[1]}" if edge else ""})
     assert proc.returncode == 0, out[-3000:]
     stats = {(r["Type"], r["Name"]): r for r in _csv(tmp_path, "stats")}
     assert int(stats[("POST", "/api/signup")]["Request Count"]) == 6, stats.keys()
