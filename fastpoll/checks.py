@@ -260,6 +260,7 @@ _EDGE_EXAMPLES = {
     "EDGE_ORIGINS": "['https://www.example.com']",
     "EDGE_MAX_CONNECTIONS": "2048 (1 to 1048576)",
     "EDGE_MAX_PER_ADDRESS": "64 (0: no cap)",
+    "EDGE_MAX_CONNS_PER_ADDRESS": "None (twice EDGE_MAX_PER_ADDRESS) or 128 (0: no cap)",
     "MAX_HELD_PER_USER": "32 (0: no cap)",
     "EDGE_HEADER_TIMEOUT": "10 (seconds, 1 to 3600)",
 }

@@ -94,6 +94,7 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
         "edge_origins": _edge_origins(config),
         "edge_max_connections": config["EDGE_MAX_CONNECTIONS"],
         "edge_max_per_address": config["EDGE_MAX_PER_ADDRESS"],
+        "edge_max_conns_per_address": config["EDGE_MAX_CONNS_PER_ADDRESS"],
         "edge_header_timeout": config["EDGE_HEADER_TIMEOUT"],
         "max_held_per_user": config["MAX_HELD_PER_USER"],
     }
@@ -119,9 +120,11 @@ SETTING_OF_OPTION = {"listen": "FASTPATH_ADDRESS", "admin": "FASTPATH_ADMIN", "m
                      "notify_dir": "NOTIFY_DIRS", "cookie_name": "COOKIE_NAME", "path_prefix": "PATH_PREFIX",
                      "key_prefix": "KEY_PREFIX", "edge": "EDGE_ADDRESS", "edge_origins": "EDGE_ORIGINS",
                      "edge_max_connections": "EDGE_MAX_CONNECTIONS", "edge_max_per_address": "EDGE_MAX_PER_ADDRESS",
+                     "edge_max_conns_per_address": "EDGE_MAX_CONNS_PER_ADDRESS",
                      "edge_header_timeout": "EDGE_HEADER_TIMEOUT", "max_held_per_user": "MAX_HELD_PER_USER"}
 #: options that mean nothing without --edge: checked always, rendered only with it
-EDGE_ONLY = ("edge_origins", "edge_max_connections", "edge_max_per_address", "edge_header_timeout")
+EDGE_ONLY = ("edge_origins", "edge_max_connections", "edge_max_per_address", "edge_max_conns_per_address",
+             "edge_header_timeout")
 
 
 def _check_option(opt, value):

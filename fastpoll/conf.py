@@ -109,6 +109,9 @@ DEFAULTS = {
     "EDGE_MAX_CONNECTIONS": 2048,
     # long-polls and streams held per client address on the edge, per worker (--edge-max-per-address; 0: no cap).
     "EDGE_MAX_PER_ADDRESS": 64,
+    # open edge connections per client address, per worker, held or not (--edge-max-conns-per-address):
+    # None is fastpath's default, twice EDGE_MAX_PER_ADDRESS (so 0 there turns this off too); 0: no cap.
+    "EDGE_MAX_CONNS_PER_ADDRESS": None,
     # long-polls and streams held per user, per worker, on both listeners (--max-held-per-user;
     # 0: no cap).  Give one (32) when the edge faces the internet (fastpoll.W005).
     "MAX_HELD_PER_USER": 0,
@@ -121,7 +124,7 @@ DEFAULTS = {
 
 #: the EDGE_* settings (and MAX_HELD_PER_USER, the per-user cap it comes with): fastpoll.E016
 EDGE_SETTINGS = ("EDGE_ADDRESS", "EDGE_URL", "EDGE_ORIGINS", "EDGE_MAX_CONNECTIONS", "EDGE_MAX_PER_ADDRESS",
-                 "MAX_HELD_PER_USER", "EDGE_HEADER_TIMEOUT")
+                 "EDGE_MAX_CONNS_PER_ADDRESS", "MAX_HELD_PER_USER", "EDGE_HEADER_TIMEOUT")
 
 #: a PATH_PREFIX fastpath can take (fastpath/options.py) and nginx can route: "/", one or more
 #: segments, "/" again.  "/" alone would send every request of the site to fastpath, which

@@ -67,6 +67,8 @@ def test_the_edge_settings_become_fastpaths_flags(fastpoll_settings, settings):
     assert (opts.edge_max_connections, opts.edge_max_per_address, opts.max_held_per_user,
             opts.edge_header_timeout) == (4096, 16, 32, 5)
     assert "https://poll.example.com" not in argv           # the URL is the page's, not fastpath's
+    assert opts.edge_max_conns_per_address == 32             # unset: fastpath's twice the held cap
+    assert parse(argv_of(settings, **PUBLIC_EDGE, EDGE_MAX_CONNS_PER_ADDRESS=100)).edge_max_conns_per_address == 100
 
 
 def test_a_loopback_edge_needs_no_url_and_the_per_user_cap_goes_alone(fastpoll_settings, settings):
