@@ -182,6 +182,15 @@ def edge_error(config=None):
         return f"FASTPOLL['EDGE_ADDRESS']: fastpath {exc}"
     except (nginx.RenderError, TypeError):
         return None                    # FASTPATH_ADDRESS / FASTPATH_ADMIN: their own line says it
+    django = config.get("DJANGO_UPSTREAM")
+    try:
+        django_addr = parse_address(django, "DJANGO_UPSTREAM") if isinstance(django, str) else None
+    except ConfigurationError:
+        django_addr = None             # an upstream name or a unix socket: no port to share
+    if django_addr is not None and django_addr[1] == edge_addr[1] and \
+            (django_addr[0] == edge_addr[0] or edge_addr[0] in ("0.0.0.0", "::")):
+        return (f"FASTPOLL['EDGE_ADDRESS'] = {edge!r} is where nginx sends Django's requests "
+                f"(DJANGO_UPSTREAM {django!r}): give the edge a port of its own")
     return None
 
 

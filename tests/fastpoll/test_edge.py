@@ -98,6 +98,11 @@ EDGE_BAD = [
     ({"EDGE_ADDRESS": "127.0.0.1:8001", "EDGE_ORIGINS": [SITE]},
      "FASTPOLL['EDGE_ADDRESS']: fastpath --edge 127.0.0.1:8001 is the address of --listen 127.0.0.1:8001; give "
      "--edge another port"),
+    ({"EDGE_ADDRESS": "127.0.0.1:8000", "EDGE_ORIGINS": [SITE], "DJANGO_UPSTREAM": "127.0.0.1:8000"},
+     "FASTPOLL['EDGE_ADDRESS'] = '127.0.0.1:8000' is where nginx sends Django's requests (DJANGO_UPSTREAM "
+     "'127.0.0.1:8000'): give the edge a port of its own"),
+    ({"EDGE_MAX_CONNS_PER_ADDRESS": -1},
+     "FASTPOLL['EDGE_MAX_CONNS_PER_ADDRESS']: fastpath --edge-max-conns-per-address must be in 0..1048576, got -1"),
     ({"EDGE_ORIGINS": SITE},
      "FASTPOLL['EDGE_ORIGINS'] must be a list of origins such as ['https://www.example.com'], got "
      "'https://www.example.com'"),
