@@ -33,6 +33,7 @@ void fp_slab_init(fp_slab_t *s, size_t size, size_t chunk_bytes)
     s->chunk_bytes = (chunk_bytes + page - 1) / page * page;
 }
 
+#ifndef FP_SLAB_USE_MALLOC      /* the sanitizer builds allocate each object (above) */
 static int _grow(fp_slab_t *s)
 {
     void *m = mmap(NULL, s->chunk_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -46,6 +47,7 @@ static int _grow(fp_slab_t *s)
     s->end = (char *)m + s->chunk_bytes;
     return 0;
 }
+#endif
 
 void *fp_slab_alloc(fp_slab_t *s)
 {
