@@ -76,6 +76,7 @@ void fp_slab_free(fp_slab_t *s, void *p)
     if (p == NULL)
         return;
 #ifdef FP_SLAB_USE_MALLOC
+    (void)s;
     free(p);
 #else
     memcpy(p, &s->free, sizeof(void *));
