@@ -227,6 +227,7 @@ def tls_context(config):
             "certificate": tls[0],
             "certificate_key": tls[1],
             "https_port_suffix": "" if port == 443 else f":{port}",
+            "acme_root": os.path.join(config.var_dir, "acme"),
         }, BALANCER_TLS_TEMPLATE)
     return fastpoll_nginx.indent(text)
 
@@ -296,8 +297,19 @@ def render_edge_stream(config):
         }, BALANCER_EDGE_TEMPLATE).rstrip("\n")
 
 
+def site_host_map(config):
+    """The balancer's map of the site's names ($plurk_site_host: 1 for one of them)."""
+    if config.debug:
+        return "# PLURK_DEBUG: every Host is the site's\nmap $host $plurk_site_host { default 1; }"
+    hosts = config.site_hosts       # ".localhost" is localhost and its subdomains for nginx too
+    names = " ".join(f"{_nginx_host(h)} 1;" for h in hosts if "." + h not in hosts)
+    return f"map $host $plurk_site_host {{ hostnames; default 0; {names} }}"
+
+
 def balancer_context(config):
     return {
+        "site_host_map": site_host_map(config),
+        "host_check": ("    if ($plurk_site_host = 0) {\n        return 444;\n    }"),
         "tls": tls_context(config),
         "probe_key": probe_key(config),
         "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "

@@ -178,3 +178,34 @@ def test_the_certificate_is_made_once_and_again_when_it_no_longer_fits(tmp_path,
     assert open(key).read() != made[1]
     assert subprocess.run(["openssl", "verify", "-CAfile", os.path.join(ca, "ca.crt"), chain],
                           capture_output=True).returncode == 0
+
+
+def test_plain_http_serves_only_an_acme_challenge_from_the_var_dir(balancer):
+    config, port = balancer
+    root = os.path.join(config.var_dir, "acme", ".well-known", "acme-challenge")
+    os.makedirs(root, exist_ok=True)
+    path = os.path.abspath(config.var_dir)          # nginx's workers (nobody, as root) read the token
+    while path not in ("/", "/tmp"):
+        os.chmod(path, os.stat(path).st_mode | 0o001)
+        path = os.path.dirname(path)
+    for d in ("acme", "acme/.well-known", "acme/.well-known/acme-challenge"):
+        os.chmod(os.path.join(config.var_dir, d), 0o755)
+    with open(os.path.join(root, "tok3n"), "w") as fh:
+        fh.write("tok3n.key-authorization")
+    os.chmod(os.path.join(root, "tok3n"), 0o644)
+    got = requests.get(f"{config.base_url}/.well-known/acme-challenge/tok3n", allow_redirects=False, timeout=10)
+    assert (got.status_code, got.text) == (200, "tok3n.key-authorization")
+    other = requests.get(f"{config.base_url}/.well-known/other", allow_redirects=False, timeout=10)
+    assert other.status_code == 301
+
+
+def test_tls_1_3_offers_no_finite_field_groups(balancer, ca):
+    """ffdhe2048-8192 cost the server ~100 ms of CPU a handshake: elliptic curves only."""
+    _, port = balancer
+    def offer(groups):
+        return subprocess.run(["openssl", "s_client", "-connect", f"{HOST}:{port}", "-tls1_3", "-groups", groups,
+                               "-CAfile", os.path.join(ca, "ca.crt")], input="", capture_output=True, text=True,
+                              timeout=30)
+    assert offer("ffdhe2048").returncode != 0
+    assert offer("X25519").returncode == 0
+

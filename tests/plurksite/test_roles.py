@@ -184,6 +184,23 @@ def test_the_balancer_passes_requests_whole(tmp_path):
     assert len(get["X-Request-ID"]) == 32 and get["X-Request-ID"] != post["X-Request-ID"]   # made here
 
 
+def test_the_balancer_closes_another_host_itself_and_keeps_its_web_hosts(tmp_path):
+    """A Host that is not the site's is closed here (444): passed on, the web host would close it
+    and the balancer would count that as the web host failing (max_fails=1), out for 5 s."""
+    class Web(_Recorder):
+        seen = []
+    hosts = _web_addresses(1)
+    config = _balancer_config(tmp_path, [f"{h}:{p}" for h, p in hosts])
+    with nginx_in_front_of(config, {hosts[0]: Web}):
+        for host in ("evil.example", "127.0.0.10.evil.example"):
+            with pytest.raises(requests.ConnectionError):
+                requests.get(config.base_url + "/Poll/getUnreadCount", headers={"Host": host}, timeout=10)
+        assert Web.seen == []
+        for _ in range(3):               # the web host was never marked failed
+            assert requests.get(config.base_url + "/api/timeline", timeout=10).status_code == 200
+    assert len(Web.seen) == 3
+
+
 def test_only_the_runners_probe_writes_the_balancers_probe_log(tmp_path):
     class Web(_Recorder):
         seen = []
