@@ -309,7 +309,7 @@ def site_host_map(config):
 def balancer_context(config):
     return {
         "site_host_map": site_host_map(config),
-        "host_check": ("    if ($plurk_site_host = 0) {\n        return 444;\n    }"),
+        "host_check": ("        if ($plurk_site_host = 0) {\n            return 444;\n        }"),
         "tls": tls_context(config),
         "probe_key": probe_key(config),
         "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "

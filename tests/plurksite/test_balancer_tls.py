@@ -209,3 +209,9 @@ def test_tls_1_3_offers_no_finite_field_groups(balancer, ca):
     assert offer("ffdhe2048").returncode != 0
     assert offer("X25519").returncode == 0
 
+
+
+def test_another_host_is_closed_not_redirected_to_its_name(balancer):
+    config, _ = balancer
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{config.base_url}/x", headers={"Host": "evil.example"}, allow_redirects=False, timeout=10)
