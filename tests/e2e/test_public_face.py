@@ -189,14 +189,16 @@ def _rotated_and_logging(stack):
         raise AssertionError("nginx-access.log was never rotated")
     time.sleep(1.5)               # the runner's check, nginx's reopen and its buffer's flush
     assert os.path.getsize(access + ".1") >= LOG_KB * 1024
-    marker = uuid.uuid4().hex
-    _request(stack, "GET", f"/Poll/getUnreadCount?after={marker}")
-    deadline = time.monotonic() + 5
+    # a worker reopens at its next turn of the event loop: a request it served before that goes
+    # to the old file (with its buffer; CI failed so once), so ask until one lands in the new file
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
+        marker = uuid.uuid4().hex
+        _request(stack, "GET", f"/Poll/getUnreadCount?after={marker}")
+        time.sleep(1.2)           # the access log's flush=1s
         with open(access) as fh:
             if marker in fh.read():
                 return
-        time.sleep(0.2)
     where = [n for n in os.listdir(stack.config.log_dir())
              if marker in open(os.path.join(stack.config.log_dir(), n), errors="replace").read()]
     raise AssertionError(f"after the rotation nginx logged into {where}, not the new nginx-access.log")
