@@ -35,9 +35,9 @@ how many refused, and how long the burst took.
    each (a single round moved by +-30% on this shared machine).  The CPU seconds of every
    process meanwhile come with each round.  Then the push layer alone (--delivery-rounds): the
    same held followers, a new answer stored under each held key by a child process with the
-   stack's configuration and one notice sent, as plurkcore's writer does after its stores, with
-   nothing read from the database; against nchan again.  The fan-out's excess over it is the
-   writer's share.
+   stack's configuration (before the clock starts), then one notice sent, as plurkcore's writer
+   does after its stores (the clock runs from it), with nothing read from the database; against
+   nchan again.  The fan-out's excess over it is the writer's share.
 3. the locust simulation (bench/load.py) at equal users in long-poll and short-poll mode:
    delivery latency (p50, p95, p99 of the deliveries the judge checks; locust's own histogram's
    p99 beside it), losses, requests per second.
@@ -599,15 +599,17 @@ def held_nchan(proc, port, count, mode="nchan-longpoll"):
                  lambda: _nchan_subscribers(port), {"nchan nginx": proc.pid})
 
 
-def _fanout(clients, held_gauge, count, publish, held_name, trees):
-    """Hold count requests, ``publish()`` once (it returns a status), time the answers: from
-    before the publish to the first and the last answer; and the CPU seconds each process tree
+def _fanout(clients, held_gauge, count, publish, held_name, trees, prepare=None):
+    """Hold count requests, ``prepare()`` if given (not timed), ``publish()`` once (it returns a
+    status), time the answers: from before the publish to the first and the last answer; and the CPU seconds each process tree
     of ``trees`` ({name: pid}) and the client processes used from before the publish until every
     answer was read (the cores are shared: the last answer cannot come before all of that work
     is done)."""
     try:
         held = _wait_gauge(held_gauge, count, 60 + count / 200)
         time.sleep(1.0)
+        if prepare:
+            prepare()
         early = clients.status()["answered"]
         pids = {k: _tree(p) for k, p in trees.items()}
         pids["client"] = [p.pid for p, _ in clients.procs]
@@ -711,10 +713,10 @@ def run_fanouts(path, fans, nchan_pid, nchan_port, count, rounds, var, modes):
 def _delivery_child(accounts_path):
     """``--delivery-child``, run with the stack's environment: the getUnreadCount keys of the
     followers in ``accounts_path`` (every account but the first) are looked up and "ready" is
-    printed; then, per line "go VALUE", VALUE is stored under every key (``set``, pipelined per
-    server) and one notice of them all is sent, as plurkcore's writer sends after its stores,
-    and a JSON line is printed: keys stored, keys not stored, and the notice's datagrams sent
-    and dropped by cause (``notify.stats``)."""
+    printed; then, per line "store VALUE", VALUE is stored under every key (``set``, pipelined
+    per server) and a JSON line is printed (keys stored, keys not stored); per line "notify",
+    one notice of them all is sent, as plurkcore's writer sends after its stores, and a JSON
+    line is printed: the notice's datagrams sent and dropped by cause (``notify.stats``)."""
     import django
     django.setup()
     from django.contrib.auth import get_user_model
@@ -732,15 +734,18 @@ def _delivery_child(accounts_path):
     cache, notifier = get_cache(), notify.get_backend()
     print("ready", len(key_list), flush=True)
     for line in sys.stdin:
-        value = line.split(None, 1)[1].strip().encode()
-        pending = [cache.request_stores(node, [(b"set", key, value, None) for key in node_keys], HOLD_S)
-                   for node, node_keys in cache.group(key_list).items()]
-        failed = sum(reply != b"STORED" for p in pending for reply in p.result().values())
+        if line.startswith("store "):
+            value = line.split(None, 1)[1].strip().encode()
+            pending = [cache.request_stores(node, [(b"set", key, value, None) for key in node_keys], HOLD_S)
+                       for node, node_keys in cache.group(key_list).items()]
+            failed = sum(reply != b"STORED" for p in pending for reply in p.result().values())
+            print(json.dumps({"stored": len(key_list) - failed, "failed": failed}), flush=True)
+            continue
         before = dict(notify.stats)
         notifier.send(key_list)
         # datagrams sent, and those dropped (a full queue: their keys wait for a gap or the re-read)
         sent = {k: notify.stats[k] - before[k] for k in ("datagrams", "full", "missing", "refused", "errors")}
-        print(json.dumps({"stored": len(key_list) - failed, "failed": failed, "notices": sent}), flush=True)
+        print(json.dumps({"notices": sent}), flush=True)
     return 0
 
 
@@ -748,10 +753,11 @@ def run_deliveries(path, fans, nchan_pid, nchan_port, count, rounds, var, modes)
     """The push layer alone, against nchan: ``rounds`` times, for each mode, the followers of
     ``fans`` hold the ETag of their current answer, then a child process with the stack's
     configuration (Django loaded before the clock starts) stores a new answer under every held
-    key and sends one notice, with nothing read from the database or computed: what fastpath
-    (and nginx) take to answer F held followers once memcached holds their new answers, beside
-    nchan's publish to as many subscribers (alternated).  The difference to :func:`run_fanouts`
-    is the writer's share."""
+    key, then (the clock starts here: the stores are the writer's share) sends one notice, with
+    nothing read from the database or computed: what fastpath (and nginx) take to answer F held
+    followers once memcached holds their new answers, beside nchan's publish to as many
+    subscribers (alternated; its POST stores the message and broadcasts, both timed).  The
+    difference to :func:`run_fanouts` is the writer's share."""
     config = path.config
     accounts = os.path.join(var, "delivery.json")
     with open(accounts, "w") as fh:
@@ -766,20 +772,25 @@ def run_deliveries(path, fans, nchan_pid, nchan_port, count, rounds, var, modes)
         if not ready.startswith("ready"):
             raise SystemExit(f"error: the delivery child did not start (it said {ready!r}); see its stderr above")
 
-        def publish(value):
-            child.stdin.write(f"go {value}\n")
+        def store(value):
+            child.stdin.write(f"store {value}\n")
             child.stdin.flush()
             said = json.loads(child.stdout.readline())
-            publish.notices = said["notices"]
-            return "stored" if not said["failed"] else f"{said['failed']} not stored"
+            publish.stored = "stored" if not said["failed"] else f"{said['failed']} not stored"
+
+        def publish():
+            child.stdin.write("notify\n")
+            child.stdin.flush()
+            publish.notices = json.loads(child.stdout.readline())["notices"]
+            return publish.stored
 
         for r in range(rounds):
             for mode in [m for m in modes if m in STACK_MODES]:
                 tag = _etag(config, fans[1]["token"])
                 value = json.dumps({"count": next(values)})
                 run = _fanout(path.clients(mode, path.requests(mode, [(a["token"], tag) for a in fans[1:count + 1]])),
-                              path.gauge(mode), count, lambda: publish(value), "followers_held",
-                              _stack_trees(path.stack, mode))
+                              path.gauge(mode), count, publish, "followers_held",
+                              _stack_trees(path.stack, mode), prepare=lambda: store(value))
                 run["notices"] = publish.notices
                 runs[mode].append(run)
                 progress(f"delivery round {r + 1}: {mode} {run['last_answer_s']} s ({run['post_status']}, "
