@@ -175,6 +175,22 @@ static int _on_header_field(llhttp_t *p, const char *at, size_t len)
     return 0;
 }
 
+/* RFC 9112 5.1: whitespace between a field name and its colon MUST be refused with 400 (llhttp
+ * takes a space as part of the name).  Two readers could disagree on whose header it is: nginx
+ * drops such a line, another server might read "Authorization".  The name ends at the colon
+ * llhttp has just read, still in the buffer. */
+static int _on_header_field_complete(llhttp_t *p)
+{
+    fp_conn_t *c = p->data;
+    fp_request_t *rq = &c->in->req;
+    if (!c->in_head || rq->field.len == 0)
+        return 0;
+    const char *end = c->in->data + rq->field.off + rq->field.len;
+    if (end[-1] == ' ' || end[-1] == '\t' || (end < c->in->data + c->in->len && *end != ':'))
+        return _unreadable(c, 400, "whitespace before a header's colon");
+    return 0;
+}
+
 /* Obsolete line folding (RFC 9112 5.2): llhttp takes a line that starts with SP or HT as more
  * of the previous header's value and hands it on as another piece of that value, which we would
  * misread.  nginx and gunicorn refuse it, and so do we.  A piece of a value begins after the
@@ -262,6 +278,7 @@ void fp_http_settings_init(llhttp_settings_t *s)
     s->on_message_begin = _on_message_begin;
     s->on_url = _on_url;
     s->on_header_field = _on_header_field;
+    s->on_header_field_complete = _on_header_field_complete;
     s->on_header_value = _on_header_value;
     s->on_header_value_complete = _on_header_value_complete;
     s->on_headers_complete = _on_headers_complete;

@@ -654,7 +654,12 @@ def hostile(fastpath_factory, memcached, cache):
     (b"GET /Poll/getMessages HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n" + _H
      + b"\r\n0\r\n\r\n", 400),
     (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
-], ids=["binary", "http-9.9", "long-uri", "obs-fold", "control-byte", "bare-lf", "cl-and-chunked", "http2"])
+    # RFC 9112 5.1: whitespace between a field name and its colon MUST be refused with 400
+    # (a proxy that reads "Authorization" and one that reads "Authorization " disagree on who asks)
+    (b"GET /Poll/getMessages HTTP/1.1\r\nAuthorization : Bearer x\r\n" + _H + b"\r\n", 400),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nCookie\t: plurk_token=x\r\n" + _H + b"\r\n", 400),
+], ids=["binary", "http-9.9", "long-uri", "obs-fold", "control-byte", "bare-lf", "cl-and-chunked", "http2",
+        "space-before-colon", "tab-before-colon"])
 def test_malformed_requests_on_the_edge_are_refused_then_closed(hostile, data, status):
     got, headers, body = _parse(_raw(hostile.edge_port, data))
     assert got == status and headers["connection"] == "close" and "x-cache" not in headers
