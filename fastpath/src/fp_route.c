@@ -63,6 +63,10 @@ static void _decide(fp_conn_t *c, int code, const char *message, const char *cac
     rq->answer_cache = cache;
 }
 
+/* A poll's path percent-decoded is read from a buffer of this size on the stack: a longer one
+ * (with an escape) is no poll of fastpath's. */
+#define FP_DECODED_PATH_MAX 256
+
 /* What a poll's URL names: a user resource, or a per-object resource and its object. */
 typedef struct {
     const char *res, *obj;           /* obj NULL: a user poll */
@@ -137,6 +141,49 @@ static int _find_target(const fp_config_t *cfg, const char *url, size_t url_len,
         return -1;
     return _find_name(cfg->object_resources, cfg->object_resource_len, cfg->n_object_resources, t->res,
                       t->res_len) < 0 ? -1 : 0;
+}
+
+static int _hex_digit(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch = (char)(ch | 0x20);
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* As _find_target, on a path that Django and nginx read percent-decoded ("/Poll/a%2Cb" is
+ * "/Poll/a,b" to both): the path, without its query, is decoded into buf (cap bytes) and read
+ * there; the query stays the url's (a capability with a '%' is Django's anyway).  An escape that
+ * decodes to a control byte, a space or a '%' or '?', or a path longer than buf, reads as no
+ * target.  t points into buf: it is read before buf goes. */
+static int _find_decoded_target(const fp_config_t *cfg, const char *url, size_t url_len, char *buf, size_t cap,
+                                _target_t *t)
+{
+    const char *q = memchr(url, '?', url_len);
+    size_t len = q ? (size_t)(q - url) : url_len, n = 0;
+
+    if (memchr(url, '%', len) == NULL)
+        return _find_target(cfg, url, url_len, t);
+    for (size_t i = 0; i < len; i++) {
+        char ch = url[i];
+        if (ch == '%') {
+            int hi = i + 2 < len ? _hex_digit(url[i + 1]) : -1, lo = hi >= 0 ? _hex_digit(url[i + 2]) : -1;
+            if (lo < 0)
+                return -1;
+            ch = (char)(hi << 4 | lo);
+            if ((unsigned char)ch <= ' ' || (unsigned char)ch >= 0x7f || ch == '%' || ch == '?')
+                return -1;
+            i += 2;
+        }
+        if (n == cap)
+            return -1;
+        buf[n++] = ch;
+    }
+    if (_find_target(cfg, buf, n, t) < 0)
+        return -1;
+    t->query = q ? q + 1 : NULL;
+    t->query_len = q ? url_len - len - 1 : 0;
+    return 0;
 }
 
 /* The query's one cap=<value>: 1 and *cap, or 0 if there is none or fastpath could read it
@@ -348,6 +395,7 @@ static int _several_not_stream(const fp_conn_t *c, uint8_t method, const _target
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
 {
     _target_t t;
+    char path[FP_DECODED_PATH_MAX];
 
     if (method != HTTP_GET && method != HTTP_POST) {
         /* HEAD (a read, contract.md 7) and the methods Django refuses, with its own 405 and
@@ -355,7 +403,8 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
         _decide(c, 404, "method is Django's to answer", "MISS");
         return;
     }
-    if (_find_target(c->srv->cfg, url, url_len, &t) < 0 || _several_not_stream(c, method, &t)) {
+    if (_find_decoded_target(c->srv->cfg, url, url_len, path, sizeof(path), &t) < 0 ||
+        _several_not_stream(c, method, &t)) {
         _decide(c, 404, "unknown poll resource", "MISS");    /* nginx lets Django answer */
         return;
     }
@@ -402,13 +451,14 @@ static void _preflight(fp_conn_t *c, const _target_t *t)
 static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
 {
     _target_t t;
+    char path[FP_DECODED_PATH_MAX];
 
     c->origin = _allowed_origin(c);
     if (method != HTTP_GET && method != HTTP_HEAD && method != HTTP_OPTIONS) {
         _decide(c, 405, "method not allowed", NULL);
         return;
     }
-    if (_find_target(c->srv->cfg, url, url_len, &t) < 0) {
+    if (_find_decoded_target(c->srv->cfg, url, url_len, path, sizeof(path), &t) < 0) {
         _decide(c, 404, "not found", NULL);
         return;
     }

@@ -192,6 +192,19 @@ def test_edge_holds_a_long_poll_and_answers_the_change(fastpath_factory, memcach
         conn.close()
 
 
+def test_an_escaped_comma_opens_the_same_stream_on_the_edge_as_through_nginx(fp, cache):
+    """nginx hands fastpath its decoded $uri on the held paths and Django decodes the path: the
+    edge reads "/Poll/a%2Cb" as "/Poll/a,b" too, never as another (unknown) resource."""
+    cache.set(key(1, "getUnreadCount"), b'{"u":1}')
+    s = edge_stream(fp, uid=1, resource="getUnreadCount%2CgetMessages")
+    try:
+        assert s.head()[0] == 200
+        assert [s.event()["event"], s.event()["event"]] == ["getUnreadCount", "getMessages"]
+    finally:
+        s.sock.close()
+    assert edge(fp, request("/Poll/getMessages%00"))[0] == 404
+
+
 def test_edge_hold_times_out_with_304(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--max-wait", "1")
     status, headers, _ = edge(fp, headers=[("If-None-Match", etag(b'{"mine":1}')), ("Prefer", "wait=30")])

@@ -623,6 +623,27 @@ def test_unknown_repeated_or_empty_names_are_django_s_404(fastpath_factory, memc
     assert status == 404 and headers["x-cache"] == "MISS"
 
 
+@pytest.mark.parametrize("resource", ["getUnreadCount%2CgetMessages", "getUnreadCount%2cget%4Dessages"])
+def test_a_percent_encoded_path_is_read_decoded_as_django_and_nginx_read_it(fastpath_factory, memcached, cache,
+                                                                            resource):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(49, "getUnreadCount"), b'{"u":1}')
+    cache.set(key(49), b'{"m":1}')
+    s = Stream(fp, 49, resource=resource)
+    assert s.head()[0] == 200
+    assert [s.event()["event"], s.event()["event"]] == ["getUnreadCount", "getMessages"]
+    s.close()
+
+
+@pytest.mark.parametrize("resource", ["getMessages%00", "getMessages%2", "getMessages%zz", "get%25Messages",
+                                      "getMessages%3F", "getMessages%20", "%" + "41" * 200])
+def test_a_bad_or_unusual_escape_is_django_s_404(fastpath_factory, memcached, cache, resource):
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(49), b'{"m":1}')
+    status, headers = Stream(fp, 49, resource=resource).head()
+    assert status == 404 and headers["x-cache"] == "MISS"
+
+
 def test_several_resources_are_only_a_stream(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached)
     cache.set(key(47, "getUnreadCount"), b"u")
