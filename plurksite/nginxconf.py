@@ -311,6 +311,7 @@ def balancer_context(config):
         "site_host_map": site_host_map(config),
         "host_check": ("        if ($plurk_site_host = 0) {\n            return 444;\n        }"),
         "tls": tls_context(config),
+        "https_port": str(HTTPS_PORT),
         "probe_key": probe_key(config),
         "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
                                  f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),

@@ -3,6 +3,7 @@ settings only, and plain HTTP redirects.  A real nginx on loopback with a stand-
 certificate of a CA made here (plurksite.cluster.tls, as `make cluster` makes them); the whole
 site over https is tests/cluster/test_tls.py."""
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -215,3 +216,21 @@ def test_another_host_is_closed_not_redirected_to_its_name(balancer):
     config, _ = balancer
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{config.base_url}/x", headers={"Host": "evil.example"}, allow_redirects=False, timeout=10)
+
+
+def test_plain_http_to_the_https_port_gets_a_json_400_naming_https(balancer):
+    """nginx's 497 (plain HTTP on an ssl port) is the site's JSON, not nginx's HTML 400 page."""
+    _, port = balancer
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        sock.sendall(f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode())
+        sock.settimeout(10)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    assert lines[0].split(" ", 2)[1] == "400", reply[:300]
+    assert headers["content-type"].startswith("application/json"), reply[:300]
+    assert json.loads(body) == {"error": "plain HTTP sent to the HTTPS port: use https://"}
+    assert headers.get("connection") == "close"

@@ -465,7 +465,7 @@ def test_every_json_error_page_of_both_roles_has_its_location(tmp_path):
 
     balancer = open(nginxconf.render(_balancer_config(tmp_path, ["127.0.0.21:8080"]), worker_processes=1)).read()
     web = nginxconf.render_include(StackConfig.from_env({"PLURK_VAR_DIR": str(tmp_path / "web")}))
-    table = {status for status, _, _ in fastpoll_nginx.JSON_ERRORS}
+    table = {sent[0] for _, sent, _ in fastpoll_nginx.JSON_ERRORS}
     for text in (balancer, web):
         sent, defined = _error_targets(text)
         assert sent and sent <= defined, sent - defined
