@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 HOST = "127.0.0.10"            # the balancer's address (the web host's is 127.0.0.1)
 HEADER_TIMEOUT_S = 10          # client_header_timeout of nginx/balancer.conf.template
 MAX_WAIT_S = 30                # PLURK_LONGPOLL_MAX_WAIT_S
+PER_ADDRESS = 4                # PLURK_HELD_PER_ADDRESS (the web host's limit_conn; loopback is not capped)
 
 
 class Site:
@@ -69,7 +70,8 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     web_config = stack_config(tmp_path_factory.mktemp("web"), PLURK_EDGE="", PLURK_PUBLIC_HOSTS=HOST,
-                              PLURK_TRUSTED_PROXIES="127.0.0.1", PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S))
+                              PLURK_TRUSTED_PROXIES="127.0.0.1", PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S),
+                              PLURK_HELD_PER_ADDRESS=str(PER_ADDRESS))
     lb_dir = str(tmp_path_factory.mktemp("balancer"))
     ca_dir = str(tmp_path_factory.mktemp("ca"))
     tls.ensure_site(os.path.join(lb_dir, nginxconf.TLS_DIR), ca_dir, [f"IP:{HOST}", "DNS:plurk.test"])
@@ -453,3 +455,22 @@ def test_a_stream_over_http2_is_not_buffered(site):
     finally:
         curl.kill()
         curl.wait()
+
+
+def test_held_polls_on_one_http2_connection_count_against_the_per_address_cap(site):
+    """Many requests on one HTTP/2 connection are capped as many connections: the balancer sends
+    each to the web host on its own, and the web host's limit_conn counts them per client
+    address (a client behind the balancer: 203.0.113.7, as the balancer's X-Forwarded-For says)."""
+    _, reader = _pair(site)
+    etag = _warm_etag(site, reader)
+    urls = [f"{site.base_url}/Poll/getUnreadCount?h2={i}" for i in range(PER_ADDRESS + 1)]
+    done = subprocess.run(_curl_h2(site, reader, "-H", "Prefer: wait=3", "-H", f"If-None-Match: {etag}",
+                                   "-H", "X-Forwarded-For: 203.0.113.7", "--parallel", "--parallel-max", "10",
+                                   *[a for _ in urls for a in ("-o", "/dev/null")],
+                                   "-w", "%{http_code} %{http_version} %{num_connects} %header{retry-after}\n", *urls),
+                          capture_output=True, text=True, timeout=60)
+    answers = sorted(line.split() for line in done.stdout.splitlines())
+    assert len(answers) == PER_ADDRESS + 1, done.stdout + done.stderr
+    assert [a[:2] for a in answers] == [["304", "2"]] * PER_ADDRESS + [["429", "2"]], answers
+    assert [a for a in answers if a[0] == "429"][0][3] == "5", answers          # Retry-After
+    assert sum(int(a[2]) for a in answers) == 1, answers                        # one connection
