@@ -26,10 +26,13 @@ KEEPALIVE_MARGIN_S = 2          # nginx drops an idle connection to fastpath thi
 STREAM_READ_MARGIN_S = 15       # nginx's read timeout of a stream: the heartbeat + this
 
 #: nginx's own errors answered as JSON, one row each: (status, the statuses nginx sends to it,
-#: the words of its body).  Rendered as the /_<name>_error/<status> locations and the error_page
-#: lines pointing at them, here and in the demo's templates (plurksite.nginxconf).
+#: the words of its body).  Rendered as the /_<name>_error/<code> locations, <code> the first
+#: status sent there, and the error_page lines pointing at them, here and in the demo's templates
+#: (plurksite.nginxconf).  497 is nginx's own code for plain HTTP sent to an ``ssl`` port (its
+#: default answer an HTML 400 page): a 400 of its own that says what to do.
 JSON_ERRORS = (
     (400, (400, 494), "bad request"),
+    (400, (497,), "plain HTTP sent to the HTTPS port: use https://"),
     (404, (404,), "not found"),
     (405, (405,), "method not allowed"),
     (413, (413,), "request body too large"),
@@ -58,15 +61,16 @@ DJANGO_ERRORS = (500, 502, 503, 504)
 def error_locations(name, indent=""):
     """The internal locations that answer nginx's own errors as JSON (URIs, not named
     locations: a named location cannot serve an error met while reading the request line)."""
-    return "\n".join(f"{indent}location = /_{name}_error/{status} {{ internal; default_type application/json; "
+    return "\n".join(f"{indent}location = /_{name}_error/{sent[0]} {{ internal; default_type application/json; "
                      + "".join(f"add_header {header} {value} always; " for header, value in ERROR_HEADERS.get(status, ()))
-                     + f"return {status} '{{\"error\":\"{words}\"}}'; }}" for status, _, words in JSON_ERRORS)
+                     + f"return {status} '{{\"error\":\"{words}\"}}'; }}" for status, sent, words in JSON_ERRORS)
 
 
 def error_pages(name, only=None, indent=""):
-    """``error_page`` lines sending nginx's errors (``only`` these statuses) to those locations."""
-    return "\n".join(f"{indent}error_page {' '.join(map(str, sent))} /_{name}_error/{status};"
-                     for status, sent, _ in JSON_ERRORS if only is None or status in only)
+    """``error_page`` lines sending nginx's errors (``only`` these codes: the first each row
+    sends) to those locations."""
+    return "\n".join(f"{indent}error_page {' '.join(map(str, sent))} /_{name}_error/{sent[0]};"
+                     for _, sent, _ in JSON_ERRORS if only is None or sent[0] in only)
 
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")

@@ -51,6 +51,21 @@ WORKER_CONNECTIONS = 19000
 # 240 -> 50 ms, nginx's 440 -> 340 ms).  nginx's master allocates the slots when it reads the
 # configuration: 152 bytes each, 1.4 MB, shared with the workers until they use them.
 UPSTREAM_KEEPALIVE = WORKER_CONNECTIONS // 2
+# A web host's request-head buffers, pools and timeout (nginx/plurk.conf.template says why these
+# sizes), rendered into both of its server blocks: the site's, and the default server that closes
+# other Hosts, with whose settings nginx reads every request's head (it knows the Host only after).
+HEADER_LIMITS = (
+    ("client_header_buffer_size", "1k"),
+    ("large_client_header_buffers", "4 8k"),
+    ("connection_pool_size", "384"),
+    ("request_pool_size", "1k"),
+    ("client_header_timeout", "10s"),
+)
+
+
+def header_limits(indent="    "):
+    """HEADER_LIMITS as the lines of a server block."""
+    return "\n".join(f"{indent}{name} {value};" for name, value in HEADER_LIMITS)
 
 
 def worker_user():
@@ -311,6 +326,7 @@ def balancer_context(config):
         "site_host_map": site_host_map(config),
         "host_check": ("        if ($plurk_site_host = 0) {\n            return 444;\n        }"),
         "tls": tls_context(config),
+        "https_port": str(HTTPS_PORT),
         "probe_key": probe_key(config),
         "web_servers": "\n".join(f"    server {format_hostport(*hp)} max_fails={WEB_HOST_MAX_FAILS} "
                                  f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_hosts),
@@ -403,11 +419,7 @@ def host_servers(config):
         f"    listen {listen} default_server backlog=4096;",
         '    server_name "";',
         f"    access_log {config.log_dir()}/nginx-access.log plurk buffer=64k flush=1s;",
-        "    client_header_buffer_size 1k;",
-        "    large_client_header_buffers 4 8k;",
-        "    connection_pool_size 384;",
-        "    request_pool_size 1k;",
-        "    client_header_timeout 10s;",
+        header_limits(),
         fastpoll_nginx.error_pages(settings["NGINX_NAME"], indent="    "),
         "    location / {",
         "        return 444;",
@@ -441,6 +453,7 @@ def web_context(config):
         "scheme": "$plurk_scheme" if config.trusted_proxies else "$scheme",
         "request_id": request_id_variable(config),
         "probe_key": probe_key(config),
+        "header_limits": header_limits(),
         "django": format_hostport(*config.django),
         # below gunicorn's own idle timeout (see services.py)
         "django_keepalive_timeout": f"{max(1, GUNICORN_KEEPALIVE_S - 15)}s",

@@ -116,6 +116,10 @@ def gunicorn_command(config, settings="plurksite.settings"):
             "--worker-class", "gthread", "--threads", "4",
             "--timeout", "30", "--graceful-timeout", "10",
             "--keep-alive", str(GUNICORN_KEEPALIVE_S),
+            # gunicorn believes no scheme header from anyone (by default X-Forwarded-Ssl,
+            # X-Forwarded-Protocol and X-Forwarded-Proto from 127.0.0.1): Django alone decides,
+            # from the X-Forwarded-Proto that nginx always sets (SECURE_PROXY_SSL_HEADER)
+            "--forwarded-allow-ips", "",
             "--access-logfile", "-", "--error-logfile", "-",
             # gunicorn's default format and the request id nginx sends (its own, or a trusted
             # balancer's): one id in every hop's log line

@@ -145,3 +145,13 @@ def test_tls_1_1_is_refused_and_1_3_answers(cluster):
     assert old.returncode != 0 and "Cipher is (NONE)" in old.stdout, old.stdout + old.stderr
     new = offer("-tls1_3")
     assert new.returncode == 0 and "TLSv1.3" in new.stdout.split("Verify return code")[0] and "Verify return code: 0 (ok)" in new.stdout
+
+
+def test_plain_http_to_443_is_a_json_400_and_browsers_get_http2(cluster, tokens):
+    plain = requests.get(f"http://{LB}:443/api/me", timeout=30)
+    assert plain.status_code == 400 and plain.json() == {"error": "plain HTTP sent to the HTTPS port: use https://"}
+    h2 = subprocess.run(["curl", "-sS", "--http2", "--cacert", cluster.ca_file, "-H",
+                         f"Authorization: Bearer {tokens['alice']}", "-o", "/dev/null", "-w",
+                         "%{http_version} %{http_code}", f"{SITE}/Poll/getUnreadCount"],
+                        capture_output=True, text=True, timeout=60)
+    assert h2.stdout == "2 200", h2.stdout + h2.stderr

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.slow
 HOST = "127.0.0.10"            # the balancer's address (the web host's is 127.0.0.1)
 HEADER_TIMEOUT_S = 10          # client_header_timeout of nginx/balancer.conf.template
 MAX_WAIT_S = 30                # PLURK_LONGPOLL_MAX_WAIT_S
+PER_ADDRESS = 4                # PLURK_HELD_PER_ADDRESS (the web host's limit_conn; loopback is not capped)
 
 
 class Site:
@@ -68,7 +70,8 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     web_config = stack_config(tmp_path_factory.mktemp("web"), PLURK_EDGE="", PLURK_PUBLIC_HOSTS=HOST,
-                              PLURK_TRUSTED_PROXIES="127.0.0.1", PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S))
+                              PLURK_TRUSTED_PROXIES="127.0.0.1", PLURK_LONGPOLL_MAX_WAIT_S=str(MAX_WAIT_S),
+                              PLURK_HELD_PER_ADDRESS=str(PER_ADDRESS))
     lb_dir = str(tmp_path_factory.mktemp("balancer"))
     ca_dir = str(tmp_path_factory.mktemp("ca"))
     tls.ensure_site(os.path.join(lb_dir, nginxconf.TLS_DIR), ca_dir, [f"IP:{HOST}", "DNS:plurk.test"])
@@ -234,8 +237,15 @@ class SlowClient(threading.Thread):
             if self.stage == "no-client-hello":         # TCP is up; no TLS record ever comes
                 chunks = []
             else:
-                sock = self.site.context.wrap_socket(raw, server_hostname=HOST)
-                if self.stage == "nothing-after-handshake":
+                context = self.site.context
+                if self.stage == "h2-nothing-after-handshake":     # HTTP/2 agreed, no preface
+                    context = ssl.create_default_context(cafile=self.site.ca_file)
+                    context.set_alpn_protocols(["h2"])
+                sock = context.wrap_socket(raw, server_hostname=HOST)
+                if self.stage == "h2-nothing-after-handshake":
+                    assert sock.selected_alpn_protocol() == "h2"
+                    chunks = []
+                elif self.stage == "nothing-after-handshake":
                     chunks = []
                 else:                                    # "slowloris": the head, a byte every 0.2 s
                     head = (_GET.replace(b"{host}", self.site.host_header("tls").encode())
@@ -259,7 +269,8 @@ class SlowClient(threading.Thread):
 
 
 def test_slow_clients_are_cut_within_the_header_timeout_while_others_are_served(site):
-    clients = [SlowClient(site, stage) for stage in ("slowloris", "no-client-hello", "nothing-after-handshake")]
+    clients = [SlowClient(site, stage) for stage in ("slowloris", "no-client-hello", "nothing-after-handshake",
+                                                     "h2-nothing-after-handshake")]
     for client in clients:
         client.start()
     timings = []
@@ -276,7 +287,7 @@ def test_slow_clients_are_cut_within_the_header_timeout_while_others_are_served(
     cuts = {c.stage: c.cut_after for c in clients}
     print(f"cut after (s): {cuts}; {len(timings)} other clients served meanwhile, worst "
           f"{max(timings) * 1000:.0f} ms")
-    assert [c.error for c in clients] == [None] * 3, [c.error for c in clients]
+    assert [c.error for c in clients] == [None] * len(clients), [c.error for c in clients]
     for client in clients:
         assert client.cut_after is not None, f"{client.stage}: still open after {client.give_up_s} s"
         # the header timeout cut it (not an error at once), well before the head could be whole
@@ -367,3 +378,99 @@ def test_a_stream_over_tls_is_not_buffered(site):
         assert arrived < 1.5, f"the event took {arrived:.2f} s through the balancer"
     finally:
         conn.close()
+
+
+# -- HTTP/2 at the balancer: held answers and streams as over HTTP/1.1 ------------------------------
+
+def _curl_h2(site, token, *args):
+    return ["curl", "-sS", "--http2", "--max-time", "60", "--cacert", site.ca_file,
+            "-H", f"Authorization: Bearer {token}", *args]
+
+
+def test_a_long_poll_is_held_over_http2_until_a_plurk_wakes_it(site):
+    writer, reader = _pair(site)
+    etag = _warm_etag(site, reader)
+    curl = subprocess.Popen(_curl_h2(site, reader, "-H", f"Prefer: wait={MAX_WAIT_S}", "-H", f"If-None-Match: {etag}",
+                                     "-w", "\n%{http_version} %{http_code} %header{x-cache}",
+                                     f"{site.base_url}/Poll/getUnreadCount"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert curl.poll() is None, f"answered at once instead of held: {curl.communicate()}"
+        post = subprocess.run(_curl_h2(site, writer, "-H", "Content-Type: application/json", "-o", "/dev/null",
+                                       "-w", "%{http_version} %{http_code}", "--data", '{"content":"over HTTP/2"}',
+                                       f"{site.base_url}/api/plurks"), capture_output=True, text=True, timeout=30)
+        assert post.stdout == "2 201", post.stdout + post.stderr         # a POST's body over HTTP/2 too
+        posted = time.monotonic()
+        out, err = curl.communicate(timeout=MAX_WAIT_S + 10)
+        arrived = time.monotonic() - posted
+    finally:
+        curl.kill()
+    body, _, written = out.rpartition("\n")
+    assert written == "2 200 HIT" and json.loads(body) == {"count": 1}, (out, err)
+    assert arrived < 1.5, f"woken {arrived:.2f} s after the plurk: by the notice, not the wait's end?"
+
+
+def test_a_stream_over_http2_is_not_buffered(site):
+    writer, reader = _pair(site)
+    _warm_etag(site, reader)
+    deadline = time.monotonic() + 10
+    while True:            # as EventSource: until fastpath holds the stream (not Django's one event)
+        curl = subprocess.Popen(_curl_h2(site, reader, "-N", "-D", "-", "-H", "Accept: text/event-stream",
+                                         f"{site.base_url}/Poll/getUnreadCount"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        head = []
+        while (line := curl.stdout.readline().strip()) or not head:
+            head.append(line.decode("latin-1").lower())
+            assert line, curl.stderr.read()
+        if head[0].startswith("http/2 200") and "x-cache: hit" in head:
+            break
+        curl.kill()
+        curl.wait()
+        assert time.monotonic() < deadline, f"fastpath never held the stream: {head}"
+        time.sleep(1.0)
+
+    def event():
+        fields = {}
+        while True:
+            line = curl.stdout.readline()
+            assert line, "the stream ended"
+            line = line.decode().rstrip("\n")
+            if not line and fields:
+                return fields
+            if line and not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+    try:
+        assert "content-type: text/event-stream" in head, head
+        began = time.monotonic()
+        first = event()                               # fastpath's answer, at once
+        assert first["event"] == "getUnreadCount" and time.monotonic() - began < 3, first
+        posted = time.monotonic()
+        assert site.request("POST", "/api/plurks", writer, json={"content": "an event over HTTP/2"}).status_code == 201
+        second = event()
+        arrived = time.monotonic() - posted
+        assert second["data"] == '{"count":1}' and second["id"] != first["id"], second
+        assert arrived < 1.5, f"the event took {arrived:.2f} s through the balancer over HTTP/2"
+    finally:
+        curl.kill()
+        curl.wait()
+
+
+def test_held_polls_on_one_http2_connection_count_against_the_per_address_cap(site):
+    """Many requests on one HTTP/2 connection are capped as many connections: the balancer sends
+    each to the web host on its own, and the web host's limit_conn counts them per client
+    address (a client behind the balancer: 203.0.113.7, as the balancer's X-Forwarded-For says)."""
+    _, reader = _pair(site)
+    etag = _warm_etag(site, reader)
+    urls = [f"{site.base_url}/Poll/getUnreadCount?h2={i}" for i in range(PER_ADDRESS + 1)]
+    done = subprocess.run(_curl_h2(site, reader, "-H", "Prefer: wait=3", "-H", f"If-None-Match: {etag}",
+                                   "-H", "X-Forwarded-For: 203.0.113.7", "--parallel", "--parallel-max", "10",
+                                   *[a for _ in urls for a in ("-o", "/dev/null")],
+                                   "-w", "%{http_code} %{http_version} %{num_connects} %header{retry-after}\n", *urls),
+                          capture_output=True, text=True, timeout=60)
+    answers = sorted(line.split() for line in done.stdout.splitlines())
+    assert len(answers) == PER_ADDRESS + 1, done.stdout + done.stderr
+    assert [a[:2] for a in answers] == [["304", "2"]] * PER_ADDRESS + [["429", "2"]], answers
+    assert [a for a in answers if a[0] == "429"][0][3] == "5", answers          # Retry-After
+    assert sum(int(a[2]) for a in answers) == 1, answers                        # one connection

@@ -120,6 +120,44 @@ def test_the_trusted_balancer_saying_https_makes_the_cookie_secure(public):
     assert "secure" not in _token_cookie(got).lower()
 
 
+# gunicorn believes X-Forwarded-Ssl and X-Forwarded-Protocol (its secure_scheme_headers) from
+# 127.0.0.1; Forwarded and the rest are other frameworks' ways of saying https
+OTHER_SCHEME_HEADERS = ({"X-Forwarded-Ssl": "on"}, {"Forwarded": "for=203.0.113.9;proto=https"},
+                        {"X-Forwarded-Protocol": "ssl"},
+                        {"X-Forwarded-Scheme": "https", "X-Url-Scheme": "https", "Front-End-Https": "on",
+                         "X-Forwarded-Port": "443"})
+
+
+@pytest.mark.parametrize("headers", OTHER_SCHEME_HEADERS, ids=lambda h: "+".join(h))
+def test_a_client_saying_https_in_another_header_is_not_secure(public, headers):
+    got, _ = _signup(public, headers=headers)             # not gunicorn's 400 "contradictory scheme"
+    assert "secure" not in _token_cookie(got).lower()
+    assert "strict-transport-security" not in got
+
+
+def test_the_balancers_https_stands_whatever_else_a_client_adds(public):
+    got, _ = _signup(public, source=BALANCER, headers={"X-Forwarded-Proto": "https", "X-Forwarded-Ssl": "off",
+                                                       "X-Forwarded-Protocol": "tcp", "Forwarded": "proto=http"})
+    assert "; secure" in _token_cookie(got).lower()
+
+
+def test_gunicorn_believes_no_scheme_header_itself(public):
+    """Even sent to gunicorn directly (a local process, or nginx with a header left through):
+    only X-Forwarded-Proto, through Django's SECURE_PROXY_SSL_HEADER, says https."""
+    for headers in ({"X-Forwarded-Ssl": "on"}, {"X-Forwarded-Protocol": "ssl"}):
+        conn = http.client.HTTPConnection(*public.config.django, timeout=10)
+        try:
+            body = json.dumps({"username": f"gu{uuid.uuid4().hex[:10]}", "password": "secret-pass-1"})
+            conn.request("POST", "/api/signup", body, {"Host": "%s:%d" % public.config.http,
+                                                      "Content-Type": "application/json", **headers})
+            resp = conn.getresponse()
+            cookies = [v for k, v in resp.getheaders() if k.lower() == "set-cookie" and v.startswith("plurk_token=")]
+            assert resp.status == 201, resp.read()[:300]
+        finally:
+            conn.close()
+        assert cookies and "secure" not in cookies[0].lower(), (headers, cookies)
+
+
 def test_logs_carry_the_clients_address_and_the_balancers_request_id(public):
     marker = uuid.uuid4().hex
     rid = f"lb-{marker}"

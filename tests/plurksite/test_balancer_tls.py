@@ -3,6 +3,7 @@ settings only, and plain HTTP redirects.  A real nginx on loopback with a stand-
 certificate of a CA made here (plurksite.cluster.tls, as `make cluster` makes them); the whole
 site over https is tests/cluster/test_tls.py."""
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -42,14 +43,19 @@ def _with_certificate(var_dir, ca_dir):
 
 class Web(_Recorder):
     """The stand-in web host: what reached it, and a stream of two events (the second sent only
-    once the client has the first, which it cannot if anything between buffers)."""
+    once the client has the first, which it cannot if anything between buffers); /held answers
+    only once HELD requests are there at once (held polls)."""
     seen = []
     first_read = threading.Event()
+    held = threading.Barrier(3, timeout=10)
 
     def do_GET(self):
+        if self.path.startswith("/held"):
+            return self._held()
         if self.path != "/stream":
             return self._answer()
-        type(self).seen.append({"path": self.path, "proto": self.headers.get("X-Forwarded-Proto")})
+        type(self).seen.append({"path": self.path, "proto": self.headers.get("X-Forwarded-Proto"),
+                                "host": self.headers.get("Host")})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("X-Accel-Buffering", "no")        # as fastpath's stream (the web host passes it on)
@@ -61,6 +67,16 @@ class Web(_Recorder):
             if wait:
                 type(self).first_read.wait(10)
         self.wfile.write(b"0\r\n\r\n")
+
+    def _held(self):
+        try:
+            type(self).held.wait()
+            status = 200
+        except threading.BrokenBarrierError:
+            status = 504
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +131,7 @@ def test_a_stream_is_not_buffered_over_tls(balancer, ca):
         assert resp.read() == b"\ndata: 2\n\n"
     finally:
         conn.close()
-    assert Web.seen[-1] == {"path": "/stream", "proto": "https"}
+    assert Web.seen[-1] == {"path": "/stream", "proto": "https", "host": f"{HOST}:{port}"}
 
 
 def _handshake(port, context):
@@ -215,3 +231,65 @@ def test_another_host_is_closed_not_redirected_to_its_name(balancer):
     config, _ = balancer
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{config.base_url}/x", headers={"Host": "evil.example"}, allow_redirects=False, timeout=10)
+
+
+def test_plain_http_to_the_https_port_gets_a_json_400_naming_https(balancer):
+    """nginx's 497 (plain HTTP on an ssl port) is the site's JSON, not nginx's HTML 400 page."""
+    _, port = balancer
+    with socket.create_connection((HOST, port), timeout=10) as sock:
+        sock.sendall(f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode())
+        sock.settimeout(10)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    assert lines[0].split(" ", 2)[1] == "400", reply[:300]
+    assert headers["content-type"].startswith("application/json"), reply[:300]
+    assert json.loads(body) == {"error": "plain HTTP sent to the HTTPS port: use https://"}
+    assert headers.get("connection") == "close"
+
+
+def _curl_h2(ca, *args):
+    return ["curl", "-sS", "--http2", "--cacert", os.path.join(ca, "ca.crt"), *args]
+
+
+def test_http2_carries_a_stream_unbuffered_and_held_requests_side_by_side_on_one_connection(balancer, ca):
+    """HTTP/2 at the https port (browsers allow 6 HTTP/1.1 connections a site: tabs with a
+    stream each would block each other); each stream is a request of its own upstream."""
+    _, port = balancer
+    Web.first_read.clear()
+    curl = subprocess.Popen(_curl_h2(ca, "-N", "-w", "%{http_version}\n", f"https://{HOST}:{port}/stream"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        started = time.monotonic()
+        assert curl.stdout.readline() == b"data: 1\n"        # before the web host sends anything more
+        assert time.monotonic() - started < 5
+        Web.first_read.set()
+        out = curl.stdout.read()
+        assert curl.wait(timeout=10) == 0, curl.stderr.read()
+    finally:
+        curl.kill()
+        curl.stdout.close()
+        curl.stderr.close()
+    assert out == b"\ndata: 2\n\n2\n", out           # the rest, and HTTP version 2
+    assert Web.seen[-1] == {"path": "/stream", "proto": "https", "host": f"{HOST}:{port}"}
+    # three requests held at once upstream (each answered only when all three are there), one
+    # TCP connection from the client
+    Web.held.reset()
+    urls = [f"https://{HOST}:{port}/held?{i}" for i in range(3)]
+    done = subprocess.run(_curl_h2(ca, "--parallel", "--parallel-max", "3", "-o", "/dev/null", "-o", "/dev/null",
+                                   "-o", "/dev/null", "-w", "%{http_code} %{http_version} %{num_connects}\n", *urls),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 3, done.stdout + done.stderr
+    answers = [line.split() for line in done.stdout.splitlines()]
+    assert [a[:2] for a in answers] == [["200", "2"]] * 3, done.stdout
+    assert sum(int(a[2]) for a in answers) == 1, done.stdout      # one connection for the three
+
+
+def test_plain_http_to_the_https_port_is_the_json_400_with_http2_on(balancer):
+    """The listen line says http2: plain HTTP/1.1 there is still nginx's 497, answered as JSON."""
+    _, port = balancer
+    got = requests.get(f"http://{HOST}:{port}/login", timeout=10)
+    assert got.status_code == 400 and got.json() == {"error": "plain HTTP sent to the HTTPS port: use https://"}

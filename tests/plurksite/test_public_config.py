@@ -75,3 +75,27 @@ def test_https_settings_come_from_the_environment(tmp_path):
     out = manage(config, "shell", "-c", "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, "
                  "s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, s.SECURE_PROXY_SSL_HEADER)").stdout
     assert out.strip().split("\n")[-1] == "True True 300 ('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
+def _server_blocks(text):
+    """The text of each top-level ``server {`` block of a rendered include."""
+    blocks = []
+    for part in text.split("\nserver {\n")[1:]:
+        blocks.append(part.split("\n}\n", 1)[0])
+    return blocks
+
+
+def test_both_server_blocks_of_a_web_host_take_the_header_limits_from_one_table(tmp_path, monkeypatch):
+    """The default server (which reads every request's head) and the site's cannot drift apart."""
+    text = nginxconf.render_include(_config(tmp_path))
+    default, site = _server_blocks(text)
+    assert "default_server" in default and "return 444;" in default and "location /Poll/" in site
+    for name, value in nginxconf.HEADER_LIMITS:
+        for block in (default, site):
+            assert block.count(f"\n    {name} ") == 1 and f"\n    {name} {value};\n" in block, (name, block[:400])
+    monkeypatch.setattr(nginxconf, "HEADER_LIMITS", (("client_header_buffer_size", "2k"),
+                                                     ("large_client_header_buffers", "4 16k")))
+    default, site = _server_blocks(nginxconf.render_include(_config(tmp_path)))
+    for block in (default, site):
+        assert "\n    client_header_buffer_size 2k;\n" in block and "\n    large_client_header_buffers 4 16k;\n" in block
+        assert "request_pool_size" not in block

@@ -448,6 +448,38 @@ def test_a_web_host_tells_a_probe_that_fastpath_answered(tmp_path):
     assert len(Fastpath.seen) == 2
 
 
+def test_a_web_host_clears_other_scheme_headers_toward_django(tmp_path):
+    """Forwarded, X-Forwarded-Ssl and the like never reach gunicorn (which believes some of them
+    from nginx's address), on a page nor on a poll's fallback; nginx's own X-Forwarded-* do."""
+    from tests.support.stack import stack_config
+
+    cleared = ("Forwarded", "X-Forwarded-Ssl", "X-Forwarded-Protocol", "X-Forwarded-Scheme", "X-Forwarded-Port",
+               "X-Url-Scheme", "Front-End-Https")
+
+    class Django(_Recorder):
+        seen = []
+
+        def _answer(self):
+            type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = _answer
+    config = stack_config(tmp_path)                     # fastpath not running: a poll falls back
+    sent = {"Forwarded": "for=203.0.113.9;proto=https;host=evil.example", "X-Forwarded-Ssl": "on",
+            "X-Forwarded-Protocol": "ssl", "X-Forwarded-Scheme": "https", "X-Forwarded-Port": "443",
+            "X-Url-Scheme": "https", "Front-End-Https": "on", "X-Forwarded-Host": "evil.example",
+            "X-Forwarded-Proto": "https"}
+    with nginx_in_front_of(config, {config.django: Django}):
+        for path in ("/login", "/Poll/getUnreadCount"):
+            assert requests.get(config.base_url + path, headers=sent, timeout=10).status_code == 200
+    assert len(Django.seen) == 2
+    for seen in Django.seen:
+        assert not [h for h in cleared if h.lower() in seen], seen
+        assert seen["x-forwarded-proto"] == "http" and seen["x-forwarded-host"] == "%s:%d" % config.http, seen
+
+
 def _error_targets(text):
     """(the URIs the error_page lines send nginx's own errors to, the error locations defined)."""
     import re
@@ -465,7 +497,7 @@ def test_every_json_error_page_of_both_roles_has_its_location(tmp_path):
 
     balancer = open(nginxconf.render(_balancer_config(tmp_path, ["127.0.0.21:8080"]), worker_processes=1)).read()
     web = nginxconf.render_include(StackConfig.from_env({"PLURK_VAR_DIR": str(tmp_path / "web")}))
-    table = {status for status, _, _ in fastpoll_nginx.JSON_ERRORS}
+    table = {sent[0] for _, sent, _ in fastpoll_nginx.JSON_ERRORS}
     for text in (balancer, web):
         sent, defined = _error_targets(text)
         assert sent and sent <= defined, sent - defined

@@ -1,0 +1,67 @@
+"""`manage.py checkcert` (docs/deploy.md, section 6): one line and exit 1 when the site's
+certificate expires within --days days, for a timer that alerts."""
+import os
+import re
+import subprocess
+
+from plurksite import nginxconf
+from plurksite.cluster import tls
+from plurksite.config import StackConfig
+from tests.support.stack import manage
+
+
+def _config(tmp_path):
+    return StackConfig.from_env({"PLURK_ROLES": "balancer", "PLURK_HTTP": "127.0.0.10:8080",
+                                 "PLURK_WEB_HOSTS": "127.0.0.21:8080", "PLURK_VAR_DIR": str(tmp_path / "var"),
+                                 "PLURK_SECRET_FILE": str(tmp_path / "secret.key"),
+                                 "PLURK_DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"})
+
+
+def _short_lived(path, days):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", os.devnull, "-out", path, "-days", str(days), "-subj", "/CN=plurk.test"],
+                   check=True, capture_output=True)
+    return path
+
+
+def _one_line(done):
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1, done.stdout + done.stderr
+    return lines[0]
+
+
+def test_the_balancers_certificate_is_checked_by_default(tmp_path):
+    config = _config(tmp_path)
+    chain, _ = tls.ensure_site(os.path.join(config.var_dir, nginxconf.TLS_DIR), str(tmp_path / "ca"),
+                               ["DNS:plurk.test"])
+    done = manage(config, "checkcert", check=False)
+    assert done.returncode == 0 and _one_line(done).startswith(f"{chain}: expires on "), done.stderr
+    assert _one_line(done).endswith(f"in {tls.SITE_DAYS - 1} days")
+    late = manage(config, "checkcert", "--days", str(tls.SITE_DAYS + 10), check=False)
+    assert late.returncode == 1 and f"{chain} expires on " in _one_line(late)
+    assert f"(under {tls.SITE_DAYS + 10}): renew it" in _one_line(late)
+
+
+def test_a_certificate_expiring_within_the_days_fails_with_one_line(tmp_path):
+    config = _config(tmp_path)
+    soon = _short_lived(str(tmp_path / "soon.pem"), 2)
+    later = _short_lived(str(tmp_path / "later.pem"), 60)
+    done = manage(config, "checkcert", "--days", "21", soon, later, check=False)
+    assert done.returncode == 1
+    assert done.stdout.strip().startswith(f"{later}: expires on ")             # the good one is named
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith(f"CommandError: {soon} expires on ")
+    assert re.search(r", in (1\.9|2\.0) days \(under 21\): renew it", line), line
+    assert manage(config, "checkcert", "--days", "1", soon, check=False).returncode == 0
+
+
+def test_no_certificate_or_not_a_certificate_is_one_line_exit_2(tmp_path):
+    config = _config(tmp_path)
+    none = manage(config, "checkcert", check=False)
+    assert none.returncode == 2
+    assert _one_line(none) == (f"CommandError: no certificate in {config.var_dir}/tls (this host serves plain "
+                               f"HTTP): run it on the balancer, or give the certificate's path")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    bad = manage(config, "checkcert", str(junk), check=False)
+    assert bad.returncode == 2 and _one_line(bad).startswith(f"CommandError: {junk}: cannot read a certificate (")
