@@ -23,6 +23,26 @@ def proc_stat(pid):
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def socket_inodes(pids):
+    """The inodes (ints) of the sockets the processes ``pids`` hold, from their /proc/<pid>/fd
+    links (``socket:[<inode>]``, the number ss -e and /proc/net/tcp print).  A process or a
+    descriptor gone meanwhile is skipped."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
 def _version(cmd, pattern=r"(\d+\.\d+(?:\.\d+)?)"):
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10)

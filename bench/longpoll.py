@@ -63,7 +63,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, RESULTS_DIR, add_fastpath_edge, progress, write_result  # noqa: E402
+from bench.common import ROOT, RESULTS_DIR, add_fastpath_edge, progress, socket_inodes, write_result  # noqa: E402
 from bench.throughput import _cpu_seconds, _spawn, _stop, _tree  # noqa: E402
 from plurksite.config import format_hostport  # noqa: E402
 from plurksite.services import find_binary, free_port, wait_for_port  # noqa: E402
@@ -319,29 +319,11 @@ def _sockstat_tcp_pages():
         return int(re.search(r"^TCP:.* mem (\d+)", fh.read(), re.M).group(1))
 
 
-def _socket_inodes(pids):
-    """The inodes of the sockets the processes ``pids`` hold (their /proc/<pid>/fd links)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(int(link[8:-1]))
-    return inodes
-
-
 def _socket_buffers(pids):
     """(sockets, bytes): the TCP and unix sockets the processes ``pids`` hold and the buffer
     memory charged to them (ss -m: rmem_alloc + wmem_queued + fwd_alloc + opt_mem).  Sockets are
     matched by inode (ss -e), not with ss -p, which takes minutes at 400,000 sockets."""
-    inodes = _socket_inodes(pids)
+    inodes = socket_inodes(pids)
     out = subprocess.run(["ss", "-txmneH"], capture_output=True, text=True, timeout=600).stdout
     count = total = 0
     # one record per socket: its first line starts at column 0, skmem may follow on the next
