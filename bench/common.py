@@ -115,19 +115,3 @@ def write_result(name, data):
 def progress(message):
     """One progress line on stderr (benchmarks run for minutes; say what is happening)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def add_fastpath_edge(edge, *extra):
-    """Make the stacks this process starts run fastpath's edge listener (at ``edge``, (host,
-    port), which the stack's PLURK_EDGE must name) with the flags ``extra`` and no per-address
-    cap (every client is on loopback): plurksite.services.fastpath_command gets them appended
-    (later flags win over the stack's own).  For benchmarks only."""
-    from plurksite import services
-    from plurksite.config import format_hostport
-
-    command = services.fastpath_command
-
-    def with_edge(*args, **kwargs):
-        return command(*args, **kwargs) + ["--edge", format_hostport(*edge), "--edge-max-per-address", "0",
-                                           *extra]
-    services.fastpath_command = with_edge

@@ -497,8 +497,8 @@ def main(argv=None):
             if config.edge:
                 # the stack's own edge (PLURK_EDGE) without its per-address caps: every locust
                 # user connects from 127.0.0.1 (a stack already running keeps its caps)
-                from bench.common import add_fastpath_edge
-                add_fastpath_edge(config.edge)
+                os.environ.update(PLURK_EDGE_MAX_PER_ADDRESS="0", PLURK_EDGE_MAX_CONNS_PER_ADDRESS="0")
+                config = load()
             if args.edge:
                 locust_env["PLURK_LOAD_EDGE"] = format_hostport(*config.edge)
             progress(f"starting the stack at {host}{' with an edge at ' + locust_env['PLURK_LOAD_EDGE'] if args.edge else ''} ...")

@@ -317,15 +317,19 @@ def _path(name, value, get):
     return _resolve(value)
 
 
-def _integer(low, high):
-    """A parser of a whole number from ``low`` to ``high``."""
+def _integer(low, high, empty=False):
+    """A parser of a whole number from ``low`` to ``high`` (``empty``: also of "", which is
+    None: the consumer's own default)."""
     def parse(name, value, get):
+        if empty and not value.strip():
+            return None
         try:
             number = int(value)
         except ValueError:
             number = None
         if number is None or not low <= number <= high:
-            raise ConfigError(f"{name}={value!r}: expected a whole number from {low} to {high}")
+            raise ConfigError(f"{name}={value!r}: expected a whole number from {low} to {high}"
+                              f"{' or nothing' if empty else ''}")
         return number
     return parse
 
@@ -572,6 +576,11 @@ VARIABLES = (
              "(`--edge-max-per-address`; `0`: no cap).  Behind the balancer's TLS edge every "
              "connection comes from the balancer's address: set `0` there and let "
              "`PLURK_MAX_HELD_PER_USER` cap each user"),
+    Variable("PLURK_EDGE_MAX_CONNS_PER_ADDRESS", "edge_max_conns_per_address", _integer(0, 1 << 20, empty=True),
+             _optional, "",
+             "connections the edge keeps open at once per client address, per fastpath worker, held or "
+             "not (`--edge-max-conns-per-address`; beyond it a new one is closed at once; `0`: no cap; "
+             "empty: twice `PLURK_EDGE_MAX_PER_ADDRESS`, so its `0` turns this off too)"),
     Variable("PLURK_WEB_EDGES", "web_edges", _hostport_list, _addresses, "",
              "the balancer's: comma-separated `host:port` list of the web hosts' `PLURK_EDGE`; with "
              "its certificate, the balancer terminates TLS for them on its https address at port "
@@ -663,6 +672,7 @@ class StackConfig:
     max_held_per_user: int          # fastpath --max-held-per-user (0: off)
     nginx_log_kb: int               # runstack rotates nginx's logs past this (0: never)
     edge_max_per_address: int       # fastpath --edge-max-per-address (0: off)
+    edge_max_conns_per_address: int  # fastpath --edge-max-conns-per-address (0: off; None: its default)
     web_edges: tuple                # ((host, port), ...): the balancer's TLS edge upstreams
 
     @classmethod
