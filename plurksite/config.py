@@ -411,15 +411,16 @@ def default_edge_origins(get):
     when it is loopback, as `make run` prints both), and each name of PLURK_PUBLIC_HOSTS on the
     site's scheme (https with PLURK_HTTPS, at the default port: a balancer's) except wildcards,
     which no origin list can name."""
+    from fastpath.options import origin      # as a browser sends it: the form fastpath's check takes
+
     host, port = parse_hostport("PLURK_HTTP", get("PLURK_HTTP"))
     origins = []
-    at = "" if port == 80 else f":{port}"     # a browser never sends the default port
     if not _unspecified(host):
-        origins.append(f"http://{format_hostport(host, port)[:-len(str(port)) - 1]}{at}")
+        origins.append(origin("http", host, port))
     if is_loopback(host) and host != "localhost":
-        origins.append(f"http://localhost{at}")
+        origins.append(origin("http", "localhost", port))
     scheme = "https" if _boolean("PLURK_HTTPS", get("PLURK_HTTPS")) else "http"
-    origins += [f"{scheme}://{name}" for name in parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS"))
+    origins += [origin(scheme, name) for name in parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS"))
                 if not name.startswith(".")]
     return ",".join(dict.fromkeys(origins))
 

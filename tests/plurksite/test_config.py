@@ -441,6 +441,9 @@ def test_the_default_edge_origins_are_the_sites_public_names_on_its_scheme():
     assert services.fastpoll_settings(config)["COOKIE_DOMAIN"] == ".example.com"
     plain = StackConfig.from_env({"PLURK_HTTP": "127.0.0.1:80"})
     assert plain.edge_origins == ("http://127.0.0.1", "http://localhost")   # never the default port
+    # written by fastpath's own origin(): brackets, lower case, the default port left out
+    v6 = StackConfig.from_env({"PLURK_HTTP": "[::1]:80", "PLURK_HTTPS": "1", "PLURK_PUBLIC_HOSTS": "WWW.Example.com"})
+    assert v6.edge_origins == ("http://[::1]", "http://localhost", "https://www.example.com")
 
 
 def test_a_public_edge_with_its_url_and_origins():
