@@ -23,6 +23,26 @@ def proc_stat(pid):
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def socket_inodes(pids):
+    """The inodes (ints) of the sockets the processes ``pids`` hold, from their /proc/<pid>/fd
+    links (``socket:[<inode>]``, the number ss -e and /proc/net/tcp print).  A process or a
+    descriptor gone meanwhile is skipped."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
 def _version(cmd, pattern=r"(\d+\.\d+(?:\.\d+)?)"):
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
@@ -95,19 +115,3 @@ def write_result(name, data):
 def progress(message):
     """One progress line on stderr (benchmarks run for minutes; say what is happening)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def add_fastpath_edge(edge, *extra):
-    """Make the stacks this process starts run fastpath's edge listener (at ``edge``, (host,
-    port), which the stack's PLURK_EDGE must name) with the flags ``extra`` and no per-address
-    cap (every client is on loopback): plurksite.services.fastpath_command gets them appended
-    (later flags win over the stack's own).  For benchmarks only."""
-    from plurksite import services
-    from plurksite.config import format_hostport
-
-    command = services.fastpath_command
-
-    def with_edge(*args, **kwargs):
-        return command(*args, **kwargs) + ["--edge", format_hostport(*edge), "--edge-max-per-address", "0",
-                                           *extra]
-    services.fastpath_command = with_edge

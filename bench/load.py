@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import requests  # noqa: E402
 
-from bench.common import ROOT, proc_stat, progress, write_result  # noqa: E402
+from bench.common import ROOT, proc_stat, progress, socket_inodes, write_result  # noqa: E402
 from plurksite import delivery as _delivery  # noqa: E402  (the delivery rule, shared with the locustfile)
 
 
@@ -311,23 +311,9 @@ class StackSampler:
 
     def _find_supervisors(self, procs):
         """The parents of the stack's top service processes (those listening on its ports)."""
-        inodes = _listening_inodes(self.ports)
-        listening = set()
-        for pid, (_, _, cmd) in procs.items():
-            if self._service(cmd) is None:
-                continue
-            try:
-                fds = os.listdir(f"/proc/{pid}/fd")
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    listening.add(pid)
-                    break
+        inodes = {int(inode) for inode in _listening_inodes(self.ports)}
+        listening = {pid for pid, (_, _, cmd) in procs.items()
+                     if self._service(cmd) is not None and socket_inodes([pid]) & inodes}
         supervisors = set()
         for pid in listening:
             while procs.get(procs[pid][0]) and self._service(procs[procs[pid][0]][2]) is not None:
@@ -511,8 +497,8 @@ def main(argv=None):
             if config.edge:
                 # the stack's own edge (PLURK_EDGE) without its per-address caps: every locust
                 # user connects from 127.0.0.1 (a stack already running keeps its caps)
-                from bench.common import add_fastpath_edge
-                add_fastpath_edge(config.edge)
+                os.environ.update(PLURK_EDGE_MAX_PER_ADDRESS="0", PLURK_EDGE_MAX_CONNS_PER_ADDRESS="0")
+                config = load()
             if args.edge:
                 locust_env["PLURK_LOAD_EDGE"] = format_hostport(*config.edge)
             progress(f"starting the stack at {host}{' with an edge at ' + locust_env['PLURK_LOAD_EDGE'] if args.edge else ''} ...")

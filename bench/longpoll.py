@@ -12,7 +12,7 @@ listener), ``stream-nginx`` and ``stream-edge`` (``Accept: text/event-stream`` w
 ``Last-Event-ID`` of the current answer: the stream opens without an event, the next one is the
 change), ``nchan-longpoll`` and ``nchan-eventsource`` (``nchan_subscriber eventsource``, only
 messages published after the subscriber came).  The stack's fastpath gets the edge on a free
-loopback port with no per-address cap (every client is on loopback; bench.common.add_fastpath_edge).
+loopback port with no per-address cap (every client is on loopback: PLURK_EDGE_MAX_PER_ADDRESS=0).
 Per held connection, besides the user-space memory of every process on the path (``path``:
 nginx + fastpath, fastpath alone on the edge, nchan's nginx), the kernel's: slab growth (both
 ends of every loopback connection: the client's socket is in it too), TCP buffer pages
@@ -63,7 +63,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, RESULTS_DIR, add_fastpath_edge, progress, write_result  # noqa: E402
+from bench.common import ROOT, RESULTS_DIR, progress, socket_inodes, write_result  # noqa: E402
 from bench.throughput import _cpu_seconds, _spawn, _stop, _tree  # noqa: E402
 from plurksite.config import format_hostport  # noqa: E402
 from plurksite.services import find_binary, free_port, wait_for_port  # noqa: E402
@@ -319,29 +319,11 @@ def _sockstat_tcp_pages():
         return int(re.search(r"^TCP:.* mem (\d+)", fh.read(), re.M).group(1))
 
 
-def _socket_inodes(pids):
-    """The inodes of the sockets the processes ``pids`` hold (their /proc/<pid>/fd links)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(int(link[8:-1]))
-    return inodes
-
-
 def _socket_buffers(pids):
     """(sockets, bytes): the TCP and unix sockets the processes ``pids`` hold and the buffer
     memory charged to them (ss -m: rmem_alloc + wmem_queued + fwd_alloc + opt_mem).  Sockets are
     matched by inode (ss -e), not with ss -p, which takes minutes at 400,000 sockets."""
-    inodes = _socket_inodes(pids)
+    inodes = socket_inodes(pids)
     out = subprocess.run(["ss", "-txmneH"], capture_output=True, text=True, timeout=600).stdout
     count = total = 0
     # one record per socket: its first line starts at column 0, skmem may follow on the next
@@ -453,9 +435,9 @@ def _with_reuseport(render):
 
 
 def start_stack(var_dir, workers, reuseport=True, edge=None, edge_per_worker=EDGE_PER_WORKER):
-    """The stack (plurksite.stack.Stack) on free ports; ``edge``: (host, port) of fastpath's edge
-    listener, added to fastpath's command line with the bench's caps (no per-address cap: every
-    client is on loopback; streams that outlive the run)."""
+    """The stack (plurksite.stack.Stack) on free ports; ``edge``: (host, port) of its edge
+    listener (PLURK_EDGE), without per-address caps (every client is on loopback) and with the
+    bench's limits as fastpath options (its descriptor plan; streams that outlive the run)."""
     from plurksite import stack as stack_module
     from plurksite.stack import Stack
     from tests.support.stack import manage, stack_config
@@ -471,16 +453,17 @@ def start_stack(var_dir, workers, reuseport=True, edge=None, edge_per_worker=EDG
                           # held); bench/load.py's 10k preset waits 500 ms for the same reason
                           PLURK_MEMCACHED_TIMEOUT_MS="500",
                           # the stack's own edge where the bench wants it, or none; no per-user cap
-                          # (the bench's clients may share tokens; the per-address cap is off below)
-                          PLURK_EDGE=format_hostport(*edge) if edge else "", PLURK_MAX_HELD_PER_USER="0")
+                          # (the bench's clients may share tokens) and no per-address caps (every
+                          # client is on loopback)
+                          PLURK_EDGE=format_hostport(*edge) if edge else "", PLURK_MAX_HELD_PER_USER="0",
+                          PLURK_EDGE_MAX_PER_ADDRESS="0", PLURK_EDGE_MAX_CONNS_PER_ADDRESS="0")
     manage(config, "migrate", "--noinput", "-v", "0")
     if reuseport:
         stack_module.nginxconf.render = _with_reuseport(stack_module.nginxconf.render)
-    if edge:
-        add_fastpath_edge(edge, "--edge-max-connections", str(edge_per_worker), "--max-connections",
-                          str(FD_PLAN - edge_per_worker), "--max-stream", str(HOLD_S * 6),
-                          "--stream-heartbeat", str(STREAM_HEARTBEAT_S))
-    stack = Stack(config, nginx_workers=workers["nginx"], with_repair=False).start()
+    # the descriptor plan (FD_PLAN), and no stream ends during a measurement
+    limits = dict(edge_max_connections=edge_per_worker, max_connections=FD_PLAN - edge_per_worker,
+                  max_stream=HOLD_S * 6, stream_heartbeat=STREAM_HEARTBEAT_S) if edge else {}
+    stack = Stack(config, nginx_workers=workers["nginx"], with_repair=False, fastpath_options=limits).start()
     return stack, config
 
 

@@ -25,8 +25,9 @@ _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 # an origin as a browser serializes it (lower case, no path): scheme "://" host [":" port]
-_ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)https?://(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
-                        r"|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?\Z")
+_ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)(https?)://([a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
+                        r"|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?\Z")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 _MAX_ORIGINS = 16
 
 
@@ -34,6 +35,18 @@ def is_decimal(text):
     """ASCII digits only: str.isdigit() alone is true of '²' (which int() refuses) and of other
     scripts' digits (which int() reads).  Every port, count and descriptor read from text uses it."""
     return text.isascii() and text.isdigit()
+
+
+def origin(scheme, host, port=None):
+    """The Origin a browser sends from a page at ``scheme``://``host``:``port`` (``port`` an int,
+    or None): the host in lower case, an IPv6 address in brackets, and no port when it is the
+    scheme's default, which a browser never sends (an origin list holding it would never match).
+    --edge-origins takes an origin only as this writes it; a site's default origins are built
+    with it (plurksite's PLURK_EDGE_ORIGINS)."""
+    host = host.lower()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + ("" if port is None or port == _DEFAULT_PORTS[scheme] else f":{port}")
 
 
 def comma_separated(text):
@@ -423,15 +436,20 @@ class Options:
 
     def _validate_edge(self):
         """--edge apart from --listen and --admin, and its origins exact (unused without it)."""
-        for origin in self.edge_origins or ():
-            if not _ORIGIN_RE.match(origin):
+        for entry in self.edge_origins or ():
+            match = _ORIGIN_RE.match(entry)
+            if not match:
                 raise ConfigurationError(
-                    f"bad --edge-origins entry {origin!r}: an origin as a browser sends it, "
+                    f"bad --edge-origins entry {entry!r}: an origin as a browser sends it, "
                     f"scheme://host[:port] in lower case without a path, e.g. https://www.example.com")
-            if origin.endswith(":443" if origin.startswith("https:") else ":80"):
-                raise ConfigurationError(
-                    f"bad --edge-origins entry {origin!r}: a browser never sends its scheme's default port "
-                    f"in an Origin, so it would never match; write {origin.rsplit(':', 1)[0]!r}")
+            scheme, host, port = match.groups()
+            port = None if port is None else int(port)
+            sent = origin(scheme, host, port)
+            if sent != entry:
+                why = ("a browser never sends its scheme's default port in an Origin" if port == _DEFAULT_PORTS[scheme]
+                       else "a browser writes a port without leading zeros")
+                raise ConfigurationError(f"bad --edge-origins entry {entry!r}: {why}, so it would never match; "
+                                         f"write {sent!r}")
         if len(self.edge_origins or ()) > _MAX_ORIGINS:
             raise ConfigurationError(f"--edge-origins takes at most {_MAX_ORIGINS} origins")
         if not self.edge:

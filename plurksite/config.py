@@ -317,15 +317,19 @@ def _path(name, value, get):
     return _resolve(value)
 
 
-def _integer(low, high):
-    """A parser of a whole number from ``low`` to ``high``."""
+def _integer(low, high, empty=False):
+    """A parser of a whole number from ``low`` to ``high`` (``empty``: also of "", which is
+    None: the consumer's own default)."""
     def parse(name, value, get):
+        if empty and not value.strip():
+            return None
         try:
             number = int(value)
         except ValueError:
             number = None
         if number is None or not low <= number <= high:
-            raise ConfigError(f"{name}={value!r}: expected a whole number from {low} to {high}")
+            raise ConfigError(f"{name}={value!r}: expected a whole number from {low} to {high}"
+                              f"{' or nothing' if empty else ''}")
         return number
     return parse
 
@@ -407,15 +411,16 @@ def default_edge_origins(get):
     when it is loopback, as `make run` prints both), and each name of PLURK_PUBLIC_HOSTS on the
     site's scheme (https with PLURK_HTTPS, at the default port: a balancer's) except wildcards,
     which no origin list can name."""
+    from fastpath.options import origin      # as a browser sends it: the form fastpath's check takes
+
     host, port = parse_hostport("PLURK_HTTP", get("PLURK_HTTP"))
     origins = []
-    at = "" if port == 80 else f":{port}"     # a browser never sends the default port
     if not _unspecified(host):
-        origins.append(f"http://{format_hostport(host, port)[:-len(str(port)) - 1]}{at}")
+        origins.append(origin("http", host, port))
     if is_loopback(host) and host != "localhost":
-        origins.append(f"http://localhost{at}")
+        origins.append(origin("http", "localhost", port))
     scheme = "https" if _boolean("PLURK_HTTPS", get("PLURK_HTTPS")) else "http"
-    origins += [f"{scheme}://{name}" for name in parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS"))
+    origins += [origin(scheme, name) for name in parse_host_names("PLURK_PUBLIC_HOSTS", get("PLURK_PUBLIC_HOSTS"))
                 if not name.startswith(".")]
     return ",".join(dict.fromkeys(origins))
 
@@ -572,6 +577,11 @@ VARIABLES = (
              "(`--edge-max-per-address`; `0`: no cap).  Behind the balancer's TLS edge every "
              "connection comes from the balancer's address: set `0` there and let "
              "`PLURK_MAX_HELD_PER_USER` cap each user"),
+    Variable("PLURK_EDGE_MAX_CONNS_PER_ADDRESS", "edge_max_conns_per_address", _integer(0, 1 << 20, empty=True),
+             _optional, "",
+             "connections the edge keeps open at once per client address, per fastpath worker, held or "
+             "not (`--edge-max-conns-per-address`; beyond it a new one is closed at once; `0`: no cap; "
+             "empty: twice `PLURK_EDGE_MAX_PER_ADDRESS`, so its `0` turns this off too)"),
     Variable("PLURK_WEB_EDGES", "web_edges", _hostport_list, _addresses, "",
              "the balancer's: comma-separated `host:port` list of the web hosts' `PLURK_EDGE`; with "
              "its certificate, the balancer terminates TLS for them on its https address at port "
@@ -663,6 +673,7 @@ class StackConfig:
     max_held_per_user: int          # fastpath --max-held-per-user (0: off)
     nginx_log_kb: int               # runstack rotates nginx's logs past this (0: never)
     edge_max_per_address: int       # fastpath --edge-max-per-address (0: off)
+    edge_max_conns_per_address: int  # fastpath --edge-max-conns-per-address (0: off; None: its default)
     web_edges: tuple                # ((host, port), ...): the balancer's TLS edge upstreams
 
     @classmethod

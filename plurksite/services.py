@@ -156,6 +156,7 @@ def fastpoll_settings(config):
             "EDGE_ORIGINS": list(config.edge_origins),
             # 0 behind a TLS terminator (the balancer's stream edge): every connection is its
             "EDGE_MAX_PER_ADDRESS": config.edge_max_per_address,
+            "EDGE_MAX_CONNS_PER_ADDRESS": config.edge_max_conns_per_address,
         })
     if config.fastpath_notify_udp:
         values["NOTIFY_BACKEND"] = "fastpoll.notify.UdpNotifier"
@@ -245,10 +246,12 @@ def local_memcached(config):
     return mine
 
 
-def commands(config, settings_module="plurksite.settings", poll_resources=None, with_repair=True):
+def commands(config, settings_module="plurksite.settings", poll_resources=None, with_repair=True,
+             fastpath_options=None):
     """Everything this host runs, in start order: [Command], each the very command line a
     systemd unit would run (with the PLURK_* environment of ``config.to_env()`` and
-    DJANGO_SETTINGS_MODULE).  The nginx ones read the file nginxconf.render() writes."""
+    DJANGO_SETTINGS_MODULE).  The nginx ones read the file nginxconf.render() writes.
+    ``fastpath_options`` go to fastpath_command (over the stack's own)."""
     cmds = []
     for host, port in local_memcached(config):
         cmds.append(Command("memcached", f"memcached:{format_hostport(host, port)}",
@@ -260,8 +263,8 @@ def commands(config, settings_module="plurksite.settings", poll_resources=None, 
     if config.runs("repair") and with_repair:
         cmds.append(Command("repair", "repaircache", repaircache_command(), None, "repaircache"))
     if config.runs("web"):
-        cmds.append(Command("web", "fastpath", fastpath_command(config, poll_resources), config.fastpath,
-                            "fastpath"))
+        cmds.append(Command("web", "fastpath", fastpath_command(config, poll_resources, **(fastpath_options or {})),
+                            config.fastpath, "fastpath"))
         cmds.append(Command("web", "nginx", nginx_command(nginx_conf_path(config), config.var_dir),
                             config.http, "nginx"))
     if config.runs("balancer"):

@@ -304,11 +304,14 @@ class Stack:
     """Every service of the stack for one :class:`~plurksite.config.StackConfig`."""
 
     def __init__(self, config, settings_module="plurksite.settings", nginx_workers="auto",
-                 extra_env=None, supervise=True, with_repair=None, poll_resources=None):
+                 extra_env=None, supervise=True, with_repair=None, poll_resources=None, fastpath_options=None):
         self.config = config
         # the poll resources fastpath answers (None: its default list); runstack passes every
         # resource registered with plurkcore, including an integrating app's own
         self.poll_resources = poll_resources
+        # fastpath options (fastpath.Options names) no PLURK_* variable sets, over the stack's
+        # own (services.fastpath_command): a benchmark's connection limits
+        self.fastpath_options = dict(fastpath_options or {})
         self.settings_module = settings_module
         self.nginx_workers = nginx_workers
         self.supervise = supervise
@@ -340,7 +343,8 @@ class Stack:
 
     def commands(self):
         """This host's services in start order (services.Command), as a systemd unit runs them."""
-        return services.commands(self.config, self.settings_module, self.poll_resources, self.with_repair)
+        return services.commands(self.config, self.settings_module, self.poll_resources, self.with_repair,
+                                 self.fastpath_options)
 
     def _runs_nginx(self):
         return self.config.runs("web") or self.config.runs("balancer")

@@ -9,7 +9,7 @@ import pytest
 
 import fastpath
 from fastpath import _server  # a build that does not import fails here, never skips
-from fastpath.options import OPTIONS, Options, build_parser, command_line
+from fastpath.options import OPTIONS, Options, build_parser, command_line, origin
 from plurksite import services
 from plurksite.config import StackConfig
 from tests.fastpath.conftest import SECRET, token
@@ -316,3 +316,29 @@ def test_max_headers_help_says_what_the_code_does():
     """A head beyond --max-headers goes to Django (404 MISS), it is never refused with 431."""
     help_text = next(opt for opt in OPTIONS if opt.attr == "max_headers").help
     assert "431" not in help_text and "404" in help_text and "MISS" in help_text
+
+
+@pytest.mark.parametrize("args, sent", [
+    (("https", "www.example.com", 443), "https://www.example.com"),
+    (("http", "WWW.Example.com", 80), "http://www.example.com"),
+    (("http", "127.0.0.1", 443), "http://127.0.0.1:443"),
+    (("https", "::1", 8443), "https://[::1]:8443"),
+    (("https", "[::1]", None), "https://[::1]"),
+])
+def test_an_origin_is_written_as_a_browser_sends_it_and_edge_origins_takes_it(args, sent):
+    assert origin(*args) == sent
+    Options(edge_origins=(sent,))._validate_edge()
+
+
+@pytest.mark.parametrize("entry, why", [
+    ("https://www.example.com:443", "a browser never sends its scheme's default port in an Origin, so it would "
+                                    "never match; write 'https://www.example.com'"),
+    ("http://[::1]:80", "a browser never sends its scheme's default port in an Origin, so it would never match; "
+                        "write 'http://[::1]'"),
+    ("http://localhost:08000", "a browser writes a port without leading zeros, so it would never match; "
+                               "write 'http://localhost:8000'"),
+])
+def test_an_origin_a_browser_never_sends_is_refused_naming_the_one_it_sends(entry, why):
+    with pytest.raises(fastpath.ConfigurationError, match=f"^bad --edge-origins entry {re.escape(repr(entry))}: "
+                                                          f"{re.escape(why)}$"):
+        Options(edge_origins=(entry,))._validate_edge()

@@ -2,7 +2,7 @@
 the balancer's nginx terminates TLS in a ``stream {}`` (nginx/balancer-edge.conf.template) before
 the web hosts' edges.  A real nginx on loopback, stand-in edges that record what reached them and
 a certificate of a CA made here; through the cluster with fastpath's own edges:
-tests/cluster/test_edge_tls.py."""
+tests/cluster/test_tls.py."""
 import os
 import socket
 import ssl

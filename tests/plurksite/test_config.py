@@ -386,6 +386,39 @@ def test_the_edge_is_on_by_default_on_loopback_for_the_sites_origins():
     assert (fastpoll["EDGE_ADDRESS"], fastpoll["EDGE_URL"]) == ("127.0.0.1:8003", None)
 
 
+def test_the_edges_per_address_caps_reach_fastpoll_and_fastpath():
+    from plurksite import services
+
+    config = StackConfig.from_env({})
+    assert (config.edge_max_per_address, config.edge_max_conns_per_address) == (64, None)
+    assert config.to_env()["PLURK_EDGE_MAX_CONNS_PER_ADDRESS"] == ""
+    assert "--edge-max-conns-per-address" not in services.fastpath_command(config)    # fastpath's: 2 x 64
+    lifted = StackConfig.from_env({"PLURK_EDGE_MAX_PER_ADDRESS": "0", "PLURK_EDGE_MAX_CONNS_PER_ADDRESS": "0"})
+    assert StackConfig.from_env(lifted.to_env()) == lifted
+    fastpoll = services.fastpoll_settings(lifted)
+    assert (fastpoll["EDGE_MAX_PER_ADDRESS"], fastpoll["EDGE_MAX_CONNS_PER_ADDRESS"]) == (0, 0)
+    argv = services.fastpath_command(lifted)
+    assert argv[argv.index("--edge-max-per-address") + 1] == "0"
+    assert argv[argv.index("--edge-max-conns-per-address") + 1] == "0"
+    argv = services.fastpath_command(StackConfig.from_env({"PLURK_EDGE_MAX_CONNS_PER_ADDRESS": " 500 "}))
+    assert argv[argv.index("--edge-max-conns-per-address") + 1] == "500"
+    with pytest.raises(ConfigError, match=r"^PLURK_EDGE_MAX_CONNS_PER_ADDRESS='-1': expected a whole number "
+                                          r"from 0 to 1048576 or nothing$"):
+        StackConfig.from_env({"PLURK_EDGE_MAX_CONNS_PER_ADDRESS": "-1"})
+
+
+def test_fastpath_options_no_variable_sets_go_over_the_stacks_own():
+    """What a benchmark gives Stack(fastpath_options=...) (services.commands) reaches fastpath."""
+    from plurksite import services
+
+    config = StackConfig.from_env({})
+    argv = next(c.argv for c in services.commands(config, fastpath_options={"max_connections": 900, "max_wait": 7})
+                if c.name == "fastpath")
+    assert argv[argv.index("--max-connections") + 1] == "900" and argv[argv.index("--max-wait") + 1] == "7"
+    plain = next(c.argv for c in services.commands(config) if c.name == "fastpath")
+    assert plain[plain.index("--max-wait") + 1] == "55" and plain == services.fastpath_command(config)
+
+
 def test_an_empty_plurk_edge_runs_no_edge():
     from plurksite import services
 
@@ -408,6 +441,9 @@ def test_the_default_edge_origins_are_the_sites_public_names_on_its_scheme():
     assert services.fastpoll_settings(config)["COOKIE_DOMAIN"] == ".example.com"
     plain = StackConfig.from_env({"PLURK_HTTP": "127.0.0.1:80"})
     assert plain.edge_origins == ("http://127.0.0.1", "http://localhost")   # never the default port
+    # written by fastpath's own origin(): brackets, lower case, the default port left out
+    v6 = StackConfig.from_env({"PLURK_HTTP": "[::1]:80", "PLURK_HTTPS": "1", "PLURK_PUBLIC_HOSTS": "WWW.Example.com"})
+    assert v6.edge_origins == ("http://[::1]", "http://localhost", "https://www.example.com")
 
 
 def test_a_public_edge_with_its_url_and_origins():
