@@ -27,7 +27,6 @@ import re
 import resource
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
