@@ -12,9 +12,9 @@ listeners together):
   nginx   --held long-polls of one token through nginx (Prefer: wait, the current ETag)
   edge    --held long-polls of the same token on fastpath's edge
 
-In each, once all are held (fastpath's fastpath_held_polls says so, and none was answered):
-another user's poll, --polls times, each on a new connection, through nginx and on the edge:
-latency (connect to the whole answer), median and max, and whether fastpath answered each
+In each, once all are held (opened in batches of 250, each held before the next; fastpath's
+fastpath_held_polls says so, and none was answered): another user's poll, --polls times, each on
+a new connection, through nginx and on the edge: latency (connect to the whole answer), median and max, and whether fastpath answered each
 (X-Cache: HIT); then the token's next long-poll, 10 times: status, Retry-After, and the time to
 the whole answer; then that the --held are still held.  Goal: another user's poll answered by
 fastpath within 100 ms (the max of --polls), and the one beyond the cap refused (429 with
@@ -40,6 +40,7 @@ from bench.common import progress, write_result  # noqa: E402
 HOST = "127.0.0.1"
 GOAL_MS = 100
 REFUSALS = 10
+BATCH = 250
 
 
 def _metric(config, name):
@@ -52,6 +53,23 @@ def _hold(port, token, etag):
     sock.sendall((f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: {HOST}:{port}\r\nAuthorization: Bearer {token}\r\n"
                   f"Prefer: wait=600\r\nIf-None-Match: {etag}\r\nConnection: close\r\n\r\n").encode())
     return sock
+
+
+def _answered(socks):
+    """What ``socks`` that have something to read were answered ({status line: count}; a close
+    is "closed"): none, while held."""
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in socks}
+    for sock in socks:
+        poller.register(sock, select.POLLIN)
+    answers = {}
+    for fd, _ in poller.poll(0):
+        try:
+            head = _answer(by_fd[fd], 2.0).split("\r\n", 1)[0] or "closed"
+        except OSError as exc:
+            head = type(exc).__name__
+        answers[head] = answers.get(head, 0) + 1
+    return answers
 
 
 def _answer(sock, timeout=10.0):
@@ -103,14 +121,19 @@ def phase(name, stack, port, token, other, count, polls):
     etag = _etag(port, token)
     progress(f"{name}: opening {count} long-polls of one token")
     began = time.monotonic()
-    held = [_hold(port, token, etag) for _ in range(count)]
-    deadline = time.monotonic() + 60
-    while _metric(config, "fastpath_held_polls") < count and time.monotonic() < deadline:
-        time.sleep(0.2)
+    held = []
+    # in batches, each held before the next: a burst of thousands in a fraction of a second can
+    # overflow fastpath's listen backlog behind nginx (its fallback, Django, then answers some
+    # at once), which is the backlog's figure, not the cap's
+    while len(held) < count:
+        held += [_hold(port, token, etag) for _ in range(min(BATCH, count - len(held)))]
+        deadline = time.monotonic() + 30
+        while _metric(config, "fastpath_held_polls") < len(held) and time.monotonic() < deadline:
+            time.sleep(0.05)
     opened_s = time.monotonic() - began
     holding = _metric(config, "fastpath_held_polls")
-    answered = sum(len(select.select(held[i:i + 500], [], [], 0)[0]) for i in range(0, count, 500))
-    progress(f"{name}: {holding} held in {opened_s:.1f} s, {answered} answered")
+    answered = _answered(held)
+    progress(f"{name}: {holding} held in {opened_s:.1f} s, answered: {answered or 'none'}")
     others = {}
     for where, other_port in (("through nginx", config.http[1]), ("on the edge", config.edge[1])):
         _etag(other_port, other)
@@ -127,17 +150,20 @@ def phase(name, stack, port, token, other, count, polls):
     refusals, times = {}, []
     for _ in range(REFUSALS):
         t0 = time.monotonic()
-        head = _answer(_hold(port, token, etag))
+        try:
+            head = _answer(_hold(port, token, etag), 5.0)
+        except TimeoutError:
+            head = "held"
         times.append(time.monotonic() - t0)
-        status = head.split(" ", 2)[1] if head else "closed"
+        status = head.split(" ", 2)[1] if head.startswith("HTTP/") else head or "closed"
         retry = re.search(r"(?im)^retry-after: (\d+)\r?$", head)
         key = f"{status} Retry-After {retry.group(1)}" if retry else status
         refusals[key] = refusals.get(key, 0) + 1
     refused = _metric(config, "fastpath_held_refused_total") - refused0
     still = _metric(config, "fastpath_held_polls")
-    answered_after = sum(len(select.select(held[i:i + 500], [], [], 0)[0]) for i in range(0, count, 500))
+    answered_after = _answered(held)
     progress(f"{name}: next long-poll of the token: {refusals}, median {_ms(statistics.median(times))} ms, "
-             f"max {_ms(max(times))} ms; {still} still held, {answered_after} answered")
+             f"max {_ms(max(times))} ms; {still} still held, answered: {answered_after or 'none'}")
     for sock in held:
         sock.close()
     deadline = time.monotonic() + 60
@@ -162,8 +188,10 @@ def main(argv=None):
     from tests.support.stack import TestStack, stack_config
 
     command = services.fastpath_command
-    # the edge takes every held poll of the run (its default cap is 2,048 a worker)
-    services.fastpath_command = lambda *a, **kw: command(*a, **dict(kw, edge_max_connections=args.held + 1000))
+    # one worker takes every held poll of the run (the edge's default cap is 2,048 a worker), its
+    # two listeners' caps together within the 20,000 descriptors a process may have here
+    services.fastpath_command = lambda *a, **kw: command(*a, **dict(kw, edge_max_connections=args.held + 1000,
+                                                                     max_connections=args.held + 2000))
     result = {"what": "one token holding as many long-polls as its cap allows (PLURK_MAX_HELD_PER_USER), "
                       "through nginx and on the edge: another user's poll, and the token's next long-poll",
               "cap": args.held}
@@ -179,7 +207,7 @@ def main(argv=None):
     goals = {}
     for name in ("nginx", "edge"):
         r = result[name]
-        fastest = all(o["max_ms"] <= GOAL_MS and o["x_cache"] == {"HIT": o["polls"]} for o in r["other_user"].values())
+        fastest = not r["answered_while_held"] and all(o["max_ms"] <= GOAL_MS and o["x_cache"] == {"HIT": o["polls"]} for o in r["other_user"].values())
         goals[f"{name}: {args.held:,} held by one token, another user's poll answered by fastpath "
               f"within {GOAL_MS} ms"] = r["held"] >= args.held and fastest
         refused = r["beyond_the_cap"]
