@@ -181,7 +181,7 @@ def public_face_rows():
             out.append(f"| {name}{resumed} | **{r['balancer_cpu_us_per_request']:.1f} us** | "
                        f"{_span(r['rounds_cpu_us_per_request'], '.1f')} | {r['requests_per_s']:,} |")
         out.append("")
-        out.append("- " + "; ".join(f"{k}: **{r['median_over_median']:.2f}x** (rounds {_span(r['rounds'])})"
+        out.append("- " + "; ".join(f"{k}: **{r['median_over_median']:.3f}x** (rounds {_span(r['rounds'])})"
                                     for k, r in doc["ratios"].items()))
         out.append("- goals: " + "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in doc["goals"].items()))
         out.append("")
@@ -239,7 +239,7 @@ def public_face_headline_rows():
         goal = next(iter(doc["goals"].values()))
         rows.append(("a poll over TLS through the balancer against plain HTTP (balancer CPU per poll, kept "
                      "connections)",
-                     f"**{r['median_over_median']:.2f}x** (rounds {_span(r['rounds'])}; "
+                     f"**{r['median_over_median']:.3f}x** (rounds {_span(r['rounds'])}; "
                      f"{modes['kept TLS']['balancer_cpu_us_per_request']:.1f} / "
                      f"{modes['kept plain']['balancer_cpu_us_per_request']:.1f} us); a new connection each: "
                      f"full handshake {modes['new TLS full handshake']['balancer_cpu_us_per_request']:.0f} us, "
