@@ -155,7 +155,119 @@ def tables():
                        f"max {f(lat['max'])}.\n")
     out += longpoll_rows(_load("longpoll"))
     out += edge_rows(_load(EDGE_RUN))
+    out += public_face_rows()
     return "\n".join(out)
+
+
+def _kept_tls(doc):
+    return doc["ratios"]["kept TLS / kept plain"]
+
+
+def public_face_rows():
+    """Issue 32's figures: the balancer's CPU per poll over TLS (bench/tls.py), held streams over
+    TLS beside plain (bench/edgetls.py), one token at its cap (bench/onetoken.py)."""
+    out = []
+    doc = _load("tls")
+    if doc:
+        m, t = doc["machine"], doc["tls"]
+        out.append(f"TLS at the balancer (`bench/tls.py`, {m['date']}, commit {m['commit']}; {t['protocol']} "
+                   f"{t['cipher']}, {t['openssl']}): the balancer's nginx CPU (master + worker) per poll, "
+                   f"median of {doc['rounds']} alternated rounds of {doc['seconds']} s; kept: wrk -t1 "
+                   f"-c{doc['connections']}; new: {doc['new_connection_threads']} threads, one poll per "
+                   f"connection:\n")
+        out += _head("mode", "balancer CPU per poll", "rounds", "polls/s (median round)")
+        for name, r in doc["modes"].items():
+            resumed = f" ({r['resumed']:,} of {r['handshakes']:,} resumed)" if r.get("handshakes") else ""
+            out.append(f"| {name}{resumed} | **{r['balancer_cpu_us_per_request']:.1f} us** | "
+                       f"{_span(r['rounds_cpu_us_per_request'], '.1f')} | {r['requests_per_s']:,} |")
+        out.append("")
+        out.append("- " + "; ".join(f"{k}: **{r['median_over_median']:.3f}x** (rounds {_span(r['rounds'])})"
+                                    for k, r in doc["ratios"].items()))
+        out.append("- goals: " + "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in doc["goals"].items()))
+        out.append("")
+    doc = _load("edgetls")
+    if doc and "summary" in doc:
+        s, m = doc["summary"], doc["machine"]
+        out.append(f"Held streams over TLS (`bench/edgetls.py`, {m['date']}, commit {m['commit']}; "
+                   f"{doc['streams']:,} streams, PSS per held stream):\n")
+        out += _head("path", "fastpath", "TLS terminator (nginx stream)", "all", "CPU per event")
+        out.append(f"| plain edge | {_b(s['fastpath_pss_bytes_per_stream'])} | - | "
+                   f"{_b(s['fastpath_pss_bytes_per_stream'])} | {s['plain_cpu_us_per_event']} us |")
+        out.append(f"| TLS at the balancer's nginx | {_b(s['fastpath_pss_bytes_per_stream'])} (the same connection) | "
+                   f"{_b(s['tls_nginx_stream_pss_bytes_per_stream'])} | {_b(s['tls_total_pss_bytes_per_stream'])} | "
+                   f"{s['tls_cpu_us_per_event']} us |")
+        out.append("")
+        if doc.get("goals"):
+            out.append("- goals: " + "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in doc["goals"].items()))
+            out.append("")
+    doc = _load("onetoken")
+    if doc:
+        m = doc["machine"]
+        out.append(f"One token at its cap (`bench/onetoken.py`, {m['date']}, commit {m['commit']}; "
+                   f"PLURK_MAX_HELD_PER_USER={doc['cap']:,}, one fastpath worker):\n")
+        out += _head("one token's long-polls held", "another user's poll through nginx (median / max)",
+                     "on the edge (median / max)", "the next long-poll of the token (median / max)")
+        for name in ("nginx", "edge"):
+            r = doc[name]
+            o, b = r["other_user"], r["beyond_the_cap"]
+            out.append(f"| {r['held']:,} {'through nginx' if name == 'nginx' else 'on the edge'} | "
+                       + " | ".join(f"{v['median_ms']:.2f} / **{v['max_ms']:.1f} ms** ({_answers(v['x_cache'], 'X-Cache')})"
+                                    for v in o.values())
+                       + f" | {_refusals(b)}: {b['median_ms']:.2f} / **{b['max_ms']:.1f} ms** |")
+        out.append("")
+        out.append("- goals: " + "; ".join(f"{k}: {'met' if v else '**not met**'}" for k, v in doc["goals"].items()))
+        out.append("")
+    return out
+
+
+def _answers(counts, name=""):
+    """"50 HIT" of {"HIT": 50}."""
+    return ", ".join(f"{v:,} {name + ' ' if name else ''}{k}" for k, v in counts.items())
+
+
+def _refusals(beyond):
+    """"429, Retry-After 5 (10 of 10)" of bench/onetoken.py's tries beyond the cap."""
+    return ", ".join(f"{k.replace(' Retry', ', Retry')} ({v} of {beyond['tries']})" for k, v in beyond["answers"].items())
+
+
+def public_face_headline_rows():
+    rows = []
+    doc = _load("tls")
+    if doc:
+        r = _kept_tls(doc)
+        modes = doc["modes"]
+        goal = next(iter(doc["goals"].values()))
+        rows.append(("a poll over TLS through the balancer against plain HTTP (balancer CPU per poll, kept "
+                     "connections)",
+                     f"**{r['median_over_median']:.3f}x** (rounds {_span(r['rounds'])}; "
+                     f"{modes['kept TLS']['balancer_cpu_us_per_request']:.1f} / "
+                     f"{modes['kept plain']['balancer_cpu_us_per_request']:.1f} us); a new connection each: "
+                     f"full handshake {modes['new TLS full handshake']['balancer_cpu_us_per_request']:.0f} us, "
+                     f"resumed {modes['new TLS resumed']['balancer_cpu_us_per_request']:.0f} us, plain "
+                     f"{modes['new plain']['balancer_cpu_us_per_request']:.0f} us",
+                     f"≤ 1.3x: {'met' if goal else '**not met**'}"))
+    doc = _load("edgetls")
+    if doc and "summary" in doc:
+        s = doc["summary"]
+        ok = s["fastpath_pss_bytes_per_stream"] <= 2048
+        rows.append(("memory per held stream, plain edge / TLS at the balancer (PSS, all processes)",
+                     f"{_b(s['fastpath_pss_bytes_per_stream'])} / **{_kb(s['tls_total_pss_bytes_per_stream'])}** "
+                     f"(fastpath {_b(s['fastpath_pss_bytes_per_stream'])} + nginx stream "
+                     f"{_kb(s['tls_nginx_stream_pss_bytes_per_stream'])}) at {doc['streams']:,}",
+                     f"fastpath's part <= 2 KB: {'met' if ok else '**not met**'}; TLS: reported"))
+    doc = _load("onetoken")
+    if doc:
+        cells = []
+        for name in ("nginx", "edge"):
+            r = doc[name]
+            worst = max(v["max_ms"] for v in r["other_user"].values())
+            cells.append(f"{r['held']:,} held {'through nginx' if name == 'nginx' else 'on the edge'}: another "
+                         f"user's poll max **{worst:.1f} ms**, the next one {_refusals(r['beyond_the_cap'])} "
+                         f"in ≤ {r['beyond_the_cap']['max_ms']:.1f} ms")
+        met = all(doc["goals"].values())
+        rows.append((f"one token holding {doc['cap']:,} long-polls (its cap)", "; ".join(cells),
+                     f"another's poll ≤ 100 ms, the next refused at once: {'met' if met else '**not met**'}"))
+    return rows
 
 
 def main():
@@ -643,10 +755,10 @@ def headline_rows():
 def headline():
     """The README's table: :func:`headline_rows` with the runs' commits and a link to the rest."""
     commits = sorted({d["machine"]["commit"] for d in map(_load, ("throughput", "connbench", "longpoll", EDGE_RUN)
-                                                                 + STREAM_LOADS)
+                                                                 + STREAM_LOADS + ("tls", "edgetls", "onetoken"))
                       if d and d.get("machine", {}).get("commit")})
     out = _head("comparison (one run each, 2 shared cores; read the ratios)", "figure", "goal")
-    out += [f"| {a} | {b} | {c} |" for a, b, c in headline_rows() + edge_headline_rows()]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in headline_rows() + edge_headline_rows() + public_face_headline_rows()]
     out.append("")
     out.append(f"Measured at {', '.join(commits) or 'n/a'} by `make bench`; every table, the history of the "
                f"runs and what each figure means: [docs/benchmarks.md](docs/benchmarks.md).")

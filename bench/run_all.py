@@ -18,7 +18,13 @@
                         layer alone, 100,000 and 200,000 streams held on the edge)
 7. bench/cluster.py     the namespace cluster with 1 and 2 web hosts: polls through the balancer
                         and long-poll delivery (root only; `make drill` runs the failure drills)
-8. (--with-10k)         10,000 polling users in locust's multi-process mode, with the stack's
+8. bench/tls.py         the balancer's CPU per poll over TLS against plain HTTP (kept connections,
+                        new ones with a full handshake and resumed), alternated rounds
+9. bench/edgetls.py     held streams through the balancer's TLS edge beside the plain edge: memory
+                        per stream, CPU per event
+10. bench/onetoken.py   one token holding its cap of 5,000 long-polls (nginx, then the edge):
+                        another user's poll latency, the next one's 429
+11. (--with-10k)        10,000 polling users in locust's multi-process mode, with the stack's
                         CPU and memory (bench/load.py --preset 10k, also `make load-10k`)
 Results: bench/results/*.json and *.png; bench/report.py prints the markdown table.
 """
@@ -77,6 +83,13 @@ def main():
                                                              if args.quick else [])) != 0
     else:
         progress("=== cluster: skipped (network namespaces need root)")
+    # the public face (issue 32): TLS at the balancer, streams over TLS, one token at its cap
+    failures += step("TLS at the balancer", ["bench/tls.py"] + (["--rounds", "1", "--seconds", "2"]
+                                                                 if args.quick else [])) != 0
+    failures += step("streams over TLS", ["bench/edgetls.py"] + (["--streams", "500", "--events", "2"]
+                                                                  if args.quick else [])) != 0
+    failures += step("one token at its cap", ["bench/onetoken.py"] + (["--held", "500", "--polls", "10"]
+                                                                      if args.quick else [])) != 0
     if args.with_10k:
         failures += step("10k users", ["bench/load.py", "--preset", "10k"]) != 0
     step("plots", ["bench/plot.py"])
