@@ -12,7 +12,8 @@ the accounts in bulk (logged in, answers already cached; with --prefollow the so
 and L accounts with a password through /api/signup (their users log in with /api/login), runs
 locust headless (--processes N: locust's distributed mode, N workers; every account is run by one
 user of one process), then merges every process's records and reports: delivery latency (post
-committed -> first seen by a follower, p50/p95/p99/max), messages lost (a follower who followed before
+created -> first seen by a follower, p50/p95/p99/max: the plurk's own timestamp, the clock locust
+and the stack share on this machine; a delivery seen before it fails the run, never reads 0 ms), messages lost (a follower who followed before
 the post and polled after it never saw it: must be 0), request failures (with their kinds),
 exceptions raised in locust tasks, the cache hit ratio the pollers saw, and the CPU and memory of
 each part of the stack (nginx, fastpath, memcached, gunicorn, the cache repairer, PostgreSQL when
@@ -159,6 +160,13 @@ def problems_of(verdict):
         problems.append(f"{verdict['exceptions']} exceptions in locust tasks")
     if verdict["locust_exit"] != 0:
         problems.append(f"locust exited with status {verdict['locust_exit']}")
+    if verdict.get("clock_disagreements"):
+        problems.append(f"{verdict['clock_disagreements']} deliveries seen before their plurk's created: the "
+                        "clocks of locust and the server disagree, the latencies are not a measure (run "
+                        "locust on the stack's machine, or sync the clocks)")
+    if verdict.get("untimed_deliveries"):
+        problems.append(f"{verdict['untimed_deliveries']} deliveries of posts recorded without their created: "
+                        "the latencies leave them out (records of an older locustfile?)")
     if not verdict["requests"]:
         problems.append("no requests")
     expected = verdict["record_files_expected"]

@@ -26,8 +26,9 @@ a custom message), never by an offset computed at import time (locust imports th
 Delivery, in locust itself: every first sight of a plurk by a follower is a ``delivery`` request
 in locust's statistics (response time = from the plurk's ``created`` on the server to its first
 sight, for plurks created after the follower started; same clock when locust runs on the stack's
-machine).  When the test stops, each process that ran users prints one ``delivery (...)`` line:
-plurks, deliveries checked, messages lost, latency from commit to first sight, poll hit ratio
+machine; one seen before its ``created`` is a failed delivery request naming the clocks, never
+0 ms).  When the test stops, each process that ran users prints one ``delivery (...)`` line:
+plurks, deliveries checked, messages lost, latency from the plurk's ``created`` to first sight, poll hit ratio
 (``X-Cache``), by the rule of locustfiles/_delivery.py applied to its own records; a loss sets
 the process's exit code to 1, which in a single-process run is locust's exit status (failed
 requests and exceptions in tasks already make it 1).  With several processes a worker judges only
@@ -68,7 +69,7 @@ Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_M
                   nginx: Django fills the cache), then the stream opens again.  Streams are named
                   ``/Poll/getUnreadCount (stream)`` (response time: until the head) and, on the
                   edge, ``/Poll/getUnreadCount (edge stream)``.
-Delivery latency is measured the same way in both, from the plurk's commit to its first sight.
+Delivery latency is measured the same way in all three, from the plurk's ``created`` to its first sight.
 Both read as the page does: what was shown is marked read (one markRead) once it has been seen
 ``PLURK_LOAD_READ_AFTER_S``; in long mode a hold then ends when the read falls due.
 
@@ -244,6 +245,11 @@ def _check_token(body):
 
 def _check_id(body):
     return None if _is_int(body.get("id")) else "no id"
+
+
+def _check_plurk(body):
+    """A posted plurk: its id, and its ``created`` (the delivery latency is measured from it)."""
+    return _check_id(body) or (None if _created(body) is not None else "no created")
 
 
 def _check_any(body):
@@ -684,10 +690,14 @@ class _Plurker(FastHttpUser):
         if created is None or item.get("author") == self.username or self.ready_at is None \
                 or created < self.ready_at:
             return
+        latency = now - created
+        # seen before it was created: the clocks disagree -- a failure of the measure, not 0 ms
+        problem = None if latency >= 0 else RuntimeError(
+            f"seen {-latency * 1000:.0f} ms before its created: the clocks of locust and the server disagree")
         self.environment.events.request.fire(
             request_type="delivery", name="plurk first seen by a follower",
-            response_time=max(0.0, now - created) * 1000, response_length=0, response=None,
-            context={}, exception=None)
+            response_time=max(latency, 0.0) * 1000, response_length=0, response=None,
+            context={}, exception=problem)
 
     def _polled(self, started):
         with _lock:
@@ -704,10 +714,10 @@ class _Plurker(FastHttpUser):
         started = time.time()
         with self.client.post("/api/plurks", json={"content": text}, headers=self._auth(),
                               name="/api/plurks", catch_response=True) as resp:
-            body = _body(resp, (201,), _check_id)
+            body = _body(resp, (201,), _check_plurk)
         if body is not None:
             with _lock:
-                _records["posts"].append([self.username, body["id"], started, time.time()])
+                _records["posts"].append([self.username, body["id"], started, time.time(), _created(body)])
         return body
 
 
