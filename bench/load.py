@@ -559,8 +559,11 @@ def main(argv=None):
     print(f"\n{verdict['users']} users, {verdict['processes']} locust process(es), {verdict['run_time_s']} s")
     print(f"plurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
           f"LOST {verdict['lost']}")
-    print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, p99 {fmt(lat['p99'])}, "
-          f"max {fmt(lat['max'])}")
+    print(f"delivery latency (the plurk's created -> first seen) p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, "
+          f"p99 {fmt(lat['p99'])}, max {fmt(lat['max'])}; {verdict['clock_disagreements']} seen before created")
+    for name, st in verdict["stages_s"].items():
+        if st["deliveries"]:
+            print(f"  stage {name:6s} p50 {fmt(st['p50'])}, p99 {fmt(st['p99'])} ({st['deliveries']} deliveries)")
     print(f"requests {verdict['requests']}, failures {verdict['failures']}, exceptions {verdict['exceptions']}, "
           f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
     print(f"accounts {verdict['distinct_accounts']} distinct ({verdict['password_logins']} logged in with a password), "

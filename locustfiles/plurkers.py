@@ -309,6 +309,18 @@ def _edge_address():
     return tuple(edge) if edge else None
 
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # Linux; SCM_TIMESTAMPNS is the same
+
+
+def _kernel_time(ancillary):
+    """The receive time of SCM_TIMESTAMPNS ancillary data (a struct timespec), or None."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = int.from_bytes(data[:8], sys.byteorder), int.from_bytes(data[8:16], sys.byteorder)
+            return sec + nsec / 1e9
+    return None
+
+
 class _EventReader:
     """The client side of one Server-Sent Events answer on a socket: the head, then the body's
     events (chunked, Content-Length or until the end), each a dict of its fields (``data`` lines
@@ -317,10 +329,22 @@ class _EventReader:
     def __init__(self, sock):
         self.sock = sock
         self.buf = b""
+        # when the kernel received the bytes last read (SO_TIMESTAMPNS), against when this
+        # greenlet got them: the delivery's split between the stack and locust's own scheduling
+        self.arrived = None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            self.stamped = True
+        except OSError:
+            self.stamped = False
 
     def _recv(self, timeout):
         self.sock.settimeout(timeout)
-        data = self.sock.recv(65536)
+        if self.stamped:
+            data, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(16))
+            self.arrived = _kernel_time(ancillary)
+        else:
+            data = self.sock.recv(65536)
         if not data:
             raise ValueError("connection closed")
         self.buf += data
@@ -445,16 +469,17 @@ class _Plurker(FastHttpUser):
         if count and count == self.known:       # what was shown is all there is (the page's rule)
             self._polled(started)
         else:
-            self._read(started, count)
+            self._read(started, count, (None, time.time()))
         self._mark_read_if_due()
 
-    def _read(self, started, announced):
+    def _read(self, started, announced, at=(None, None)):
         """After a count answer of a poll begun at ``started``: fetch the messages when something
         is unread, count deliveries, and set when what was shown falls due to be marked read
         (:meth:`_mark_read_if_due` sends it).  False when the messages are
         behind the count that announced them (two keys, written one after the other: the count
         can be read first); the poll is then not complete and the long-poll must ask again soon
-        instead of holding on the count's ETag."""
+        instead of holding on the count's ETag.  ``at``: (when the kernel received the count's
+        answer, or None; when this greenlet handled it), recorded with each first sight."""
         body = self._get_poll("getMessages", _check_messages) if announced else {}
         if body is None:
             return False
@@ -474,7 +499,7 @@ class _Plurker(FastHttpUser):
             for item in items:
                 if item["kind"] == "plurk" and item["id"] not in self.seen:
                     self.seen.add(item["id"])
-                    _records["seen"].append([self.username, item["id"], now])
+                    _records["seen"].append([self.username, item["id"], now, *at])
                     fresh.append(item)
         self._polled(started)
         for item in fresh:
@@ -565,7 +590,7 @@ class _Plurker(FastHttpUser):
                     count, held, quick, status = answer
                     if status == 304 and count == self.known:
                         self._polled(started)             # unchanged since the last answer handled
-                    elif not self._read(started, count):
+                    elif not self._read(started, count, (None, time.time())):
                         held = False                      # messages behind the count: ask again soon
             except Exception:             # a bug here must not stop this user's polling in silence
                 log.exception("long-poll of %s", self.username)
@@ -612,7 +637,7 @@ class _Plurker(FastHttpUser):
         headers = f"Authorization: Bearer {self.token}\r\nAccept: text/event-stream\r\n"
         if self.etag:
             headers += f"Last-Event-ID: {self.etag}\r\n"
-        started, began = time.perf_counter(), time.time()
+        started = time.perf_counter()
         meta = {"request_type": "GET", "name": name, "response_length": 0, "response": None, "context": {},
                 "exception": None}
         try:
@@ -652,7 +677,7 @@ class _Plurker(FastHttpUser):
                     return 0
                 if "data" not in event:
                     continue
-                self._stream_event(event, began)
+                self._stream_event(event, reader.arrived)
                 self._mark_read_if_due()
             return pause
         except (OSError, ValueError) as exc:
@@ -668,7 +693,7 @@ class _Plurker(FastHttpUser):
             return STREAM_QUIET_S
         return max(0.05, min(STREAM_QUIET_S, self.read_due - time.monotonic()))
 
-    def _stream_event(self, event, began):
+    def _stream_event(self, event, arrived):
         """One count answer on the stream: as a long-poll's 200 (the messages when the count is
         not what was shown; again, a moment later, while they are behind it)."""
         data = event["data"]
@@ -679,7 +704,7 @@ class _Plurker(FastHttpUser):
             self._polled(now)
             return
         for attempt in range(5):
-            if self._read(now, count):
+            if self._read(now, count, (arrived, now)):
                 return
             gevent.sleep(0.1 * (attempt + 1))
 

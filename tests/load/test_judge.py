@@ -64,6 +64,28 @@ def test_latency_is_from_created_even_when_the_authors_201_comes_later():
     assert verdict["clock_disagreements"] == 0 and verdict["untimed_deliveries"] == 0
 
 
+def test_stages_split_each_delivery_at_the_events_arrival_and_handling():
+    """created -> arrived (kernel) is the stack's, arrived -> handled locust's, handled -> seen the
+    getMessages fetch; a sight without them (a poll) counts in the latency only."""
+    posts = [["alice", 1, 100.0, 100.2, 100.010]]
+    seen = [["bob", 1, 100.060, 100.020, 100.045], ["carol", 1, 100.5]]
+    rec = _records(["alice", "bob", "carol"], posts, [["bob", "alice", 0.0], ["carol", "alice", 0.0]],
+                   polls={"bob": 101.0, "carol": 101.0}, seen=seen)
+    verdict = _delivery.judge([rec])
+    stages = verdict["stages_s"]
+    assert stages["stack"]["deliveries"] == stages["client"]["deliveries"] == stages["fetch"]["deliveries"] == 1
+    assert abs(stages["stack"]["p50"] - 0.010) < 1e-9
+    assert abs(stages["client"]["p50"] - 0.025) < 1e-9
+    assert abs(stages["fetch"]["p99"] - 0.015) < 1e-9
+    assert verdict["deliveries_checked"] == 2 and abs(verdict["delivery_latency_s"]["max"] - 0.490) < 1e-9
+    assert "stack p50 10 ms" in _delivery.summary(verdict)
+    # shown by a fetch an earlier event announced (handled before it was created): no stages
+    rec["seen"] = [["bob", 1, 100.060, 99.990, 100.000], ["carol", 1, 100.5]]
+    verdict = _delivery.judge([rec])
+    assert verdict["stages_announced_before"] == 1 and verdict["stages_s"]["stack"]["deliveries"] == 0
+    assert abs(verdict["delivery_latency_s"]["p50"] - 0.050) < 1e-9
+
+
 def test_a_delivery_before_its_created_is_counted_and_kept_not_clamped():
     posts = [["alice", 1, 100.0, 100.2, 100.1]]
     seen = [["bob", 1, 100.05], ["carol", 1, 100.3]]            # bob: 50 ms before created
