@@ -147,6 +147,28 @@ def _locust_details(csv_prefix):
             sorted(exceptions, key=lambda e: -e["count"]), history)
 
 
+def _cpu_times():
+    """(busy, total) jiffies of the whole machine, from /proc/stat's first line."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)        # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def machine_cpu(before, after, components=None):
+    """The machine's CPU use between two :func:`_cpu_times` readings, in % of one core (200% on
+    2 cores), and what of it was not the stack nor locust (``others``: on this shared machine,
+    other agents' tests) when ``components`` (the sampler's mean % per component) is given."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    cores = os.cpu_count() or 1
+    used = round(100 * cores * busy / total, 1) if total > 0 else None
+    out = {"cores": cores, "busy_pct": used}
+    if components is not None and used is not None:
+        ours = sum(c["cpu_pct_mean"] for c in components.values())
+        out["others_pct"] = round(max(0.0, used - ours), 1)
+    return out
+
+
 def problems_of(verdict):
     """Why the run fails, one phrase each (empty: it passes).  Lost messages, failed requests,
     exceptions inside locust tasks, a non-zero locust exit, a locust process whose records are
@@ -214,6 +236,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
              f"against {host} ...")
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = time.monotonic()
+    cpu_before = _cpu_times()
     first_sample = None
     if sampler is not None:
         sampler.locust_pid = proc.pid
@@ -233,6 +256,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
                  + (f", {requests_} requests, {failures} failures" if requests_ is not None else ""))
     t.join(timeout=5)
     elapsed = time.monotonic() - started
+    cpu_after = _cpu_times()
     requests_, failures = _stats_failures(os.path.join(work, "locust"))
     endpoints, failure_kinds, exception_kinds, history = _locust_details(os.path.join(work, "locust"))
     # every locust process that ran users wrote a records file: the only one, or each worker (the
@@ -250,6 +274,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
     if sampler is not None:
         ramp = first_sample + int(users / spawn_rate) + 5
         verdict["stack_resources"] = sampler.summarize(first_sample)
+        verdict["machine_cpu"] = machine_cpu(cpu_before, cpu_after, verdict["stack_resources"])
         verdict["stack_resources_after_rampup"] = sampler.summarize(ramp)
         verdict["resource_series"] = {name: [[s[name]["cpu_pct"], s[name]["rss_mb"]] for s in sampler.samples[first_sample:]]
                                       for name in COMPONENTS}
@@ -573,6 +598,10 @@ def main(argv=None):
         print(f"  failure x{kind['count']}: {kind['endpoint']}: {kind['error'][:120]}")
     for kind in verdict["exception_kinds"][:5]:
         print(f"  exception x{kind['count']}: {kind['message'][:120]}")
+    if verdict.get("machine_cpu"):
+        m = verdict["machine_cpu"]
+        print(f"the machine's CPU during the run: {m['busy_pct']}% of {m['cores'] * 100}% "
+              f"({m.get('others_pct')}% of it neither the stack nor locust)")
     for title, key in (("during the run", "stack_resources"), ("after ramp-up", "stack_resources_after_rampup")):
         if verdict.get(key):
             print(f"CPU (100% = one core) and memory {title}:")

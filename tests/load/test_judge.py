@@ -151,3 +151,12 @@ def test_progress_reads_a_half_written_stats_file_as_nothing_yet(tmp_path):
     assert load._stats_failures(str(tmp_path / "locust")) == (13, 1)
     (tmp_path / "locust_stats.csv").write_text(header + "GET,/Poll/x,10,1\nPOST,/api/plu")
     assert load._stats_failures(str(tmp_path / "locust")) == (None, None)
+
+
+def test_machine_cpu_is_in_percent_of_one_core_and_names_what_was_not_ours(monkeypatch):
+    monkeypatch.setattr(load.os, "cpu_count", lambda: 2)
+    # 300 of 400 jiffies busy on 2 cores: 150% of one core; the stack and locust used 100
+    m = load.machine_cpu((1000, 5000), (1300, 5400), {"gunicorn": {"cpu_pct_mean": 60.0},
+                                                      "locust": {"cpu_pct_mean": 40.0}})
+    assert m == {"cores": 2, "busy_pct": 150.0, "others_pct": 50.0}
+    assert load.machine_cpu((0, 0), (0, 0)) == {"cores": 2, "busy_pct": None}
