@@ -147,6 +147,23 @@ def _locust_details(csv_prefix):
             sorted(exceptions, key=lambda e: -e["count"]), history)
 
 
+def stream_via(edge, environ):
+    """PLURK_LOAD_STREAM_VIA for locust: without ``--edge`` and without ``$PLURK_LOAD_EDGE`` the
+    streams go through nginx, even when the stack's configuration has an edge (PLURK_EDGE has a
+    default, and the locustfile falls back to it): a run without --edge is the nginx path's
+    figure.  An explicit ``$PLURK_LOAD_STREAM_VIA`` is kept."""
+    if environ.get("PLURK_LOAD_STREAM_VIA"):
+        return environ["PLURK_LOAD_STREAM_VIA"]
+    return "edge" if edge or environ.get("PLURK_LOAD_EDGE") else "nginx"
+
+
+def streams_used(endpoints):
+    """Where the streams went, by locust's own names: "edge", "nginx", both or None."""
+    edge = any(name.endswith("(edge stream)") for name in endpoints)
+    nginx = any(name.endswith("(stream)") for name in endpoints)
+    return {(True, False): "edge", (False, True): "nginx", (True, True): "edge and nginx"}.get((edge, nginx))
+
+
 def _cpu_times():
     """(busy, total) jiffies of the whole machine, from /proc/stat's first line."""
     with open("/proc/stat") as fh:
@@ -521,6 +538,7 @@ def main(argv=None):
                                                        ("PLURK_LOAD_WRITE_WEIGHT", args.write_weight),
                                                        ("PLURK_LOAD_CELEB_WAIT", args.celeb_wait))
                   if value is not None}
+    locust_env["PLURK_LOAD_STREAM_VIA"] = stream_via(args.edge, os.environ)
     from plurksite.config import format_hostport, load
 
     stack = None
@@ -578,6 +596,7 @@ def main(argv=None):
         if cluster is not None:
             cluster.stop()
     verdict["stack"] = stack_info
+    stack_info["streams_via"] = streams_used(verdict.get("endpoints", {}))
     path = write_result(args.result_name, verdict)
     lat = verdict["delivery_latency_s"]
     fmt = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")

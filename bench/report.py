@@ -499,13 +499,22 @@ def edge_rows(doc):
         lm = load.get("machine", {})
         d = load.get("endpoints", {}).get("delivery plurk first seen by a follower")
         out.append(f"- locust `{name}` ({lm.get('date', '?')}, commit {lm.get('commit', '?')}), "
-                   f"PLURK_LOAD_POLL_MODE=stream, streams on {'the edge' if load['stack'].get('edge') else 'nginx'}: "
+                   f"PLURK_LOAD_POLL_MODE=stream, streams on {_streams_via(load)}: "
                    f"{load['users']} users, {load['run_time_s']} s, {load['processes']} locust process(es): delivery "
                    f"p50 **{_ms(lat['p50'])}**, p95 {_ms(lat['p95'])}, p99 **{_ms(lat['p99'])}**, max {_ms(lat['max'])}, "
                    f"**{load['lost']} lost** of {load['deliveries_checked']:,}, {load['failures']} failures"
                    + _judge_notes(load) + ".")
     out.append("")
     return out
+
+
+def _streams_via(load):
+    """Where the run's streams went: recorded since the nginx run's streams were found on the
+    edge (the stack's default PLURK_EDGE), else from the stack's edge as before."""
+    via = load["stack"].get("streams_via")
+    if via is None:
+        via = "edge" if load["stack"].get("edge") else "nginx"
+    return "the edge" if via == "edge" else via
 
 
 def _judge_notes(load):
@@ -585,7 +594,7 @@ def edge_headline_rows():
         ok = lat["p50"] is not None and lat["p50"] <= 0.03, lat["p99"] is not None and lat["p99"] <= 0.15, load["lost"] == 0
         honest = load.get("latency_from") == "created" and not load.get("clock_disagreements")
         rows.append((f"locust, {load['users']} streaming users"
-                     f"{' on the edge' if load['stack'].get('edge') else ' through nginx'}: a plurk reaching a follower",
+                     f" {'on' if _streams_via(load) == 'the edge' else 'through'} {_streams_via(load)}: a plurk reaching a follower",
                      f"p50 **{_ms(lat['p50'])}**, p99 {_ms(lat['p99'])}, {load['lost']} lost of "
                      f"{load['deliveries_checked']:,} (from the plurk's created to its first sight)"
                      if honest else f"p50 {_ms(lat['p50'])}, p99 {_ms(lat['p99'])}{_judge_notes(load)}",

@@ -160,3 +160,15 @@ def test_machine_cpu_is_in_percent_of_one_core_and_names_what_was_not_ours(monke
                                                       "locust": {"cpu_pct_mean": 40.0}})
     assert m == {"cores": 2, "busy_pct": 150.0, "others_pct": 50.0}
     assert load.machine_cpu((0, 0), (0, 0)) == {"cores": 2, "busy_pct": None}
+
+
+def test_a_run_without_edge_streams_through_nginx_even_when_the_stack_has_an_edge():
+    """PLURK_EDGE has a default and the locustfile falls back to it: without this, the "through
+    nginx" run streamed on the edge (load-streampoll-nginx.json said edge None)."""
+    assert load.stream_via(False, {}) == "nginx"
+    assert load.stream_via(True, {}) == "edge"
+    assert load.stream_via(False, {"PLURK_LOAD_EDGE": "127.0.0.1:9"}) == "edge"
+    assert load.stream_via(True, {"PLURK_LOAD_STREAM_VIA": "nginx"}) == "nginx"
+    assert load.streams_used({"GET /Poll/getUnreadCount (edge stream)": {}}) == "edge"
+    assert load.streams_used({"GET /Poll/getUnreadCount (stream)": {}, "GET /Poll/getMessages": {}}) == "nginx"
+    assert load.streams_used({"GET /Poll/getMessages": {}}) is None
