@@ -206,22 +206,13 @@ class _Write:
 
     def finish(self, chunk):
         """Step 3's replies; then step 4: the keys that conflicted go round again, one step at
-        a time (:func:`_write_keys`).
-
-        A user's keys are noticed together: a stored key of a user whose other key of this
-        chunk conflicted is noticed only once that one went round again (stored or given up).
-        Noticed alone, the count woke the user's stream or held poll while the messages were
-        still the old ones; the client then found its messages behind the count and asked again
-        a moment later (the page after its poll interval): the tail of a stream's delivery
-        under contention (docs/benchmarks.md, issue 31)."""
+        a time (:func:`_write_keys`)."""
         stored = _read_stores(chunk, self.failed)
         self.written.update(stored)
-        stored, held = _together(stored, chunk.todo)
         _after_store(stored, ())
         _fire("write.after_store", self.written, 0)
         if chunk.todo:
             self.written.update(_write_keys(self.cache, chunk.todo, chunk.node_of, self.failed, first_attempt=1))
-        _after_store(held, ())
 
 
 def _write_keys(cache, todo, node_of, failed, first_attempt=0):
@@ -236,9 +227,8 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
        ``StaleKey``).
 
     :func:`write_answers` runs the first attempt of each chunk pipelined, then this for the keys
-    that conflicted.  What was stored goes to :func:`_after_store`, a user's keys together
-    (:func:`_together`)."""
-    written, held = {}, {}
+    that conflicted.  What was stored goes to :func:`_after_store`."""
+    written = {}
     for attempt in range(first_attempt, conf.get_config()["CAS_ATTEMPTS"]):
         if not todo:
             break
@@ -252,26 +242,12 @@ def _write_keys(cache, todo, node_of, failed, first_attempt=0):
         stored = _read_stores(chunk, failed)
         todo = chunk.todo
         written.update(stored)
-        held.update(stored)
-        stored, held = _together(held, todo)
         _after_store(stored, ())
         _fire("write.after_store", written, attempt)
     if todo:
         ledger.mark_stale(todo)
         failed.update(todo)
-    _after_store(held, ())
     return written
-
-
-def _together(stored, todo):
-    """(to notice now, to hold): a user's stored keys wait while another key of that user is
-    still in ``todo`` (going round again), so that its keys are noticed together (see
-    :meth:`_Write.finish`).  Per-object keys are never held."""
-    waiting = {uid for name, uid in todo.values() if _per(name) == "user"} if todo else ()
-    if not waiting:
-        return stored, {}
-    held = {key: ref for key, ref in stored.items() if ref[1] in waiting and _per(ref[0]) == "user"}
-    return {key: ref for key, ref in stored.items() if key not in held}, held
 
 
 def _server_failed(node, todo, failed, key_list):

@@ -384,37 +384,6 @@ def test_answers_stored_leaves_out_conflicted_stores(signup, cache1, hooks, stor
     assert done and [s for s in users_keys if s != (set(), set())] == [(b_keys, set()), (b_keys, set())]
 
 
-def test_a_users_keys_are_noticed_together_when_one_of_them_goes_round_again(signup, cache1, hooks,
-                                                                              stored_signals):
-    """b's messages key changes between the writer's gets and its stores (another writer), its
-    count key does not: the count is stored at once, the messages go round again.  The count's
-    notice waits for them: noticed alone it would wake b's stream while the messages are the
-    old ones (the client finds them behind the count and asks again later)."""
-    a, b = signup("a"), signup("b")
-    b.call("POST", "/api/follow", {"username": "a"})
-    count, messages = key_of("getUnreadCount", b.user["id"]), key_of("getMessages", b.user["id"])
-    done = []
-
-    def another_writer(**context):
-        if not done and messages in context["keys"]:
-            done.append(True)
-            client = server_client(cache1.spec)
-            try:
-                client.set(messages, client.get(messages))        # same value, a new cas unique
-            finally:
-                client.close()
-    hooks("write.after_read", another_writer)
-    stored_signals.clear()
-    assert a.call("POST", "/api/plurks", {"content": "p"}).status_code == 201
-    hooks("write.after_read", None)
-    assert done
-    order = [stored for stored, _ in stored_signals]
-    first = {key: next(i for i, keys_ in enumerate(order) if key in keys_) for key in (count, messages)}
-    assert first[count] > first[messages], order          # the count after its messages, never before
-    assert cached("getUnreadCount", b.user["id"], [cache1]) == b'{"count":1}'
-    assert b'"p"' in cached("getMessages", b.user["id"], [cache1])
-
-
 def test_chunks_are_pipelined_and_a_chunk_stored_meanwhile_conflicts_and_goes_round_again(
         signup, cache1, hooks, settings):
     """With BATCH_SIZE 8 the 11 users (author and followers) go in chunks of 2, 8 and 1, and
