@@ -77,7 +77,7 @@ def read_records(records_dir):
 
 
 def judge(records_dir, expected_processes=None):
-    """Merge every process's records and apply the delivery rule (locustfiles/_delivery.py).
+    """Merge every process's records and apply the delivery rule (plurksite/delivery.py).
 
     With ``expected_processes`` (the locust processes that must have run users), a missing or extra
     records file is a problem: the verdict would otherwise silently judge part of the run."""

@@ -29,7 +29,7 @@ sight, for plurks created after the follower started; same clock when locust run
 machine; one seen before its ``created`` is a failed delivery request naming the clocks, never
 0 ms).  When the test stops, each process that ran users prints one ``delivery (...)`` line:
 plurks, deliveries checked, messages lost, latency from the plurk's ``created`` to first sight, poll hit ratio
-(``X-Cache``), by the rule of locustfiles/_delivery.py applied to its own records; a loss sets
+(``X-Cache``), by the rule of plurksite/delivery.py applied to its own records; a loss sets
 the process's exit code to 1, which in a single-process run is locust's exit status (failed
 requests and exceptions in tasks already make it 1).  With several processes a worker judges only
 what its own users posted and saw, and the master's status does not include it: the authority is
