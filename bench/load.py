@@ -12,7 +12,8 @@ the accounts in bulk (logged in, answers already cached; with --prefollow the so
 and L accounts with a password through /api/signup (their users log in with /api/login), runs
 locust headless (--processes N: locust's distributed mode, N workers; every account is run by one
 user of one process), then merges every process's records and reports: delivery latency (post
-committed -> first seen by a follower, p50/p95/p99/max), messages lost (a follower who followed before
+created -> first seen by a follower, p50/p95/p99/max: the plurk's own timestamp, the clock locust
+and the stack share on this machine; a delivery seen before it fails the run, never reads 0 ms), messages lost (a follower who followed before
 the post and polled after it never saw it: must be 0), request failures (with their kinds),
 exceptions raised in locust tasks, the cache hit ratio the pollers saw, and the CPU and memory of
 each part of the stack (nginx, fastpath, memcached, gunicorn, the cache repairer, PostgreSQL when
@@ -76,7 +77,7 @@ def read_records(records_dir):
 
 
 def judge(records_dir, expected_processes=None):
-    """Merge every process's records and apply the delivery rule (locustfiles/_delivery.py).
+    """Merge every process's records and apply the delivery rule (plurksite/delivery.py).
 
     With ``expected_processes`` (the locust processes that must have run users), a missing or extra
     records file is a problem: the verdict would otherwise silently judge part of the run."""
@@ -146,6 +147,45 @@ def _locust_details(csv_prefix):
             sorted(exceptions, key=lambda e: -e["count"]), history)
 
 
+def stream_via(edge, environ):
+    """PLURK_LOAD_STREAM_VIA for locust: without ``--edge`` and without ``$PLURK_LOAD_EDGE`` the
+    streams go through nginx, even when the stack's configuration has an edge (PLURK_EDGE has a
+    default, and the locustfile falls back to it): a run without --edge is the nginx path's
+    figure.  An explicit ``$PLURK_LOAD_STREAM_VIA`` is kept."""
+    if environ.get("PLURK_LOAD_STREAM_VIA"):
+        return environ["PLURK_LOAD_STREAM_VIA"]
+    return "edge" if edge or environ.get("PLURK_LOAD_EDGE") else "nginx"
+
+
+def streams_used(endpoints):
+    """Where the streams went, by locust's own names: "edge", "nginx", both or None."""
+    edge = any(name.endswith("(edge stream)") for name in endpoints)
+    nginx = any(name.endswith("(stream)") for name in endpoints)
+    return {(True, False): "edge", (False, True): "nginx", (True, True): "edge and nginx"}.get((edge, nginx))
+
+
+def _cpu_times():
+    """(busy, total) jiffies of the whole machine, from /proc/stat's first line."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)        # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def machine_cpu(before, after, components=None):
+    """The machine's CPU use between two :func:`_cpu_times` readings, in % of one core (200% on
+    2 cores), and what of it was not the stack nor locust (``others``: on this shared machine,
+    other agents' tests) when ``components`` (the sampler's mean % per component) is given."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    cores = os.cpu_count() or 1
+    used = round(100 * cores * busy / total, 1) if total > 0 else None
+    out = {"cores": cores, "busy_pct": used}
+    if components is not None and used is not None:
+        ours = sum(c["cpu_pct_mean"] for c in components.values())
+        out["others_pct"] = round(max(0.0, used - ours), 1)
+    return out
+
+
 def problems_of(verdict):
     """Why the run fails, one phrase each (empty: it passes).  Lost messages, failed requests,
     exceptions inside locust tasks, a non-zero locust exit, a locust process whose records are
@@ -159,6 +199,13 @@ def problems_of(verdict):
         problems.append(f"{verdict['exceptions']} exceptions in locust tasks")
     if verdict["locust_exit"] != 0:
         problems.append(f"locust exited with status {verdict['locust_exit']}")
+    if verdict.get("clock_disagreements"):
+        problems.append(f"{verdict['clock_disagreements']} deliveries seen before their plurk's created: the "
+                        "clocks of locust and the server disagree, the latencies are not a measure (run "
+                        "locust on the stack's machine, or sync the clocks)")
+    if verdict.get("untimed_deliveries"):
+        problems.append(f"{verdict['untimed_deliveries']} deliveries of posts recorded without their created: "
+                        "the latencies leave them out (records of an older locustfile?)")
     if not verdict["requests"]:
         problems.append("no requests")
     expected = verdict["record_files_expected"]
@@ -206,6 +253,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
              f"against {host} ...")
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = time.monotonic()
+    cpu_before = _cpu_times()
     first_sample = None
     if sampler is not None:
         sampler.locust_pid = proc.pid
@@ -225,6 +273,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
                  + (f", {requests_} requests, {failures} failures" if requests_ is not None else ""))
     t.join(timeout=5)
     elapsed = time.monotonic() - started
+    cpu_after = _cpu_times()
     requests_, failures = _stats_failures(os.path.join(work, "locust"))
     endpoints, failure_kinds, exception_kinds, history = _locust_details(os.path.join(work, "locust"))
     # every locust process that ran users wrote a records file: the only one, or each worker (the
@@ -242,6 +291,7 @@ def run(host, users, spawn_rate, run_time, processes, celebrities, stack_env, pr
     if sampler is not None:
         ramp = first_sample + int(users / spawn_rate) + 5
         verdict["stack_resources"] = sampler.summarize(first_sample)
+        verdict["machine_cpu"] = machine_cpu(cpu_before, cpu_after, verdict["stack_resources"])
         verdict["stack_resources_after_rampup"] = sampler.summarize(ramp)
         verdict["resource_series"] = {name: [[s[name]["cpu_pct"], s[name]["rss_mb"]] for s in sampler.samples[first_sample:]]
                                       for name in COMPONENTS}
@@ -474,6 +524,7 @@ def main(argv=None):
                                                        ("PLURK_LOAD_WRITE_WEIGHT", args.write_weight),
                                                        ("PLURK_LOAD_CELEB_WAIT", args.celeb_wait))
                   if value is not None}
+    locust_env["PLURK_LOAD_STREAM_VIA"] = stream_via(args.edge, os.environ)
     from plurksite.config import format_hostport, load
 
     stack = None
@@ -531,14 +582,18 @@ def main(argv=None):
         if cluster is not None:
             cluster.stop()
     verdict["stack"] = stack_info
+    stack_info["streams_via"] = streams_used(verdict.get("endpoints", {}))
     path = write_result(args.result_name, verdict)
     lat = verdict["delivery_latency_s"]
     fmt = (lambda v: "n/a" if v is None else f"{v * 1000:.0f} ms")
     print(f"\n{verdict['users']} users, {verdict['processes']} locust process(es), {verdict['run_time_s']} s")
     print(f"plurks posted {verdict['plurks_posted']}, deliveries checked {verdict['deliveries_checked']}, "
           f"LOST {verdict['lost']}")
-    print(f"delivery latency p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, p99 {fmt(lat['p99'])}, "
-          f"max {fmt(lat['max'])}")
+    print(f"delivery latency (the plurk's created -> first seen) p50 {fmt(lat['p50'])}, p95 {fmt(lat['p95'])}, "
+          f"p99 {fmt(lat['p99'])}, max {fmt(lat['max'])}; {verdict['clock_disagreements']} seen before created")
+    for name, st in verdict["stages_s"].items():
+        if st["deliveries"]:
+            print(f"  stage {name:6s} p50 {fmt(st['p50'])}, p99 {fmt(st['p99'])} ({st['deliveries']} deliveries)")
     print(f"requests {verdict['requests']}, failures {verdict['failures']}, exceptions {verdict['exceptions']}, "
           f"poll hit ratio {verdict['hit_ratio'] if verdict['hit_ratio'] is None else round(verdict['hit_ratio'], 4)}")
     print(f"accounts {verdict['distinct_accounts']} distinct ({verdict['password_logins']} logged in with a password), "
@@ -548,6 +603,10 @@ def main(argv=None):
         print(f"  failure x{kind['count']}: {kind['endpoint']}: {kind['error'][:120]}")
     for kind in verdict["exception_kinds"][:5]:
         print(f"  exception x{kind['count']}: {kind['message'][:120]}")
+    if verdict.get("machine_cpu"):
+        m = verdict["machine_cpu"]
+        print(f"the machine's CPU during the run: {m['busy_pct']}% of {m['cores'] * 100}% "
+              f"({m.get('others_pct')}% of it neither the stack nor locust)")
     for title, key in (("during the run", "stack_resources"), ("after ramp-up", "stack_resources_after_rampup")):
         if verdict.get(key):
             print(f"CPU (100% = one core) and memory {title}:")

@@ -26,9 +26,10 @@ a custom message), never by an offset computed at import time (locust imports th
 Delivery, in locust itself: every first sight of a plurk by a follower is a ``delivery`` request
 in locust's statistics (response time = from the plurk's ``created`` on the server to its first
 sight, for plurks created after the follower started; same clock when locust runs on the stack's
-machine).  When the test stops, each process that ran users prints one ``delivery (...)`` line:
-plurks, deliveries checked, messages lost, latency from commit to first sight, poll hit ratio
-(``X-Cache``), by the rule of locustfiles/_delivery.py applied to its own records; a loss sets
+machine; one seen before its ``created`` is a failed delivery request naming the clocks, never
+0 ms).  When the test stops, each process that ran users prints one ``delivery (...)`` line:
+plurks, deliveries checked, messages lost, latency from the plurk's ``created`` to first sight, poll hit ratio
+(``X-Cache``), by the rule of plurksite/delivery.py applied to its own records; a loss sets
 the process's exit code to 1, which in a single-process run is locust's exit status (failed
 requests and exceptions in tasks already make it 1).  With several processes a worker judges only
 what its own users posted and saw, and the master's status does not include it: the authority is
@@ -68,7 +69,7 @@ Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_M
                   nginx: Django fills the cache), then the stream opens again.  Streams are named
                   ``/Poll/getUnreadCount (stream)`` (response time: until the head) and, on the
                   edge, ``/Poll/getUnreadCount (edge stream)``.
-Delivery latency is measured the same way in both, from the plurk's commit to its first sight.
+Delivery latency is measured the same way in all three, from the plurk's ``created`` to its first sight.
 Both read as the page does: what was shown is marked read (one markRead) once it has been seen
 ``PLURK_LOAD_READ_AFTER_S``; in long mode a hold then ends when the read falls due.
 
@@ -246,6 +247,11 @@ def _check_id(body):
     return None if _is_int(body.get("id")) else "no id"
 
 
+def _check_plurk(body):
+    """A posted plurk: its id, and its ``created`` (the delivery latency is measured from it)."""
+    return _check_id(body) or (None if _created(body) is not None else "no created")
+
+
 def _check_any(body):
     return None
 
@@ -303,6 +309,18 @@ def _edge_address():
     return tuple(edge) if edge else None
 
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # Linux; SCM_TIMESTAMPNS is the same
+
+
+def _kernel_time(ancillary):
+    """The receive time of SCM_TIMESTAMPNS ancillary data (a struct timespec), or None."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = int.from_bytes(data[:8], sys.byteorder), int.from_bytes(data[8:16], sys.byteorder)
+            return sec + nsec / 1e9
+    return None
+
+
 class _EventReader:
     """The client side of one Server-Sent Events answer on a socket: the head, then the body's
     events (chunked, Content-Length or until the end), each a dict of its fields (``data`` lines
@@ -311,10 +329,22 @@ class _EventReader:
     def __init__(self, sock):
         self.sock = sock
         self.buf = b""
+        # when the kernel received the bytes last read (SO_TIMESTAMPNS), against when this
+        # greenlet got them: the delivery's split between the stack and locust's own scheduling
+        self.arrived = None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            self.stamped = True
+        except OSError:
+            self.stamped = False
 
     def _recv(self, timeout):
         self.sock.settimeout(timeout)
-        data = self.sock.recv(65536)
+        if self.stamped:
+            data, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(16))
+            self.arrived = _kernel_time(ancillary)
+        else:
+            data = self.sock.recv(65536)
         if not data:
             raise ValueError("connection closed")
         self.buf += data
@@ -439,16 +469,17 @@ class _Plurker(FastHttpUser):
         if count and count == self.known:       # what was shown is all there is (the page's rule)
             self._polled(started)
         else:
-            self._read(started, count)
+            self._read(started, count, (None, time.time()))
         self._mark_read_if_due()
 
-    def _read(self, started, announced):
+    def _read(self, started, announced, at=(None, None)):
         """After a count answer of a poll begun at ``started``: fetch the messages when something
         is unread, count deliveries, and set when what was shown falls due to be marked read
         (:meth:`_mark_read_if_due` sends it).  False when the messages are
         behind the count that announced them (two keys, written one after the other: the count
         can be read first); the poll is then not complete and the long-poll must ask again soon
-        instead of holding on the count's ETag."""
+        instead of holding on the count's ETag.  ``at``: (when the kernel received the count's
+        answer, or None; when this greenlet handled it), recorded with each first sight."""
         body = self._get_poll("getMessages", _check_messages) if announced else {}
         if body is None:
             return False
@@ -468,7 +499,7 @@ class _Plurker(FastHttpUser):
             for item in items:
                 if item["kind"] == "plurk" and item["id"] not in self.seen:
                     self.seen.add(item["id"])
-                    _records["seen"].append([self.username, item["id"], now])
+                    _records["seen"].append([self.username, item["id"], now, *at])
                     fresh.append(item)
         self._polled(started)
         for item in fresh:
@@ -559,7 +590,7 @@ class _Plurker(FastHttpUser):
                     count, held, quick, status = answer
                     if status == 304 and count == self.known:
                         self._polled(started)             # unchanged since the last answer handled
-                    elif not self._read(started, count):
+                    elif not self._read(started, count, (None, time.time())):
                         held = False                      # messages behind the count: ask again soon
             except Exception:             # a bug here must not stop this user's polling in silence
                 log.exception("long-poll of %s", self.username)
@@ -606,7 +637,7 @@ class _Plurker(FastHttpUser):
         headers = f"Authorization: Bearer {self.token}\r\nAccept: text/event-stream\r\n"
         if self.etag:
             headers += f"Last-Event-ID: {self.etag}\r\n"
-        started, began = time.perf_counter(), time.time()
+        started = time.perf_counter()
         meta = {"request_type": "GET", "name": name, "response_length": 0, "response": None, "context": {},
                 "exception": None}
         try:
@@ -646,7 +677,7 @@ class _Plurker(FastHttpUser):
                     return 0
                 if "data" not in event:
                     continue
-                self._stream_event(event, began)
+                self._stream_event(event, reader.arrived)
                 self._mark_read_if_due()
             return pause
         except (OSError, ValueError) as exc:
@@ -662,7 +693,7 @@ class _Plurker(FastHttpUser):
             return STREAM_QUIET_S
         return max(0.05, min(STREAM_QUIET_S, self.read_due - time.monotonic()))
 
-    def _stream_event(self, event, began):
+    def _stream_event(self, event, arrived):
         """One count answer on the stream: as a long-poll's 200 (the messages when the count is
         not what was shown; again, a moment later, while they are behind it)."""
         data = event["data"]
@@ -673,7 +704,7 @@ class _Plurker(FastHttpUser):
             self._polled(now)
             return
         for attempt in range(5):
-            if self._read(now, count):
+            if self._read(now, count, (arrived, now)):
                 return
             gevent.sleep(0.1 * (attempt + 1))
 
@@ -684,10 +715,14 @@ class _Plurker(FastHttpUser):
         if created is None or item.get("author") == self.username or self.ready_at is None \
                 or created < self.ready_at:
             return
+        latency = now - created
+        # seen before it was created: the clocks disagree -- a failure of the measure, not 0 ms
+        problem = None if latency >= 0 else RuntimeError(
+            f"seen {-latency * 1000:.0f} ms before its created: the clocks of locust and the server disagree")
         self.environment.events.request.fire(
             request_type="delivery", name="plurk first seen by a follower",
-            response_time=max(0.0, now - created) * 1000, response_length=0, response=None,
-            context={}, exception=None)
+            response_time=max(latency, 0.0) * 1000, response_length=0, response=None,
+            context={}, exception=problem)
 
     def _polled(self, started):
         with _lock:
@@ -704,10 +739,10 @@ class _Plurker(FastHttpUser):
         started = time.time()
         with self.client.post("/api/plurks", json={"content": text}, headers=self._auth(),
                               name="/api/plurks", catch_response=True) as resp:
-            body = _body(resp, (201,), _check_id)
+            body = _body(resp, (201,), _check_plurk)
         if body is not None:
             with _lock:
-                _records["posts"].append([self.username, body["id"], started, time.time()])
+                _records["posts"].append([self.username, body["id"], started, time.time(), _created(body)])
         return body
 
 

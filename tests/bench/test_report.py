@@ -1,5 +1,6 @@
 """bench/report.py: the tables it writes into docs/benchmarks.md and the README's one headline
 table, from the committed bench/results/*.json."""
+import json
 import os
 import shutil
 
@@ -35,3 +36,24 @@ def test_a_file_without_markers_is_left_alone(tmp_path):
     other.write_text("no markers\n")
     assert not report._write_between(str(other), report.START, report.END, "tables")
     assert other.read_text() == "no markers\n"
+
+
+def test_the_stream_rows_spread_is_over_the_runs_of_the_same_path_not_the_instrumented(tmp_path, monkeypatch):
+    from bench import report
+
+    runs = tmp_path / report.STREAM_RUNS_DIR
+    runs.mkdir()
+
+    def doc(via, p50, p99, edge_names=False):
+        names = {"GET /Poll/getUnreadCount (edge stream)" if edge_names else "GET /Poll/getUnreadCount (stream)": {}}
+        stack = {"streams_via": via} if via else {"edge": None}
+        return {"latency_from": "created", "stack": stack, "endpoints": names,
+                "delivery_latency_s": {"p50": p50, "p99": p99}}
+    for name, d in (("edge1.json", doc("edge", 0.024, 0.053)), ("edge2.json", doc(None, 0.036, 0.686, True)),
+                    ("edge3-strace.json", doc("edge", 0.040, 2.0)), ("nginx1.json", doc("nginx", 0.029, 0.089))):
+        (runs / name).write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS_DIR", str(tmp_path))
+    # edge2 predates streams_via: its locust names say edge (its stack said no edge)
+    assert report._stream_spread(doc("edge", 0.03, 0.1)) == "; over 2 runs p50 24-36 ms, p99 53-686 ms"
+    assert report._stream_spread(doc("nginx", 0.03, 0.1)) == ""          # one run: no spread
+    assert report._streams_via(doc(None, 0, 0, True)) == "the edge"

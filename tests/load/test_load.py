@@ -120,3 +120,7 @@ def test_quick_simulation_streams_on_the_edge_and_delivers_everything(tmp_path):
     assert "GET /Poll/getUnreadCount (held)" not in result["endpoints"], result["endpoints"].keys()
     assert result["deliveries_checked"] > 0
     assert result["endpoints"]["delivery plurk first seen by a follower"]["requests"] > 0
+    # one measure, from the plurk's created, split where the stream's event arrived (the kernel's
+    # receive time) and where its user's greenlet handled it
+    assert result["latency_from"] == "created" and result["clock_disagreements"] == 0
+    assert result["stages_s"]["stack"]["deliveries"] > 0 and result["stages_s"]["stack"]["p50"] >= 0

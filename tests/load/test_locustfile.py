@@ -2,6 +2,7 @@
 PLURK_HTTP, bad answers are request failures (not exceptions), and locust itself reports delivery
 and exits non-zero on a loss.  Against a fake API (a few seconds each) and once against the stack."""
 import csv
+import datetime
 import http.server
 import itertools
 import json
@@ -135,7 +136,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif self.path == "/api/follow":
             self._json(201, {"following": body["username"]})
         elif self.path == "/api/plurks":
-            self._json(201, {"id": next(self.server.ids)})
+            now = datetime.datetime.now(datetime.timezone.utc)    # the API's created, to the ms
+            self._json(201, {"id": next(self.server.ids),
+                             "created": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"})
         elif self.path == "/api/markRead":
             self._send(204)
         else:
