@@ -29,7 +29,9 @@ def start_fastpath(tmp_path, settings, memcached):
 
     def start(resources, listen):
         settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(secret), MEMCACHED_SERVERS=[memcached.spec],
-                                 FASTPATH_ADDRESS=listen, FASTPATH_WORKERS=1, NOTIFY_DIRS=[])
+                                 FASTPATH_ADDRESS=listen, FASTPATH_WORKERS=1, NOTIFY_DIRS=[],
+                                 FASTPATH_ADMIN=f"127.0.0.1:{free_port()}",
+                                 EDGE_ADDRESS=None)     # not make run's ports: it may be up meanwhile
         argv = commandline.fastpath_argv(None, resources)
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=open(tmp_path / "fastpath.log", "ab"),
                                 stderr=subprocess.STDOUT, start_new_session=True)

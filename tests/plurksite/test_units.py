@@ -21,8 +21,8 @@ OTHER_HOST = "198.51.100.1"          # TEST-NET-2: an entry of another host, nev
 
 
 def _config(tmp_path, roles, **overrides):
-    p = free_ports(3)
-    env = {"PLURK_ROLES": roles, "PLURK_VAR_DIR": str(tmp_path / "var"),
+    p = free_ports(4)
+    env = {"PLURK_ROLES": roles, "PLURK_VAR_DIR": str(tmp_path / "var"), "PLURK_DJANGO": f"127.0.0.1:{p[3]}",
            "PLURK_SECRET_FILE": str(tmp_path / "secret.key"),
            "PLURK_MEMCACHED": f"127.0.0.1:{p[0]},{OTHER_HOST}:11211",
            "PLURK_DATABASE_URL": "postgres://plurk@127.0.0.1:5432/plurk",
