@@ -74,7 +74,8 @@ def main():
                                                               ["--modes", "longpoll-nginx,nchan-longpoll"])) != 0
     if not args.quick:               # --quick's long-poll run already holds every mode
         failures += step("streams and the edge", ["bench/longpoll.py", "--counts", "1000,10000", "--edge-stretch",
-                                                  "100000", "--no-load", "--result-name", "longpoll-edge"]) != 0
+                                                  "100000", "--fanout-rounds", "5", "--delivery-rounds", "5",
+                                                  "--no-load", "--result-name", "longpoll-edge"]) != 0
         failures += step("the edge, 200,000 streams", ["bench/longpoll.py", "--counts", "", "--fanout", "0",
                                                        "--edge-stretch", "200000", "--no-load", "--result-name",
                                                        "longpoll-edge-200k"]) != 0
