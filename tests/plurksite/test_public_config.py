@@ -69,7 +69,7 @@ def test_held_caps_are_rendered(tmp_path):
 
 
 def test_https_settings_come_from_the_environment(tmp_path):
-    config = _config(tmp_path, PLURK_HTTPS="1", PLURK_HSTS_SECONDS="300",
+    config = _config(tmp_path, PLURK_HTTPS="1", PLURK_HSTS_SECONDS="300", PLURK_TRUSTED_PROXIES="127.0.0.1",
                      PLURK_SECRET_FILE=str(tmp_path / "secret.key"),
                      PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
     out = manage(config, "shell", "-c", "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, "
