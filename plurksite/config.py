@@ -599,7 +599,8 @@ VARIABLES = (
              "`Strict-Transport-Security: max-age` Django sends on HTTPS answers (`0`: none)"),
     Variable("PLURK_HELD_PER_ADDRESS", "held_per_address", _integer(0, 1 << 20), _text, "256",
              "long-polls and streams nginx holds at once per client address (`limit_conn`; beyond "
-             "it a JSON 429 with `Retry-After`; `0`: no cap)"),
+             "it a JSON 429 with `Retry-After`; `0`: no cap); on the balancer, connections open at "
+             "once per client address to its TLS edge (8443, `PLURK_WEB_EDGES`; beyond it closed)"),
     Variable("PLURK_MAX_HELD_PER_USER", "max_held_per_user", _integer(0, 1 << 20), _text, "32",
              "long-polls and streams fastpath holds at once per user, per worker, through nginx and "
              "the edge (`--max-held-per-user`; beyond it 429 with `Retry-After`; `0`: no cap)"),

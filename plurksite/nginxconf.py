@@ -309,7 +309,23 @@ def render_edge_stream(config):
                                       f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_edges),
             # a long-poll's longest hold and then some, as the balancer's http read timeout
             "edge_idle_timeout": f"{config.longpoll_max_wait_s + BALANCER_READ_MARGIN_S}s",
+            **edge_conn_cap(config),
         }, BALANCER_EDGE_TEMPLATE).rstrip("\n")
+
+
+def edge_conn_cap(config):
+    """The TLS edge's cap on connections per client address (PLURK_HELD_PER_ADDRESS, 0: none):
+    stream-level zone lines and the server's limit_conn.  This host's own address (127.0.0.1,
+    ::1: its probes and bench/edgetls.py) is not capped, as a web host's loopback is not."""
+    per_address = config.held_per_address
+    if not per_address:
+        return {"edge_conn_zone": "    # no cap per client address (PLURK_HELD_PER_ADDRESS is 0)",
+                "edge_conn_limit": "        # no cap per client address (PLURK_HELD_PER_ADDRESS is 0)"}
+    return {"edge_conn_zone": "\n".join((
+                "    geo $plurk_edge_capped { default 1; 127.0.0.1 0; ::1 0; }",
+                '    map $plurk_edge_capped $plurk_edge_key { 0 ""; default $binary_remote_addr; }',
+                f"    limit_conn_zone $plurk_edge_key zone=plurk_edge_conns:{fastpoll_nginx.HELD_ZONE_MB}m;")),
+            "edge_conn_limit": f"        limit_conn plurk_edge_conns {per_address};"}
 
 
 def site_host_map(config):
