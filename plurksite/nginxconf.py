@@ -26,6 +26,8 @@ BALANCER_EDGE_TEMPLATE = os.path.join(ROOT, "nginx", "balancer-edge.conf.templat
 # plain HTTP only redirects there (docs/deploy.md, "TLS").
 TLS_DIR = "tls"
 TLS_FILES = ("fullchain.pem", "privkey.pem")
+# certbot's webroot (certonly --webroot -w <var dir>/acme), served over plain HTTP
+ACME_DIR = "acme"
 HTTPS_PORT = 443
 # The balancer's TLS edge (PLURK_WEB_EDGES): nginx's stream module on the https address at this
 # port, in front of the web hosts' edges (nginx/balancer-edge.conf.template).
@@ -228,13 +230,25 @@ def https_address(config):
     return (config.http[0], HTTPS_PORT)
 
 
+def acme_location(config):
+    """The ACME HTTP-01 challenge's location (certbot certonly --webroot -w <var dir>/acme),
+    served over plain HTTP with or without a certificate: the first certificate is taken before
+    there is one, and without this location the path would go to Django (a 404)."""
+    return ("    location ^~ /.well-known/acme-challenge/ {\n"
+            f"        root {os.path.join(config.var_dir, ACME_DIR)};\n"
+            "        default_type text/plain;\n"
+            "    }")
+
+
 def tls_context(config):
     """The balancer's TLS directives (nginx/balancer-tls.conf.template), indented for its server
-    block, or a comment saying where a certificate would turn them on."""
+    block, or a comment saying where a certificate would turn them on; the ACME challenge's
+    location either way."""
     tls = site_tls(config)
     if tls is None:
         return (f"    # plain HTTP only: no {' and '.join(TLS_FILES)} in "
-                f"{os.path.join(config.var_dir, TLS_DIR)} (docs/deploy.md, \"TLS\")")
+                f"{os.path.join(config.var_dir, TLS_DIR)} (docs/deploy.md, \"TLS\")\n"
+                f"{acme_location(config)}")
     port = HTTPS_PORT
     with open(BALANCER_TLS_TEMPLATE) as fh:
         text = fastpoll_nginx.render_text(fh.read(), {
@@ -242,9 +256,8 @@ def tls_context(config):
             "certificate": tls[0],
             "certificate_key": tls[1],
             "https_port_suffix": "" if port == 443 else f":{port}",
-            "acme_root": os.path.join(config.var_dir, "acme"),
         }, BALANCER_TLS_TEMPLATE)
-    return fastpoll_nginx.indent(text)
+    return f"{fastpoll_nginx.indent(text)}\n{acme_location(config)}"
 
 
 def edge_tls_address(config):
