@@ -243,3 +243,53 @@ def test_connections_per_client_address_are_capped_on_the_tls_edge(tmp_path, ca)
             time.sleep(0.3)
             data, _, _ = _get(edge_port, _client(ca), source="127.0.0.61")
             assert data.startswith(b"HTTP/1.1 200 "), data
+
+
+def test_the_runner_rotates_the_edge_log_and_nginx_goes_on_logging_there(tmp_path, ca):
+    """nginx-edge.log (the stream block's) is rotated past PLURK_NGINX_LOG_KB like the others:
+    renamed to .1, and nginx, signalled by the runner, logs into a new one."""
+    _with_certificate(str(tmp_path), ca)
+    web, edges = _web_addresses(1), _web_addresses(1)
+    config = StackConfig.from_env(dict(_config(tmp_path, web, edges).to_env(), PLURK_NGINX_LOG_KB="1"))
+    log_path = os.path.join(config.log_dir(), "nginx-edge.log")
+    edge_port = free_port(HOST)
+    from http.server import ThreadingHTTPServer
+    stand_ins = [ThreadingHTTPServer(web[0], _Recorder), ThreadingHTTPServer(edges[0], Edge)]
+    for server in stand_ins:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack = Stack(config, nginx_workers=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nginxconf, "HTTPS_PORT", free_port(HOST))
+        mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
+        os.makedirs(config.log_dir(), exist_ok=True)
+        stack.services = stack.build()
+    nginx = stack.service("balancer")
+    try:
+        nginx.start()
+        nginx.wait_ready()
+        services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
+
+        def logged(marker_source):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                _get(edge_port, _client(ca), source=marker_source)
+                time.sleep(1.2)                     # the stream log's flush=1s
+                with open(log_path) as fh:
+                    if marker_source in fh.read():
+                        return True
+            return False
+
+        for _ in range(12):                         # ~120 bytes a line: past 1 KiB
+            _get(edge_port, _client(ca), source="127.0.0.71")
+        assert logged("127.0.0.71") and os.path.getsize(log_path) >= 1024
+        rotated = stack.rotate_nginx_logs()
+        assert "nginx-edge.log" in rotated, rotated
+        with open(log_path + ".1") as fh:
+            assert "127.0.0.71" in fh.read()
+        assert logged("127.0.0.72")                 # nginx reopened it: the new file gets the line
+        assert "127.0.0.72" not in open(log_path + ".1").read()
+    finally:
+        nginx.stop()
+        for server in stand_ins:
+            server.shutdown()
+            server.server_close()
