@@ -536,7 +536,11 @@ def render(config, worker_processes="auto"):
     os.makedirs(config.log_dir(), exist_ok=True)
     path = nginx_conf_path(config)
     tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
+    # 0600: it holds the probe key (nginx-probe.key is 0600 too); only nginx's master reads it,
+    # as the user that rendered it (the unit's ExecStartPre, the runner)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)       # a .tmp left by an older render kept its mode
         fh.write(text)
     os.replace(tmp, path)
     return path
