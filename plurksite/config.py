@@ -593,12 +593,14 @@ VARIABLES = (
              "clients itself and ignores those headers"),
     Variable("PLURK_HTTPS", "https", _boolean_parser, _on_off, "0",
              "`1`: the site is served over HTTPS (at the balancer): Django's session and CSRF "
-             "cookies are `Secure` (the poll token's is whenever the request came over HTTPS)"),
+             "cookies are `Secure` (the poll token's is whenever the request came over HTTPS); "
+             "a web host refuses it without `PLURK_TRUSTED_PROXIES` (it would see plain http)"),
     Variable("PLURK_HSTS_SECONDS", "hsts_seconds", _integer(0, 2 ** 31 - 1), _text, "0",
              "`Strict-Transport-Security: max-age` Django sends on HTTPS answers (`0`: none)"),
     Variable("PLURK_HELD_PER_ADDRESS", "held_per_address", _integer(0, 1 << 20), _text, "256",
              "long-polls and streams nginx holds at once per client address (`limit_conn`; beyond "
-             "it a JSON 429 with `Retry-After`; `0`: no cap)"),
+             "it a JSON 429 with `Retry-After`; `0`: no cap); on the balancer, connections open at "
+             "once per client address to its TLS edge (8443, `PLURK_WEB_EDGES`; beyond it closed)"),
     Variable("PLURK_MAX_HELD_PER_USER", "max_held_per_user", _integer(0, 1 << 20), _text, "32",
              "long-polls and streams fastpath holds at once per user, per worker, through nginx and "
              "the edge (`--max-held-per-user`; beyond it 429 with `Retry-After`; `0`: no cap)"),
@@ -703,6 +705,14 @@ class StackConfig:
         if self.web_edges and not self.runs("balancer"):
             raise ConfigError("PLURK_WEB_EDGES is the balancer's (PLURK_ROLES=balancer): on a web host set "
                               "PLURK_EDGE instead, or leave PLURK_WEB_EDGES empty")
+        if self.https and self.runs("web") and not self.trusted_proxies:
+            # the balancer terminates TLS (a balancer host needs no trusted proxy); a web host
+            # behind it that does not believe its X-Forwarded-Proto sees plain http, and Django
+            # refuses every browser login and write (CSRF: the https Origin is not its own)
+            raise ConfigError("PLURK_HTTPS=1 but PLURK_TRUSTED_PROXIES is empty: this web host would take the "
+                              "https site for plain http and refuse every browser login (CSRF 403); set "
+                              "PLURK_TRUSTED_PROXIES to the balancer's address, for example 10.77.0.10 "
+                              "(127.0.0.1 when it runs on this host)")
         if not self.runs("balancer"):
             return
         if not self.web_hosts:

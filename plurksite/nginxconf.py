@@ -26,6 +26,8 @@ BALANCER_EDGE_TEMPLATE = os.path.join(ROOT, "nginx", "balancer-edge.conf.templat
 # plain HTTP only redirects there (docs/deploy.md, "TLS").
 TLS_DIR = "tls"
 TLS_FILES = ("fullchain.pem", "privkey.pem")
+# certbot's webroot (certonly --webroot -w <var dir>/acme), served over plain HTTP
+ACME_DIR = "acme"
 HTTPS_PORT = 443
 # The balancer's TLS edge (PLURK_WEB_EDGES): nginx's stream module on the https address at this
 # port, in front of the web hosts' edges (nginx/balancer-edge.conf.template).
@@ -228,13 +230,25 @@ def https_address(config):
     return (config.http[0], HTTPS_PORT)
 
 
+def acme_location(config):
+    """The ACME HTTP-01 challenge's location (certbot certonly --webroot -w <var dir>/acme),
+    served over plain HTTP with or without a certificate: the first certificate is taken before
+    there is one, and without this location the path would go to Django (a 404)."""
+    return ("    location ^~ /.well-known/acme-challenge/ {\n"
+            f"        root {os.path.join(config.var_dir, ACME_DIR)};\n"
+            "        default_type text/plain;\n"
+            "    }")
+
+
 def tls_context(config):
     """The balancer's TLS directives (nginx/balancer-tls.conf.template), indented for its server
-    block, or a comment saying where a certificate would turn them on."""
+    block, or a comment saying where a certificate would turn them on; the ACME challenge's
+    location either way."""
     tls = site_tls(config)
     if tls is None:
         return (f"    # plain HTTP only: no {' and '.join(TLS_FILES)} in "
-                f"{os.path.join(config.var_dir, TLS_DIR)} (docs/deploy.md, \"TLS\")")
+                f"{os.path.join(config.var_dir, TLS_DIR)} (docs/deploy.md, \"TLS\")\n"
+                f"{acme_location(config)}")
     port = HTTPS_PORT
     with open(BALANCER_TLS_TEMPLATE) as fh:
         text = fastpoll_nginx.render_text(fh.read(), {
@@ -242,9 +256,8 @@ def tls_context(config):
             "certificate": tls[0],
             "certificate_key": tls[1],
             "https_port_suffix": "" if port == 443 else f":{port}",
-            "acme_root": os.path.join(config.var_dir, "acme"),
         }, BALANCER_TLS_TEMPLATE)
-    return fastpoll_nginx.indent(text)
+    return f"{fastpoll_nginx.indent(text)}\n{acme_location(config)}"
 
 
 def edge_tls_address(config):
@@ -309,7 +322,23 @@ def render_edge_stream(config):
                                       f"fail_timeout={WEB_HOST_FAIL_TIMEOUT_S}s;" for hp in config.web_edges),
             # a long-poll's longest hold and then some, as the balancer's http read timeout
             "edge_idle_timeout": f"{config.longpoll_max_wait_s + BALANCER_READ_MARGIN_S}s",
+            **edge_conn_cap(config),
         }, BALANCER_EDGE_TEMPLATE).rstrip("\n")
+
+
+def edge_conn_cap(config):
+    """The TLS edge's cap on connections per client address (PLURK_HELD_PER_ADDRESS, 0: none):
+    stream-level zone lines and the server's limit_conn.  This host's own address (127.0.0.1,
+    ::1: its probes and bench/edgetls.py) is not capped, as a web host's loopback is not."""
+    per_address = config.held_per_address
+    if not per_address:
+        return {"edge_conn_zone": "    # no cap per client address (PLURK_HELD_PER_ADDRESS is 0)",
+                "edge_conn_limit": "        # no cap per client address (PLURK_HELD_PER_ADDRESS is 0)"}
+    return {"edge_conn_zone": "\n".join((
+                "    geo $plurk_edge_capped { default 1; 127.0.0.1 0; ::1 0; }",
+                '    map $plurk_edge_capped $plurk_edge_key { 0 ""; default $binary_remote_addr; }',
+                f"    limit_conn_zone $plurk_edge_key zone=plurk_edge_conns:{fastpoll_nginx.HELD_ZONE_MB}m;")),
+            "edge_conn_limit": f"        limit_conn plurk_edge_conns {per_address};"}
 
 
 def site_host_map(config):
@@ -507,7 +536,11 @@ def render(config, worker_processes="auto"):
     os.makedirs(config.log_dir(), exist_ok=True)
     path = nginx_conf_path(config)
     tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
+    # 0600: it holds the probe key (nginx-probe.key is 0600 too); only nginx's master reads it,
+    # as the user that rendered it (the unit's ExecStartPre, the runner)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)       # a .tmp left by an older render kept its mode
         fh.write(text)
     os.replace(tmp, path)
     return path

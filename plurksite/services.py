@@ -102,7 +102,10 @@ GUNICORN_KEEPALIVE_S = 75
 FASTPATH_IDLE_TIMEOUT_S = 10
 
 
-GUNICORN_ACCESS_FORMAT = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" id=%({x-request-id}i)s'
+# gunicorn's default format, but the client's address is X-Real-IP, which nginx sets from its
+# $remote_addr (the client's, behind a trusted balancer too: set_real_ip_from), not gunicorn's
+# peer, always nginx (127.0.0.1); "-" for a request that did not come through nginx
+GUNICORN_ACCESS_FORMAT = '%({x-real-ip}i)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" id=%({x-request-id}i)s'
 
 
 def gunicorn_command(config, settings="plurksite.settings"):
@@ -121,8 +124,8 @@ def gunicorn_command(config, settings="plurksite.settings"):
             # from the X-Forwarded-Proto that nginx always sets (SECURE_PROXY_SSL_HEADER)
             "--forwarded-allow-ips", "",
             "--access-logfile", "-", "--error-logfile", "-",
-            # gunicorn's default format and the request id nginx sends (its own, or a trusted
-            # balancer's): one id in every hop's log line
+            # the client's address and the request id nginx sends (its own, or a trusted
+            # balancer's): one address and one id in every hop's log line
             "--access-logformat", GUNICORN_ACCESS_FORMAT,
             "--chdir", ROOT, "--env", f"DJANGO_SETTINGS_MODULE={settings}"]
 

@@ -39,7 +39,7 @@ log = logging.getLogger("plurksite.stack")
 _PR_SET_PDEATHSIG = 1
 # nginx's logs (nginx/*.template), rotated by the runner past PLURK_NGINX_LOG_KB: kept as
 # <log>.1 (the newest) .. <log>.N; checked every LOG_CHECK_INTERVAL_S.
-NGINX_LOGS = ("nginx-access.log", "nginx-probe.log", "nginx-error.log")
+NGINX_LOGS = ("nginx-access.log", "nginx-probe.log", "nginx-error.log", "nginx-edge.log")   # edge: the balancer's
 NGINX_LOGS_KEPT = 4
 LOG_CHECK_INTERVAL_S = 10.0
 

@@ -159,6 +159,20 @@ def _common_service(unit, description, user, group, env_file, after, wants):
     return unit
 
 
+def _nginx_ports(config):
+    """Every port this host's nginx may bind: PLURK_HTTP's, and on a balancer https's (443) and
+    the TLS edge's (8443, with PLURK_WEB_EDGES) too, bound as soon as a certificate is in its var
+    dir (a reload renders the config again; the unit is not rendered again)."""
+    from . import nginxconf
+
+    ports = [config.http[1]]
+    if config.runs("balancer"):
+        ports.append(nginxconf.HTTPS_PORT)
+        if config.web_edges:
+            ports.append(nginxconf.EDGE_TLS_PORT)
+    return ports
+
+
 def _service_unit(config, cmd, *, user, group, env_file, local_after, db_local):
     profile = _profile(cmd)
     unit = Unit(f"{profile.unit}.service")
@@ -195,8 +209,8 @@ def _service_unit(config, cmd, *, user, group, env_file, local_after, db_local):
     unit.set("Service", "RestartSec", "1s")
     if profile.nofile:
         unit.set("Service", "LimitNOFILE", str(profile.nofile))
-    if cmd.name in ("nginx", "balancer") and config.http[1] < 1024:
-        unit.set("Service", "AmbientCapabilities", "CAP_NET_BIND_SERVICE")   # port 80 as a user
+    if cmd.name in ("nginx", "balancer") and min(_nginx_ports(config)) < 1024:
+        unit.set("Service", "AmbientCapabilities", "CAP_NET_BIND_SERVICE")   # port 80, 443 as a user
     unit.set("Install", "WantedBy", TARGET)
     return unit
 

@@ -141,6 +141,9 @@ def shared_env(web_hosts=WEB_HOSTS):
         # the web hosts believe the balancer's X-Forwarded-For/-Proto and X-Request-ID (and no
         # one else's): their logs and per-address caps see the client, not the balancer
         "PLURK_TRUSTED_PROXIES": balancer_address(),
+        # the site is https at the balancer: Django's session and CSRF cookies are Secure
+        # (docs/deploy.md section 10, step 6); a web host refuses it without the line above
+        "PLURK_HTTPS": "1",
         # no cap on held connections per client address: plk-client alone stands for the drills'
         # 2,000 users (at the default 256 the first make drill over TLS got 12,721 429s from
         # the web hosts' nginx; 0 stale, 0 lost, but 10,711 of 27,626 requests failed)

@@ -148,6 +148,28 @@ def test_a_stream_delivers_an_event_through_https(cluster, tokens):
         conn.close()
 
 
+def test_a_browser_logs_in_and_posts_over_https_with_secure_cookies(cluster):
+    """PLURK_HTTPS=1 on the web host (topology.shared_env): the CSRF cookie is Secure (the poll
+    token's too, from the balancer's X-Forwarded-Proto), and a browser's login and cookie-authenticated post (Origin, the CSRF token) pass the
+    CSRF check behind the https balancer (the web host trusts its X-Forwarded-Proto)."""
+    browser = requests.Session()            # verify= on each request: REQUESTS_CA_BUNDLE would win
+    page = browser.get(f"{SITE}/login", verify=cluster.ca_file, timeout=30)
+    assert page.status_code == 200
+    set_cookie = page.headers["Set-Cookie"]
+    assert set_cookie.startswith("csrftoken=") and "; secure" in set_cookie.lower(), set_cookie
+    csrf = {"Origin": SITE, "X-CSRFToken": browser.cookies["csrftoken"]}
+    login = browser.post(f"{SITE}/api/login", json={"username": "alice", "password": "plurkdemo1"},
+                         headers=csrf, verify=cluster.ca_file, timeout=30)
+    assert login.status_code == 200, login.text
+    cookies = {c.name: c for c in browser.cookies}
+    assert {"plurk_token", "csrftoken"} <= set(cookies), cookies
+    assert all(cookies[name].secure for name in ("plurk_token", "csrftoken")), cookies
+    csrf["X-CSRFToken"] = browser.cookies["csrftoken"]
+    posted = browser.post(f"{SITE}/api/plurks", json={"content": "from a browser over https"}, headers=csrf,
+                          verify=cluster.ca_file, timeout=30)
+    assert posted.status_code == 201, posted.text
+
+
 def test_tls_1_1_is_refused_and_1_3_answers(cluster):
     def offer(*flags):
         return subprocess.run(["openssl", "s_client", "-connect", f"{LB}:443", "-CAfile", cluster.ca_file, *flags],

@@ -166,19 +166,24 @@ def test_logs_carry_the_clients_address_and_the_balancers_request_id(public):
     assert status == 404
     line = _logged(public, "nginx-access.log", marker)
     assert line and line.startswith("203.0.113.9 ") and line.endswith(f"id={rid}"), line
-    assert _logged(public, "gunicorn.log", rid), "Django's log has no line with the balancer's request id"
+    gunicorn = _logged(public, "gunicorn.log", rid)
+    assert gunicorn, "Django's log has no line with the balancer's request id"
+    assert gunicorn.startswith("203.0.113.9 "), gunicorn       # the client's (X-Real-IP), not nginx's
 
 
 def test_a_client_cannot_forge_its_address_or_request_id(public):
     marker = uuid.uuid4().hex
-    status, _, _ = _request(public, "GET", f"/api/{marker}",
-                            headers={"X-Forwarded-For": "203.0.113.9", "X-Request-ID": f"forged-{marker}"})
+    status, _, _ = _request(public, "GET", f"/api/{marker}", source=OTHER_CLIENT,
+                            headers={"X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.10",
+                                     "X-Request-ID": f"forged-{marker}"})
     assert status == 404
     line = _logged(public, "nginx-access.log", marker)
-    assert line and line.startswith("127.0.0.1 "), line
+    assert line and line.startswith(f"{OTHER_CLIENT} "), line
     rid = re.search(r" id=(\S+)$", line).group(1)
     assert re.fullmatch(r"[0-9a-f]{32}", rid), line        # nginx's own $request_id
-    assert _logged(public, "gunicorn.log", rid) and f"forged-{marker}" not in _log(public, "gunicorn.log")
+    gunicorn = _logged(public, "gunicorn.log", rid)
+    assert gunicorn and f"forged-{marker}" not in _log(public, "gunicorn.log")
+    assert gunicorn.startswith(f"{OTHER_CLIENT} "), gunicorn   # nginx's X-Real-IP, not the client's
 
 
 # -- item 4: other Hosts closed, the probe log's secret, rotation -------------------------------

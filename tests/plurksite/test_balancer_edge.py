@@ -188,3 +188,108 @@ def test_only_tls_1_2_and_1_3_and_an_untrusted_certificate_is_refused(balancer, 
         _get(port, weak)
     with pytest.raises(ssl.SSLCertVerificationError):
         _get(port, ssl.create_default_context())
+
+
+def test_connections_per_client_address_are_capped_on_the_tls_edge(tmp_path, ca):
+    """PLURK_HELD_PER_ADDRESS caps one address's open connections to 8443, held or idle; beyond
+    it nginx closes the next before its handshake, while another address still gets a stream.
+    The balancer's own 127.0.0.1 (its probes, bench/edgetls.py) is not capped."""
+    _with_certificate(str(tmp_path), ca)
+    web, edges = _web_addresses(1), _web_addresses(1)
+    config = StackConfig.from_env(dict(_config(tmp_path, web, edges).to_env(), PLURK_HELD_PER_ADDRESS="3"))
+    edge_port = free_port(HOST)
+    text = nginxconf.render_edge_stream(config)
+    assert "limit_conn_zone $plurk_edge_key zone=plurk_edge_conns:10m;" in text
+    assert "limit_conn plurk_edge_conns 3;" in text
+    off = nginxconf.render_edge_stream(StackConfig.from_env(dict(config.to_env(), PLURK_HELD_PER_ADDRESS="0")))
+    assert "limit_conn_zone $" not in off and "limit_conn plurk_edge_conns" not in off
+
+    def handshake(source=None):
+        raw = socket.create_connection((HOST, edge_port), timeout=10,
+                                       source_address=(source, 0) if source else None)
+        return _client(ca).wrap_socket(raw, server_hostname=HOST)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nginxconf, "HTTPS_PORT", free_port(HOST))
+        mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
+        with nginx_in_front_of(config, {web[0]: _Recorder, edges[0]: Edge}):
+            services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
+            time.sleep(0.2)                 # wait_for_port's own connection is gone
+            held = [handshake("127.0.0.61") for _ in range(3)]
+            try:
+                for _ in range(3):          # one over the cap: closed, every time
+                    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+                        handshake("127.0.0.61").close()
+                # another address is served at once: a poll, and a stream's first event
+                data, _, _ = _get(edge_port, _client(ca), source="127.0.0.62")
+                assert data.startswith(b"HTTP/1.1 200 "), data
+                Edge.first_read.clear()
+                with handshake("127.0.0.62") as sock:
+                    sock.sendall(f"GET /Poll/stream HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+                    got = b""
+                    while b"data: 1\n\n" not in got:
+                        chunk = sock.recv(4096)
+                        assert chunk, got
+                        got += chunk
+                    Edge.first_read.set()
+                # the balancer's own address is not capped
+                local = [handshake() for _ in range(5)]
+                for sock in local:
+                    sock.close()
+            finally:
+                for sock in held:
+                    sock.close()
+            # once the held ones close, the address is served again
+            time.sleep(0.3)
+            data, _, _ = _get(edge_port, _client(ca), source="127.0.0.61")
+            assert data.startswith(b"HTTP/1.1 200 "), data
+
+
+def test_the_runner_rotates_the_edge_log_and_nginx_goes_on_logging_there(tmp_path, ca):
+    """nginx-edge.log (the stream block's) is rotated past PLURK_NGINX_LOG_KB like the others:
+    renamed to .1, and nginx, signalled by the runner, logs into a new one."""
+    _with_certificate(str(tmp_path), ca)
+    web, edges = _web_addresses(1), _web_addresses(1)
+    config = StackConfig.from_env(dict(_config(tmp_path, web, edges).to_env(), PLURK_NGINX_LOG_KB="1"))
+    log_path = os.path.join(config.log_dir(), "nginx-edge.log")
+    edge_port = free_port(HOST)
+    from http.server import ThreadingHTTPServer
+    stand_ins = [ThreadingHTTPServer(web[0], _Recorder), ThreadingHTTPServer(edges[0], Edge)]
+    for server in stand_ins:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack = Stack(config, nginx_workers=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nginxconf, "HTTPS_PORT", free_port(HOST))
+        mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
+        os.makedirs(config.log_dir(), exist_ok=True)
+        stack.services = stack.build()
+    nginx = stack.service("balancer")
+    try:
+        nginx.start()
+        nginx.wait_ready()
+        services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
+
+        def logged(marker_source):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                _get(edge_port, _client(ca), source=marker_source)
+                time.sleep(1.2)                     # the stream log's flush=1s
+                with open(log_path) as fh:
+                    if marker_source in fh.read():
+                        return True
+            return False
+
+        for _ in range(12):                         # ~120 bytes a line: past 1 KiB
+            _get(edge_port, _client(ca), source="127.0.0.71")
+        assert logged("127.0.0.71") and os.path.getsize(log_path) >= 1024
+        rotated = stack.rotate_nginx_logs()
+        assert "nginx-edge.log" in rotated, rotated
+        with open(log_path + ".1") as fh:
+            assert "127.0.0.71" in fh.read()
+        assert logged("127.0.0.72")                 # nginx reopened it: the new file gets the line
+        assert "127.0.0.72" not in open(log_path + ".1").read()
+    finally:
+        nginx.stop()
+        for server in stand_ins:
+            server.shutdown()
+            server.server_close()

@@ -196,23 +196,48 @@ def test_the_certificate_is_made_once_and_again_when_it_no_longer_fits(tmp_path,
                           capture_output=True).returncode == 0
 
 
-def test_plain_http_serves_only_an_acme_challenge_from_the_var_dir(balancer):
-    config, port = balancer
-    root = os.path.join(config.var_dir, "acme", ".well-known", "acme-challenge")
+def _acme_token(var_dir):
+    """An ACME challenge's token in <var dir>/acme/, as certbot --webroot leaves it."""
+    root = os.path.join(var_dir, "acme", ".well-known", "acme-challenge")
     os.makedirs(root, exist_ok=True)
-    path = os.path.abspath(config.var_dir)          # nginx's workers (nobody, as root) read the token
+    path = os.path.abspath(var_dir)                 # nginx's workers (nobody, as root) read the token
     while path not in ("/", "/tmp"):
         os.chmod(path, os.stat(path).st_mode | 0o001)
         path = os.path.dirname(path)
     for d in ("acme", "acme/.well-known", "acme/.well-known/acme-challenge"):
-        os.chmod(os.path.join(config.var_dir, d), 0o755)
+        os.chmod(os.path.join(var_dir, d), 0o755)
     with open(os.path.join(root, "tok3n"), "w") as fh:
         fh.write("tok3n.key-authorization")
     os.chmod(os.path.join(root, "tok3n"), 0o644)
+
+
+def test_plain_http_serves_only_an_acme_challenge_from_the_var_dir(balancer):
+    config, port = balancer
+    _acme_token(config.var_dir)
     got = requests.get(f"{config.base_url}/.well-known/acme-challenge/tok3n", allow_redirects=False, timeout=10)
     assert (got.status_code, got.text) == (200, "tok3n.key-authorization")
     other = requests.get(f"{config.base_url}/.well-known/other", allow_redirects=False, timeout=10)
     assert other.status_code == 301
+
+
+def test_the_first_certificate_comes_by_the_acme_webroot_before_there_is_one(tmp_path):
+    """Without a certificate the balancer serves plain HTTP, and the ACME challenge already from
+    <var dir>/acme/ (certbot --webroot gets the first certificate): not passed to a web host,
+    whose Django would answer it 404; every other path still is."""
+    web = _web_addresses(1)
+    config = _config(tmp_path, web)
+    assert nginxconf.site_tls(config) is None
+    _acme_token(config.var_dir)
+    Web.seen.clear()
+    with nginx_in_front_of(config, {web[0]: Web}):
+        got = requests.get(f"{config.base_url}/.well-known/acme-challenge/tok3n", allow_redirects=False, timeout=10)
+        assert (got.status_code, got.text) == (200, "tok3n.key-authorization")
+        missing = requests.get(f"{config.base_url}/.well-known/acme-challenge/nope", allow_redirects=False,
+                               timeout=10)
+        assert missing.status_code == 404
+        assert not Web.seen                                 # neither reached the web host
+        page = requests.get(f"{config.base_url}/login", allow_redirects=False, timeout=10)
+        assert page.status_code == 200 and [r["path"] for r in Web.seen] == ["/login"]
 
 
 def test_tls_1_3_offers_no_finite_field_groups(balancer, ca):

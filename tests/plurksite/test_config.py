@@ -434,6 +434,7 @@ def test_an_empty_plurk_edge_runs_no_edge():
 
 def test_the_default_edge_origins_are_the_sites_public_names_on_its_scheme():
     config = StackConfig.from_env({"PLURK_PUBLIC_HOSTS": "www.example.com,.example.com", "PLURK_HTTPS": "1",
+                                   "PLURK_TRUSTED_PROXIES": "10.77.0.10",
                                    "PLURK_HTTP": "0.0.0.0:8080", "PLURK_EDGE": "0.0.0.0:8443",
                                    "PLURK_EDGE_URL": "https://poll.example.com",
                                    "PLURK_COOKIE_DOMAIN": ".example.com"})
@@ -442,7 +443,8 @@ def test_the_default_edge_origins_are_the_sites_public_names_on_its_scheme():
     plain = StackConfig.from_env({"PLURK_HTTP": "127.0.0.1:80"})
     assert plain.edge_origins == ("http://127.0.0.1", "http://localhost")   # never the default port
     # written by fastpath's own origin(): brackets, lower case, the default port left out
-    v6 = StackConfig.from_env({"PLURK_HTTP": "[::1]:80", "PLURK_HTTPS": "1", "PLURK_PUBLIC_HOSTS": "WWW.Example.com"})
+    v6 = StackConfig.from_env({"PLURK_HTTP": "[::1]:80", "PLURK_HTTPS": "1", "PLURK_PUBLIC_HOSTS": "WWW.Example.com",
+                               "PLURK_TRUSTED_PROXIES": "::1"})
     assert v6.edge_origins == ("http://[::1]", "http://localhost", "https://www.example.com")
 
 
@@ -474,7 +476,7 @@ def test_a_public_edge_with_its_url_and_origins():
      "PLURK_EDGE_ORIGINS: bad --edge-origins entry 'https://www.example.com:443': a browser never sends its "
      "scheme's default port in an Origin, so it would never match; write 'https://www.example.com'"),
     ({"PLURK_HTTPS": "1", "PLURK_EDGE": "0.0.0.0:8443", "PLURK_EDGE_URL": "http://poll.example.com",
-      "PLURK_PUBLIC_HOSTS": "www.example.com"},
+      "PLURK_PUBLIC_HOSTS": "www.example.com", "PLURK_TRUSTED_PROXIES": "10.77.0.10"},
      "PLURK_HTTPS=1 but PLURK_EDGE_URL='http://poll.example.com' is plain http: a page served over https cannot "
      "use it (mixed content, and the Secure poll cookie is not sent); give the edge's https:// URL"),
     ({"PLURK_HTTP": "0.0.0.0:8080", "PLURK_EDGE": "0.0.0.0:8443", "PLURK_EDGE_URL": "https://poll.example.com"},
@@ -492,3 +494,28 @@ def test_bad_edge_settings_are_one_line_naming_the_variable(env, line):
     with pytest.raises(ConfigError) as info:
         StackConfig.from_env(env)
     assert str(info.value) == line
+
+
+HTTPS_UNTRUSTED = ("PLURK_HTTPS=1 but PLURK_TRUSTED_PROXIES is empty: this web host would take the https site "
+                   "for plain http and refuse every browser login (CSRF 403); set PLURK_TRUSTED_PROXIES to the "
+                   "balancer's address, for example 10.77.0.10 (127.0.0.1 when it runs on this host)")
+
+
+@pytest.mark.parametrize("roles", ["web", "web,memcached,repair", "all"])
+def test_https_on_a_web_host_that_trusts_no_balancer_is_refused(roles):
+    # behind the https balancer it would take X-Forwarded-Proto from no one, see http, and
+    # Django would answer every browser login 403 (CSRF): refused before anything starts
+    with pytest.raises(ConfigError) as info:
+        StackConfig.from_env({"PLURK_ROLES": roles, "PLURK_HTTPS": "1"})
+    assert str(info.value) == HTTPS_UNTRUSTED
+    trusting = StackConfig.from_env({"PLURK_ROLES": roles, "PLURK_HTTPS": "1", "PLURK_TRUSTED_PROXIES": "10.77.0.10"})
+    assert trusting.https and trusting.trusted_proxies == ("10.77.0.10/32",)
+
+
+@pytest.mark.parametrize("roles", ["balancer", "balancer,memcached", "memcached", "repair"])
+def test_https_needs_no_trusted_proxy_where_no_web_host_runs(roles):
+    # the balancer terminates TLS itself (its $scheme is https); memcached and repair serve no
+    # page: the shared PLURK_HTTPS=1 is theirs too and they take it as it is
+    config = StackConfig.from_env({"PLURK_ROLES": roles, "PLURK_HTTPS": "1", "PLURK_HTTP": "10.77.0.10:80",
+                                   "PLURK_WEB_HOSTS": "10.77.0.21:8080", "PLURK_EDGE": ""})
+    assert config.https and config.trusted_proxies == ()

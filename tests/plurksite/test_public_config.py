@@ -69,7 +69,7 @@ def test_held_caps_are_rendered(tmp_path):
 
 
 def test_https_settings_come_from_the_environment(tmp_path):
-    config = _config(tmp_path, PLURK_HTTPS="1", PLURK_HSTS_SECONDS="300",
+    config = _config(tmp_path, PLURK_HTTPS="1", PLURK_HSTS_SECONDS="300", PLURK_TRUSTED_PROXIES="127.0.0.1",
                      PLURK_SECRET_FILE=str(tmp_path / "secret.key"),
                      PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
     out = manage(config, "shell", "-c", "from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, "
@@ -99,3 +99,14 @@ def test_both_server_blocks_of_a_web_host_take_the_header_limits_from_one_table(
     for block in (default, site):
         assert "\n    client_header_buffer_size 2k;\n" in block and "\n    large_client_header_buffers 4 16k;\n" in block
         assert "request_pool_size" not in block
+
+
+def test_the_rendered_nginx_conf_holding_the_probe_key_is_the_owners_alone(tmp_path):
+    config = _config(tmp_path)
+    path = nginxconf.nginx_conf_path(config)
+    with open(path + ".tmp", "w"):              # left by an older render, 0644 under umask 022
+        os.chmod(path + ".tmp", 0o644)
+    assert nginxconf.render(config) == path
+    assert nginxconf.probe_key(config) in open(path).read()
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.join(config.var_dir, nginxconf.PROBE_KEY_FILE)).st_mode & 0o777 == 0o600

@@ -101,6 +101,18 @@ def test_ordering_after_local_memcached_and_postgres(tmp_path):
     assert "AmbientCapabilities=CAP_NET_BIND_SERVICE" in balancer["plurk-nginx.service"]
 
 
+@pytest.mark.parametrize("roles, http, capable", [
+    ("balancer", "127.0.0.10:80", True),
+    # the balancer binds 443 as soon as a certificate is in its var dir (a reload, not new units)
+    ("balancer", "127.0.0.10:8080", True),
+    ("web", "127.0.0.1:80", True),
+    ("web", "127.0.0.1:8080", False),          # nothing below 1024: no capability
+])
+def test_nginx_may_bind_ports_below_1024_when_it_binds_any(tmp_path, roles, http, capable):
+    files = dict(units.render(_config(tmp_path, roles, PLURK_HTTP=http)))
+    assert ("AmbientCapabilities=CAP_NET_BIND_SERVICE" in files["plurk-nginx.service"]) is capable
+
+
 @pytest.mark.parametrize("word", ["plain", "", "daemon off;", 'say "hi"', "back\\slash", "100%", "$HOME",
                                   "a 'b' c"])
 def test_quoting_reads_back_as_the_same_word(word):
