@@ -245,6 +245,12 @@ def tls_context(config):
     block, or a comment saying where a certificate would turn them on; the ACME challenge's
     location either way."""
     tls = site_tls(config)
+    if tls is None and config.https:
+        # told the site is https (cluster.env is shared): plain HTTP would serve the login page
+        # unencrypted and every Secure cookie would be dropped; never degrade silently
+        raise ConfigError(f"PLURK_HTTPS=1 but {os.path.join(config.var_dir, TLS_DIR, TLS_FILES[0])} is missing: "
+                          f"put the certificate chain and its key there (docs/deploy.md section 10), or set "
+                          f"PLURK_HTTPS=0 on the balancer while it takes its first certificate by ACME")
     if tls is None:
         return (f"    # plain HTTP only: no {' and '.join(TLS_FILES)} in "
                 f"{os.path.join(config.var_dir, TLS_DIR)} (docs/deploy.md, \"TLS\")\n"

@@ -20,7 +20,7 @@ from plurksite.config import ConfigError, StackConfig
 from plurksite.services import ServiceError, free_port
 from plurksite.stack import Stack
 from tests.plurksite.test_roles import _Recorder, _web_addresses
-from tests.support.stack import nginx_in_front_of
+from tests.support.stack import manage, nginx_in_front_of
 
 HOST = "127.0.0.10"
 
@@ -318,3 +318,16 @@ def test_plain_http_to_the_https_port_is_the_json_400_with_http2_on(balancer):
     _, port = balancer
     got = requests.get(f"http://{HOST}:{port}/login", timeout=10)
     assert got.status_code == 400 and got.json() == {"error": "plain HTTP sent to the HTTPS port: use https://"}
+
+
+def test_a_balancer_told_https_without_a_certificate_refuses_in_one_line(tmp_path):
+    """PLURK_HTTPS=1 (cluster.env is shared) and no certificate in <var>/tls: plain HTTP would
+    serve the login page unencrypted and browsers would drop the web hosts' Secure cookies."""
+    config = StackConfig.from_env({"PLURK_ROLES": "balancer", "PLURK_HTTP": "127.0.0.10:8080",
+                                   "PLURK_WEB_HOSTS": "127.0.0.21:8080", "PLURK_VAR_DIR": str(tmp_path / "var"),
+                                   "PLURK_SECRET_FILE": str(tmp_path / "secret.key"), "PLURK_HTTPS": "1"})
+    assert nginxconf.site_tls(config) is None            # no certificate there
+    done = manage(config, "rendernginx", check=False)
+    assert done.returncode != 0, "rendered plain HTTP for a site told it is https"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "PLURK_HTTPS" in lines[0] and "fullchain.pem" in lines[0], done.stderr

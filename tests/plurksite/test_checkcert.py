@@ -4,6 +4,8 @@ import os
 import re
 import subprocess
 
+import pytest
+
 from plurksite import nginxconf
 from plurksite.cluster import tls
 from plurksite.config import StackConfig
@@ -65,3 +67,47 @@ def test_no_certificate_or_not_a_certificate_is_one_line_exit_2(tmp_path):
     junk.write_text("not a certificate\n")
     bad = manage(config, "checkcert", str(junk), check=False)
     assert bad.returncode == 2 and _one_line(bad).startswith(f"CommandError: {junk}: cannot read a certificate (")
+
+
+def _pair(tls_dir, days):
+    """A self-signed certificate valid for `days` and its key, as <tls_dir>/fullchain.pem and
+    privkey.pem (replaced in place, as certbot's renewal replaces them)."""
+    import subprocess
+    os.makedirs(tls_dir, exist_ok=True)
+    for name in ("fullchain.pem", "privkey.pem"):
+        if os.path.exists(os.path.join(tls_dir, name)):
+            os.unlink(os.path.join(tls_dir, name))
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", os.path.join(tls_dir, "privkey.pem"), "-out", os.path.join(tls_dir, "fullchain.pem"),
+                    "-days", str(days), "-subj", "/CN=plurk.test", "-addext", "subjectAltName=IP:127.0.0.10"],
+                   check=True, capture_output=True)
+
+
+@pytest.mark.xfail(strict=True, reason="review3 F2: checkcert reads <var>/tls/fullchain.pem, not the certificate "
+                   "nginx serves: renewed on disk but never reloaded (a failed deploy hook), nginx serves the old "
+                   "one to its expiry while checkcert says all is well")
+def test_checkcert_alerts_on_the_certificate_nginx_still_serves(tmp_path):
+    import ssl
+    from plurksite import services
+    from plurksite.services import free_port
+    from tests.plurksite.test_balancer_tls import HOST, Web, _config as balancer_config
+    from tests.plurksite.test_roles import _web_addresses
+    from tests.support.stack import nginx_in_front_of
+
+    var_dir = tmp_path / "var"
+    tls_dir = os.path.join(var_dir, nginxconf.TLS_DIR)
+    _pair(tls_dir, 2)                                    # nginx starts with a certificate 2 days from expiry
+    hosts = _web_addresses(1)
+    config = balancer_config(var_dir, hosts)
+    https_port = free_port(HOST)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nginxconf, "HTTPS_PORT", https_port)
+        with nginx_in_front_of(config, {hosts[0]: Web}):
+            services.wait_for_port(HOST, https_port, name="nginx https")
+            _pair(tls_dir, 90)                           # renewed on disk; nginx not reloaded
+            served = ssl.get_server_certificate((HOST, https_port))
+            served_path = tmp_path / "served.pem"
+            served_path.write_text(served)
+            assert manage(config, "checkcert", "--days", "21", str(served_path), check=False).returncode == 1
+            done = manage(config, "checkcert", "--days", "21", check=False)
+    assert done.returncode == 1, done.stdout         # nginx serves one 2 days from expiry: alert

@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from fastpoll import resources as fastpoll_resources
 
@@ -322,3 +323,18 @@ def test_an_operators_nginx_accepts_the_include(tmp_path, roles):
     finally:
         nginx.terminate()
         nginx.wait(timeout=10)
+
+
+def test_the_external_nginx_include_keeps_the_probe_key_private(tmp_path):
+    config = _config(tmp_path, "web")
+    out = tmp_path / "out"
+    old = os.umask(0o022)
+    try:
+        manage(config, "renderunits", "--out", str(out), "--external-nginx")
+    finally:
+        os.umask(old)
+    key = nginxconf.probe_key(config)
+    text = (out / "nginx-plurk.conf").read_text()
+    assert key in text                                   # the secret is in the file ...
+    mode = stat.S_IMODE(os.stat(out / "nginx-plurk.conf").st_mode)
+    assert mode & 0o077 == 0, oct(mode)                  # ... so no one else may read it

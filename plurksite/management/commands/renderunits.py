@@ -72,4 +72,6 @@ class Command(BaseCommand):
                 fh.write(text)
             if name == "plurk.env":
                 os.chmod(tmp, 0o640)          # holds the database URL (and its password)
+            elif name == "nginx-plurk.conf":
+                os.chmod(tmp, 0o600)          # nginx's include holds the probe key (nginx-probe.key is 0600)
             os.replace(tmp, path)
