@@ -1,8 +1,12 @@
 """`manage.py checkcert` (docs/deploy.md, section 6): one line and exit 1 when the site's
 certificate expires within --days days, for a timer that alerts."""
+import contextlib
 import os
 import re
+import socket
+import ssl
 import subprocess
+import threading
 
 import pytest
 
@@ -32,16 +36,47 @@ def _one_line(done):
     return lines[0]
 
 
-def test_the_balancers_certificate_is_checked_by_default(tmp_path):
+@contextlib.contextmanager
+def _tls_server(chain, key):
+    """A TLS listener on a free loopback port serving ``chain``: its "HOST:PORT"."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_the_balancers_certificate_is_checked_by_default_with_what_nginx_serves(tmp_path):
     config = _config(tmp_path)
-    chain, _ = tls.ensure_site(os.path.join(config.var_dir, nginxconf.TLS_DIR), str(tmp_path / "ca"),
-                               ["DNS:plurk.test"])
-    done = manage(config, "checkcert", check=False)
-    assert done.returncode == 0 and _one_line(done).startswith(f"{chain}: expires on "), done.stderr
-    assert _one_line(done).endswith(f"in {tls.SITE_DAYS - 1} days")
-    late = manage(config, "checkcert", "--days", str(tls.SITE_DAYS + 10), check=False)
-    assert late.returncode == 1 and f"{chain} expires on " in _one_line(late)
-    assert f"(under {tls.SITE_DAYS + 10}): renew it" in _one_line(late)
+    chain, key = tls.ensure_site(os.path.join(config.var_dir, nginxconf.TLS_DIR), str(tmp_path / "ca"),
+                                 ["DNS:plurk.test"])
+    down = manage(config, "checkcert", check=False)             # nothing serves 127.0.0.10:443 here
+    assert down.returncode == 2 and "nothing serves TLS at 127.0.0.10:443" in _one_line(down), down.stderr
+    with _tls_server(chain, key) as where:
+        done = manage(config, "checkcert", "--served", where, check=False)
+        late = manage(config, "checkcert", "--served", where, "--days", str(tls.SITE_DAYS + 10), check=False)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stdout + done.stderr
+    assert lines[0].startswith(f"{chain}: expires on ") and lines[0].endswith(f"in {tls.SITE_DAYS - 1} days")
+    assert lines[1].startswith(f"the certificate served at {where}: expires on ")
+    assert late.returncode == 1 and f"{chain} expires on " in late.stderr
+    assert f"(under {tls.SITE_DAYS + 10}): renew it" in late.stderr and "\n" not in late.stderr.strip()
 
 
 def test_a_certificate_expiring_within_the_days_fails_with_one_line(tmp_path):
@@ -83,11 +118,9 @@ def _pair(tls_dir, days):
                    check=True, capture_output=True)
 
 
-@pytest.mark.xfail(strict=True, reason="review3 F2: checkcert reads <var>/tls/fullchain.pem, not the certificate "
-                   "nginx serves: renewed on disk but never reloaded (a failed deploy hook), nginx serves the old "
-                   "one to its expiry while checkcert says all is well")
 def test_checkcert_alerts_on_the_certificate_nginx_still_serves(tmp_path):
-    import ssl
+    """Renewed on disk but never reloaded (a failed deploy hook): nginx serves the old one to its
+    expiry, and the file alone would say all is well."""
     from plurksite import services
     from plurksite.services import free_port
     from tests.plurksite.test_balancer_tls import HOST, Web, _config as balancer_config
@@ -109,5 +142,6 @@ def test_checkcert_alerts_on_the_certificate_nginx_still_serves(tmp_path):
             served_path = tmp_path / "served.pem"
             served_path.write_text(served)
             assert manage(config, "checkcert", "--days", "21", str(served_path), check=False).returncode == 1
-            done = manage(config, "checkcert", "--days", "21", check=False)
+            done = manage(config, "checkcert", "--days", "21", "--served", f"{HOST}:{https_port}", check=False)
     assert done.returncode == 1, done.stdout         # nginx serves one 2 days from expiry: alert
+    assert f"the certificate served at {HOST}:{https_port} expires on " in done.stderr
