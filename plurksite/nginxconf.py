@@ -7,6 +7,7 @@ nginx's workers (another user when the runner is root) can reach a path."""
 import grp
 import os
 import pwd
+import re
 import secrets
 import stat
 import subprocess
@@ -356,8 +357,31 @@ def site_host_map(config):
     return f"map $host $plurk_site_host {{ hostnames; default 0; {names} }}"
 
 
+def balancer_held_cap(config):
+    """The site-wide cap on held polls per client address (PLURK_HELD_PER_ADDRESS, 0: none): the
+    web hosts count in zones of their own, and the balancer spreads requests round robin, so
+    without this one address could hold the cap once per web host.  A held request is a poll's
+    long-poll (Prefer: wait=) or stream (GET, Accept: text/event-stream), read as fastpoll's maps
+    read them; this host's own 127.0.0.1 and ::1 (its probes, the benches) are not counted."""
+    per_address = config.held_per_address
+    if not per_address:
+        return {"held_zone": "# no cap on held polls per client address (PLURK_HELD_PER_ADDRESS is 0)",
+                "held_limit": "        # no cap on held polls per client address (PLURK_HELD_PER_ADDRESS is 0)"}
+    prefix = re.escape(fastpoll_nginx.settings_of(fastpoll_settings(config))["PATH_PREFIX"])
+    return {"held_zone": "\n".join((
+                "geo $plurk_held_capped { default 1; 127.0.0.1 0; ::1 0; }",
+                'map $http_prefer $plurk_held_wait { "~*(^|,)\\s*wait\\s*=" 1; default 0; }',
+                'map "$request_method:$http_accept" $plurk_held_events '
+                '{ "~*^GET:(.*,)?[ \\t]*text/event-stream[ \\t]*(;|,|$)" 1; default 0; }',
+                f'map "$plurk_held_capped:$plurk_held_wait$plurk_held_events:$uri" $plurk_held_key '
+                f'{{ "~^1:(1.|.1):{prefix}" $binary_remote_addr; default ""; }}',
+                f"limit_conn_zone $plurk_held_key zone=plurk_held:{fastpoll_nginx.HELD_ZONE_MB}m;")),
+            "held_limit": f"        limit_conn plurk_held {per_address};\n        limit_conn_status 429;"}
+
+
 def balancer_context(config):
     return {
+        **balancer_held_cap(config),
         "site_host_map": site_host_map(config),
         "host_check": ("        if ($plurk_site_host = 0) {\n            return 444;\n        }"),
         "tls": tls_context(config),

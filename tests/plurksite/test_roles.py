@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -502,3 +503,55 @@ def test_every_json_error_page_of_both_roles_has_its_location(tmp_path):
         sent, defined = _error_targets(text)
         assert sent and sent <= defined, sent - defined
         assert {int(uri.rsplit("/", 1)[1]) for uri in defined} == table
+
+
+def test_held_polls_are_capped_per_client_address_across_every_web_host(tmp_path):
+    """Each web host counts held polls per address in its own zone and the balancer spreads
+    requests round robin: the balancer caps them once for the site (PLURK_HELD_PER_ADDRESS), or
+    one address would hold the cap once per web host."""
+    release, arrived = threading.Event(), []
+
+    class Holding(_Recorder):
+        seen = []
+
+        def _answer(self):
+            if self.headers.get("Prefer") or "event-stream" in (self.headers.get("Accept") or ""):
+                arrived.append(self.server.server_address[0])
+                release.wait(30)                           # a held poll: answered when released
+            super()._answer()
+        do_GET = do_POST = _answer
+
+    hosts = _web_addresses(2)
+    config = _balancer_config(tmp_path, [f"{h}:{p}" for h, p in hosts], PLURK_HELD_PER_ADDRESS="3")
+    host, port = config.http
+
+    def ask(source, headers):
+        sock = socket.create_connection((host, port), timeout=10, source_address=(source, 0))
+        sock.sendall(b"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+                     + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n")
+        return sock
+
+    def status(sock):
+        sock.settimeout(10)
+        head = sock.recv(4096).decode("latin-1")
+        return int(head.split(" ", 2)[1]), head
+
+    with nginx_in_front_of(config, {hosts[0]: Holding, hosts[1]: Holding}):
+        held = [ask("127.0.0.71", {"Prefer": "wait=30"}) for _ in range(2)]
+        held.append(ask("127.0.0.71", {"Accept": "text/event-stream"}))
+        deadline = time.monotonic() + 10
+        while len(arrived) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(arrived) == 3 and set(arrived) == {h for h, _ in hosts}   # round robin: both hosts
+        for extra in ({"Prefer": "wait=30"}, {"Accept": "text/event-stream"}):
+            code, head = status(ask("127.0.0.71", extra))  # the 4th held poll of the address
+            assert code == 429 and "Retry-After: 5" in head, head
+        assert len(arrived) == 3                           # refused here, never passed on
+        other = ask("127.0.0.72", {"Prefer": "wait=30"})   # another address is held
+        short = ask("127.0.0.71", {})                      # a short poll is not counted
+        assert status(short)[0] == 200
+        release.set()
+        assert status(other)[0] == 200 and [status(s)[0] for s in held] == [200, 200, 200]
+    off = open(nginxconf.render(_balancer_config(tmp_path / "off", ["127.0.0.21:8080"],
+                                                 PLURK_HELD_PER_ADDRESS="0"))).read()
+    assert "limit_conn plurk_held" not in off and "limit_conn_zone" not in off
