@@ -611,7 +611,7 @@ def edge_rows(doc):
         lm = load.get("machine", {})
         d = load.get("endpoints", {}).get("delivery plurk first seen by a follower")
         out.append(f"- locust `{name}` ({lm.get('date', '?')}, commit {lm.get('commit', '?')}), "
-                   f"PLURK_LOAD_POLL_MODE=stream, streams on {_streams_via(load)}: "
+                   f"PLURK_LOAD_POLL_MODE=stream, streams of `{_stream_resources(load)}` on {_streams_via(load)}: "
                    f"{load['users']} users, {load['run_time_s']} s, {load['processes']} locust process(es): delivery "
                    f"p50 **{_ms(lat['p50'])}**, p95 {_ms(lat['p95'])}, p99 **{_ms(lat['p99'])}**, max {_ms(lat['max'])}, "
                    f"**{load['lost']} lost** of {load['deliveries_checked']:,}, {load['failures']} failures"
