@@ -611,7 +611,7 @@ def edge_rows(doc):
         lm = load.get("machine", {})
         d = load.get("endpoints", {}).get("delivery plurk first seen by a follower")
         out.append(f"- locust `{name}` ({lm.get('date', '?')}, commit {lm.get('commit', '?')}), "
-                   f"PLURK_LOAD_POLL_MODE=stream, streams on {_streams_via(load)}: "
+                   f"PLURK_LOAD_POLL_MODE=stream, streams of `{_stream_resources(load)}` on {_streams_via(load)}: "
                    f"{load['users']} users, {load['run_time_s']} s, {load['processes']} locust process(es): delivery "
                    f"p50 **{_ms(lat['p50'])}**, p95 {_ms(lat['p95'])}, p99 **{_ms(lat['p99'])}**, max {_ms(lat['max'])}, "
                    f"**{load['lost']} lost** of {load['deliveries_checked']:,}, {load['failures']} failures"
@@ -626,9 +626,11 @@ STREAM_RUNS_APART = ("strace", "perftrace", "together", "4procs")
 
 
 def _stream_spread(load):
-    """", over N runs p50 a-b ms, p99 c-d ms": the runs of the same path in
+    """", over N runs p50 a-b ms, p99 c-d ms": the runs of the same path and the same stream in
     bench/results/load-streampoll-runs/ (not instrumented, not of a reverted experiment), the
-    one in the table among them; "" when there are fewer than two."""
+    one in the table among them; "" when there are fewer than two.  The same stream: the same
+    resources in it (a stream of the count alone, whose users fetched the messages, is another
+    measure than a stream of both)."""
     folder = os.path.join(RESULTS_DIR, STREAM_RUNS_DIR)
     runs = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
@@ -636,13 +638,23 @@ def _stream_spread(load):
             continue
         with open(os.path.join(folder, name)) as fh:
             doc = json.load(fh)
-        if _streams_via(doc) == _streams_via(load) and doc.get("latency_from") == "created":
+        if _streams_via(doc) == _streams_via(load) and doc.get("latency_from") == "created" \
+                and _stream_resources(doc) == _stream_resources(load):
             runs.append(doc["delivery_latency_s"])
     if len(runs) < 2:
         return ""
     p50, p99 = sorted(r["p50"] for r in runs), sorted(r["p99"] for r in runs)
     return (f"; over {len(runs)} runs p50 {p50[0] * 1000:.0f}-{p50[-1] * 1000:.0f} ms, "
             f"p99 {p99[0] * 1000:.0f}-{p99[-1] * 1000:.0f} ms")
+
+
+def _stream_resources(load):
+    """The resources locust's users streamed ("getUnreadCount", "getUnreadCount,getMessages"), by
+    locust's endpoint names ("GET /Poll/<resources> (stream)"); None when it streamed nothing."""
+    for name in load.get("endpoints", {}):
+        if name.endswith(("(stream)", "(edge stream)")) and name.startswith("GET /Poll/"):
+            return name[len("GET /Poll/"):].split(" ")[0]
+    return None
 
 
 def _streams_via(load):

@@ -56,19 +56,27 @@ Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_M
                   users post and respond as often as in the short mode.
   short           every user's poll task asks getUnreadCount (and getMessages when the count
                   differs from what was shown) every couple of seconds: the comparison.
-  stream          each user keeps one Server-Sent Events stream of getUnreadCount open
+  stream          each user keeps one Server-Sent Events stream of both its resources open,
+                  ``/Poll/getUnreadCount,getMessages`` as the timeline page does
                   (``Accept: text/event-stream``, ``Last-Event-ID`` of its last event), in a
                   greenlet of its own with a socket of its own (geventhttpclient would read the
-                  body to its end): every event is a count answer (then getMessages, as the page
-                  does), a heartbeat comment is nothing, the end of a stream (its --max-stream,
-                  Django's one-event stream and its ``retry:``) is followed by a new one.  The
+                  body to its end): a ``getUnreadCount`` event is the count, a ``getMessages``
+                  event the messages, read from the event itself (nothing is fetched; a plurk is
+                  first seen when the event carrying it is read), a heartbeat comment is nothing,
+                  the end of a stream (its --max-stream, Django's one-event-per-resource stream
+                  and its ``retry:``) is followed by a new one.  The
                   stream goes to fastpath's edge when there is one (``$PLURK_LOAD_EDGE``
                   host:port, else the stack's PLURK_EDGE), else through nginx (the locust host);
                   ``$PLURK_LOAD_STREAM_VIA=nginx`` forces nginx.  On the edge a miss (``event:
-                  miss``, or a 409 ``X-Cache: MISS``) is asked of the site once (a poll through
-                  nginx: Django fills the cache), then the stream opens again.  Streams are named
-                  ``/Poll/getUnreadCount (stream)`` (response time: until the head) and, on the
-                  edge, ``/Poll/getUnreadCount (edge stream)``.
+                  miss``, or a 409 ``X-Cache: MISS``) is asked of the site once (a poll of each
+                  resource through nginx: Django fills the cache), then the stream opens again.
+                  Streams are named ``/Poll/getUnreadCount,getMessages (stream)`` (response time:
+                  until the head) and, on the edge, ``/Poll/getUnreadCount,getMessages (edge
+                  stream)``.  A user's poll counts as complete (the judge's "polls") from the
+                  latest moment its last getMessages event is known to be as new as: the
+                  stream's request (every event was read after it) or the newest item's
+                  ``created`` (the event was read after that item was written), never the moment
+                  the event is handled: an event read before a commit may still be on its way.
 Delivery latency is measured the same way in all three, from the plurk's ``created`` to its first sight.
 Both read as the page does: what was shown is marked read (one markRead) once it has been seen
 ``PLURK_LOAD_READ_AFTER_S``; in long mode a hold then ends when the read falls due.
@@ -130,6 +138,7 @@ CELEB_WAIT = float(os.environ.get("PLURK_LOAD_CELEB_WAIT", "3"))
 SETUP_FILE = os.environ.get("PLURK_LOAD_SETUP")
 POLL_MODES = ("long", "short", "stream")
 STREAM_VIA = os.environ.get("PLURK_LOAD_STREAM_VIA", "")
+STREAM_RESOURCES = "getUnreadCount,getMessages"     # the timeline page's one stream
 STREAM_QUIET_S = 25 + 15          # fastpath's heartbeat (25 s) + the margin nginx's read timeout has
 LONGPOLL_WAIT = int(os.environ.get("PLURK_LOAD_LONGPOLL_WAIT", "50"))
 LONGPOLL_QUICK_S = 1.0           # a held 304 sooner than this is not trusted: wait before the next
@@ -474,8 +483,7 @@ class _Plurker(FastHttpUser):
 
     def _read(self, started, announced, at=(None, None)):
         """After a count answer of a poll begun at ``started``: fetch the messages when something
-        is unread, count deliveries, and set when what was shown falls due to be marked read
-        (:meth:`_mark_read_if_due` sends it).  False when the messages are
+        is unread and show them (:meth:`_show`).  False when the messages are
         behind the count that announced them (two keys, written one after the other: the count
         can be read first); the poll is then not complete and the long-poll must ask again soon
         instead of holding on the count's ETag.  ``at``: (when the kernel received the count's
@@ -483,8 +491,16 @@ class _Plurker(FastHttpUser):
         body = self._get_poll("getMessages", _check_messages) if announced else {}
         if body is None:
             return False
+        return self._show(started, body, at, announced)
+
+    def _show(self, started, body, at, announced=None, seen_at=None):
+        """One getMessages answer ({} for none), from a poll or a stream's event, complete as of
+        ``started``: count deliveries, and set when what was shown falls due to be marked read
+        (:meth:`_mark_read_if_due` sends it).  False when it is behind ``announced``, the count
+        that announced it.  A first sight is ``seen_at`` (a stream's event: when it was read),
+        else now (after the fetch)."""
         self.known = body.get("count", 0)
-        if self.known < announced:
+        if announced is not None and self.known < announced:
             with _lock:
                 _records["behind"] += 1
             self.etag = None
@@ -492,7 +508,7 @@ class _Plurker(FastHttpUser):
         if not body:
             self._polled(started)
             return True
-        now = time.time()
+        now = time.time() if seen_at is None else seen_at
         items = body["items"]
         fresh = []
         with _lock:
@@ -609,9 +625,21 @@ class _Plurker(FastHttpUser):
         """(host, port, name): the edge when there is one (and PLURK_LOAD_STREAM_VIA is not
         nginx), else the locust host (nginx)."""
         if STREAM_VIA != "nginx" and (edge := _edge_address()):
-            return edge[0], edge[1], "/Poll/getUnreadCount (edge stream)"
+            return edge[0], edge[1], f"/Poll/{STREAM_RESOURCES} (edge stream)"
         url = urllib.parse.urlsplit(self.host)
-        return url.hostname, url.port or 80, "/Poll/getUnreadCount (stream)"
+        return url.hostname, url.port or 80, f"/Poll/{STREAM_RESOURCES} (stream)"
+
+    def _site_poll(self):
+        """A stream's miss: each resource it carries asked of the site once (through nginx, where
+        Django fills the cache for a key that went), then the stream opens again."""
+        started = time.time()
+        counted = self._get_poll("getUnreadCount", _check_count)
+        if counted is None:
+            return
+        body = self._get_poll("getMessages", _check_messages)
+        if body is not None:
+            self._show(started, body, (None, time.time()), counted.get("count", 0))
+        self._mark_read_if_due()
 
     def _stream_loop(self):
         backoff = POLL_WAIT
@@ -638,6 +666,7 @@ class _Plurker(FastHttpUser):
         if self.etag:
             headers += f"Last-Event-ID: {self.etag}\r\n"
         started = time.perf_counter()
+        asked = time.time()               # every event on this connection is at least this new
         meta = {"request_type": "GET", "name": name, "response_length": 0, "response": None, "context": {},
                 "exception": None}
         try:
@@ -647,7 +676,7 @@ class _Plurker(FastHttpUser):
                                                  **dict(meta, exception=exc))
             return None
         try:
-            sock.sendall(f"GET /Poll/getUnreadCount HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}\r\n".encode())
+            sock.sendall(f"GET /Poll/{STREAM_RESOURCES} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}\r\n".encode())
             reader = _EventReader(sock)
             status, head = reader.head()
             meta["response_time"] = (time.perf_counter() - started) * 1000
@@ -656,7 +685,7 @@ class _Plurker(FastHttpUser):
                     _records["cache"][head["x-cache"]] += 1
             if status == 409 and edge and head.get("x-cache") == "MISS":
                 self.environment.events.request.fire(**meta)      # the edge's miss: ask the site once
-                self.poll()
+                self._site_poll()
                 return 0
             if status != 200 or not head.get("content-type", "").startswith("text/event-stream"):
                 meta["exception"] = RuntimeError(f"stream answered {status} {head.get('content-type')}")
@@ -672,12 +701,12 @@ class _Plurker(FastHttpUser):
                     continue
                 if "retry" in event:
                     pause = int(event["retry"]) / 1000
-                if event.get("event") == "miss":           # the key is gone: ask the site once
-                    self.poll()
+                if event.get("event") == "miss":           # a key is gone: ask the site once
+                    self._site_poll()
                     return 0
                 if "data" not in event:
                     continue
-                self._stream_event(event, reader.arrived)
+                self._stream_event(event, reader.arrived, asked)
                 self._mark_read_if_due()
             return pause
         except (OSError, ValueError) as exc:
@@ -693,20 +722,32 @@ class _Plurker(FastHttpUser):
             return STREAM_QUIET_S
         return max(0.05, min(STREAM_QUIET_S, self.read_due - time.monotonic()))
 
-    def _stream_event(self, event, arrived):
-        """One count answer on the stream: as a long-poll's 200 (the messages when the count is
-        not what was shown; again, a moment later, while they are behind it)."""
+    def _stream_event(self, event, arrived, asked):
+        """One event of the stream: the count (the badge: nothing to do but keep it) or the
+        messages, shown as they are (messages behind the count come as the next getMessages
+        event: the stream sends every change of either key).  ``asked``: when the stream was
+        asked for (the events are at least that new).  A body that is not what the API promises
+        is a ValueError (the stream is recorded broken)."""
         data = event["data"]
-        count = json.loads(data)["count"] if data else 0
-        self.etag, self.count = event.get("id") or self.etag, count
-        now = time.time()
-        if count and count == self.known:
-            self._polled(now)
-            return
-        for attempt in range(5):
-            if self._read(now, count, (arrived, now)):
-                return
-            gevent.sleep(0.1 * (attempt + 1))
+        kind = event.get("event")
+        self.etag = event.get("id") or self.etag
+        check = {"getUnreadCount": _check_count, "getMessages": _check_messages}.get(kind)
+        if check is None:
+            return                        # an event this user does not read
+        try:
+            body = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise ValueError(f"{kind} event not JSON ({exc}): {data[:40]!r}") from None
+        problem = "not an object" if not isinstance(body, dict) else body and check(body)
+        if problem:
+            raise ValueError(f"{kind} event: {problem}")
+        if kind == "getUnreadCount":
+            self.count = body.get("count", 0)
+        else:
+            # as new as: the stream's request, and the newest item's write (after its created)
+            created = [c for c in map(_created, body.get("items", [])) if c is not None]
+            now = time.time()
+            self._show(max([asked, *created]), body, (arrived, now), seen_at=now)
 
     def _delivered(self, item, now):
         """A custom locust request of type ``delivery``: a plurk of someone else, created after this
@@ -726,7 +767,8 @@ class _Plurker(FastHttpUser):
 
     def _polled(self, started):
         with _lock:
-            _records["polls"][self.username] = started
+            polls = _records["polls"]
+            polls[self.username] = max(started, polls.get(self.username, 0))
 
     @staticmethod
     def _count_cache(resp):

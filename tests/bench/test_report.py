@@ -56,4 +56,12 @@ def test_the_stream_rows_spread_is_over_the_runs_of_the_same_path_not_the_instru
     # edge2 predates streams_via: its locust names say edge (its stack said no edge)
     assert report._stream_spread(doc("edge", 0.03, 0.1)) == "; over 2 runs p50 24-36 ms, p99 53-686 ms"
     assert report._stream_spread(doc("nginx", 0.03, 0.1)) == ""          # one run: no spread
+    # a stream of both resources is another measure: the runs of the count alone are not its spread
+    both = dict(doc("edge", 0.03, 0.1), endpoints={"GET /Poll/getUnreadCount,getMessages (edge stream)": {}})
+    assert report._stream_resources(both) == "getUnreadCount,getMessages"
+    assert report._stream_spread(both) == ""
+    for name, p50 in (("edge4.json", 0.02), ("edge5.json", 0.026)):
+        (runs / name).write_text(json.dumps(dict(both, delivery_latency_s={"p50": p50, "p99": 0.05})))
+    assert report._stream_spread(both) == "; over 2 runs p50 20-26 ms, p99 50-50 ms"
+    assert report._stream_spread(doc("edge", 0.03, 0.1)) == "; over 2 runs p50 24-36 ms, p99 53-686 ms"
     assert report._streams_via(doc(None, 0, 0, True)) == "the edge"

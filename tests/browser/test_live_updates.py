@@ -11,8 +11,9 @@ against the real stack through nginx:
 - the page (?poll=long) long-polls (one getUnreadCount in flight with Prefer: wait and the last
   ETag), and a plurk still arrives, by short polling through Django, while fastpath is stopped,
   and again once it is back;
-- by default the count comes by a stream (EventSource) through nginx: plurks arrive with no poll
-  of the count; with fastpath killed the page falls back (Django's one-event stream, then
+- by default the count comes by a stream (EventSource) through nginx, on the timeline with the
+  messages in the same stream: plurks arrive with no request to /Poll/ at all (none in nginx's
+  access log either), while a user's page streams the count alone; with fastpath killed the page falls back (Django's one-event stream, then
   long-polls through Django) and comes back to the stream once fastpath is; plurks posted all
   along are each shown once;
 - an edge the page cannot reach (refused, or not in the CSP) falls back to the stream through
@@ -457,6 +458,18 @@ def test_the_page_long_polls_and_falls_back_to_short_polls_while_fastpath_is_sto
     assert not _by_id(reader, "offline").is_displayed()
 
 
+def _stream_url(driver):
+    """The URL of the page's open EventSource ('' when none)."""
+    return driver.execute_script("return live.stream ? live.stream.source.url : ''")
+
+
+def _nginx_requests(stack, path):
+    """Requests for ``path`` (its query aside) in nginx's access log so far (the log is flushed
+    every second: wait that long after the requests to count)."""
+    with open(os.path.join(stack.config.log_dir(), "nginx-access.log")) as fh:
+        return sum(f'"GET {path} ' in line or f'"GET {path}?' in line for line in fh)
+
+
 def _arrives(stack, driver, token, text, timeout=20):
     _post(stack, token, text)
     _wait(lambda: text in _by_id(driver, "timeline").text, timeout=timeout, what=f"{text!r} for the reader")
@@ -472,20 +485,39 @@ def test_a_plurk_arrives_by_the_stream_through_nginx(stack, browsers, pair):
     _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
           what="the stream's first event")
     reader.execute_script(RECORD_POLLS_JS)
-    events = int(_data(reader, "streamEvents"))
+    # the timeline's one stream carries both resources
+    assert _stream_url(reader) == f"{base}/Poll/getUnreadCount,getMessages"
+    events, messages = int(_data(reader, "streamEvents")), int(_data(reader, "streamMessages"))
+    time.sleep(1.5)                                  # nginx's access log is flushed every second
+    fetched = _nginx_requests(stack, "/Poll/getMessages")
 
     text = f"by the stream {time.time():.0f}"
     _arrives(stack, reader, writer_token, text, timeout=10)
     _wait(lambda: _badge(reader) == 1, timeout=5, what="the unread badge")
     assert int(_data(reader, "streamEvents")) > events
+    assert int(_data(reader, "streamMessages")) > messages          # the plurk came as an event
+    assert _by_id(reader, "live-status").get_attribute("textContent") == "1 new plurk"
     _shot(reader, "10-stream-arrived")
     _wait(lambda: _badge(reader) == 0 and _server_unread(stack, reader_token) == 0, timeout=15,
           what="read once shown")
-    # the count came by the stream: nothing polled it; the messages were fetched, from fastpath
-    polls = reader.execute_script("return window.__polls")
-    assert polls and all(url == "/Poll/getMessages" and cache == "HIT" for url, cache in polls), polls
+    # the count and the messages came by the stream: the page asked nothing of /Poll/, not even
+    # after its markRead (the stream reopened: its first events are the current answers)
+    assert int(_data(reader, "streamOpens")) >= 2
+    assert reader.execute_script("return window.__polls") == []
+    time.sleep(1.5)
+    assert _nginx_requests(stack, "/Poll/getMessages") == fetched, "the page fetched /Poll/getMessages"
     assert _data(reader, "transport") == "stream"
     assert _data(reader, "pollHeld") == "0"
+
+    # a page without the timeline streams the count alone, and its badge follows it
+    (writer_name, _), _ = pair
+    reader.get(f"{base}/u/{writer_name}")
+    _wait(lambda: _data(reader, "transport") == "stream" and _polls_done(reader) >= 1,
+          what="the user page's stream")
+    assert _stream_url(reader) == f"{base}/Poll/getUnreadCount"
+    _post(stack, writer_token, f"seen on a user page {time.time():.0f}")
+    _wait(lambda: _badge(reader) == 1, timeout=10, what="the badge on the user page")
+    assert _data(reader, "streamMessages") == ""
 
 
 def test_the_stream_falls_back_while_fastpath_is_stopped_and_nothing_is_lost(private_stack, browsers):
@@ -602,9 +634,10 @@ def test_the_page_streams_from_the_edge_and_falls_back_when_it_is_gone(private_s
           what="the edge's first event")
     reader.execute_script(RECORD_POLLS_JS)
     events = int(_data(reader, "streamEvents"))
+    assert _stream_url(reader) == f"http://{edge}/Poll/getUnreadCount,getMessages"
     _arrives(stack, reader, writer_token, f"from the edge {time.time():.0f}", timeout=10)
     assert int(_data(reader, "streamEvents")) > events
-    assert not any(url == "/Poll/getUnreadCount" for url, _ in reader.execute_script("return window.__polls"))
+    assert reader.execute_script("return window.__polls") == []     # count and messages by the edge
 
     # a miss on the edge: the key goes while the page streams (fastpath reads held keys again
     # every few seconds, --reread-interval): the stream says `event: miss`, the page asks the site
@@ -655,4 +688,4 @@ def test_the_page_on_the_stacks_edge_streams_from_it(stack, browsers, pair):
     reader.execute_script(RECORD_POLLS_JS)
     _arrives(stack, reader, writer_token, f"from the site's edge {time.time():.0f}", timeout=10)
     assert _data(reader, "transport") == "edge"
-    assert not any(url == "/Poll/getUnreadCount" for url, _ in reader.execute_script("return window.__polls"))
+    assert reader.execute_script("return window.__polls") == []     # count and messages by the edge

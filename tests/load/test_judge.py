@@ -172,3 +172,5 @@ def test_a_run_without_edge_streams_through_nginx_even_when_the_stack_has_an_edg
     assert load.streams_used({"GET /Poll/getUnreadCount (edge stream)": {}}) == "edge"
     assert load.streams_used({"GET /Poll/getUnreadCount (stream)": {}, "GET /Poll/getMessages": {}}) == "nginx"
     assert load.streams_used({"GET /Poll/getMessages": {}}) is None
+    assert load.streams_used({"GET /Poll/getUnreadCount,getMessages (edge stream)": {}}) == "edge"
+    assert load.streams_used({"GET /Poll/getUnreadCount,getMessages (stream)": {}}) == "nginx"

@@ -114,9 +114,12 @@ def test_quick_simulation_streams_on_the_edge_and_delivers_everything(tmp_path):
     assert result["stack"]["poll_mode"] == "stream" and result["stack"]["edge"], result["stack"]
     assert result["failures"] == 0 and result["lost"] == 0, result["failure_kinds"]
     assert result["exceptions"] == 0 and result["locust_exit"] == 0 and result["problems"] == []
-    streams = result["endpoints"]["GET /Poll/getUnreadCount (edge stream)"]
+    streams = result["endpoints"]["GET /Poll/getUnreadCount,getMessages (edge stream)"]
     # one stream per user (30, the celebrities' too), reopened only when one ends: not per delivery
     assert 30 <= streams["requests"] <= 60 and streams["failures"] == 0, streams
+    # the messages come by the stream: fetched only by a miss's one poll of the site
+    fetched = result["endpoints"].get("GET /Poll/getMessages", {"requests": 0})["requests"]
+    assert fetched <= streams["requests"], (fetched, streams)
     assert "GET /Poll/getUnreadCount (held)" not in result["endpoints"], result["endpoints"].keys()
     assert result["deliveries_checked"] > 0
     assert result["endpoints"]["delivery plurk first seen by a follower"]["requests"] > 0

@@ -122,11 +122,13 @@ function responseNode(r) {
 // ---- live updates --------------------------------------------------------------------------
 //
 // Every tick asks for the unread count (pollCount) and sets the badge.  Only the timeline page
-// goes further: it fetches /Poll/getMessages whenever the count differs from the count it has
-// fully rendered (live.known), renders every item (fetching the plurk of a response that is not on
-// the page), and once they have been visible for READ_AFTER_MS marks read up to the newest
-// rendered id.  Ticks never overlap, so a markRead cannot race a fetch.  Other pages only show
-// the badge.  getMessages returns the newest 50: when more are unread the older ones cannot be
+// goes further: it renders getMessages' items (showMessages; fetching the plurk of a response that
+// is not on the page), and once they have been visible for READ_AFTER_MS marks read up to the
+// newest rendered id.  On a stream the messages come with the count, as the stream's getMessages
+// events (one stream of both resources); on a poll the page fetches /Poll/getMessages whenever the
+// count differs from the count it has fully rendered (live.known).  Ticks never overlap, so a
+// markRead cannot race a fetch.  Other pages only show the badge (their stream carries the count
+// alone).  getMessages returns the newest 50: when more are unread the older ones cannot be
 // shown, so nothing is marked read until the person asks for it ("Mark all as read").
 //
 // How the count arrives: the transports (docs/web.md), fastest first, from <body data-poll-mode>
@@ -136,6 +138,7 @@ function responseNode(r) {
 //             credentials), when data-edge-url is set;
 //   "stream"  an EventSource on /Poll/getUnreadCount through nginx (fastpath's stream, or
 //             Django's one event and `retry:` when nginx hands it to Django);
+//             on the timeline both streams are of /Poll/getUnreadCount,getMessages (streamPath);
 //   "long"    one getUnreadCount in flight with `Prefer: wait` and `If-None-Match: <its last
 //             ETag>`: fastpath holds it until the count changes (200/204) or the wait ends (304),
 //             and says so with Preference-Applied; the page then polls again at once.  An answer
@@ -150,9 +153,9 @@ function responseNode(r) {
 // live.retryAt (RETRY_MS, doubling to MAX_RETRY_MS while the faster one keeps failing) the page
 // tries the fastest again: from a stream at once, from a poll once an answer was a fastpath HIT.
 // A miss (`event: miss`; the edge also refuses a stream it cannot start) is one poll through the
-// site (nginx, where Django fills the cache), then the same stream again.  Marking read cannot
-// wait for a held poll or the next event: a due read wakes it (pollNow) and the next tick marks
-// read before it waits again.
+// site of each resource the stream carries (nginx, where Django fills the cache), then the same
+// stream again.  Marking read cannot wait for a held poll or the next event: a due read wakes it
+// (pollNow) and the next tick marks read before it waits again.
 
 const STREAM_QUICK_MS = 2000, STREAM_QUICK_ENDS = 3, LONG_FAILURES = 2;
 const RETRY_MS = 5000, MAX_RETRY_MS = 300000, STREAM_PROVEN_MS = 60000;
@@ -162,7 +165,10 @@ const live = { delay: POLL_MS, timer: null, started: false, running: false, soon
                etag: null, count: 0, held: null, next: POLL_MS, readTimer: null,
                transports: ["short"], level: 0, stream: null, reopen: false, retryAt: 0,
                retryDelay: RETRY_MS, lastHit: false, longFailures: 0, lastMiss: -Infinity,
-               edgeRefused: false };
+               edgeRefused: false,
+               // the tick's getMessages answer when the count came by a stream that carries them:
+               // null (none new since the last tick), else the answer; undefined: fetch as polls do
+               messages: undefined };
 
 const transport = () => live.transports[live.level];
 const isStream = (t) => t === "edge" || t === "stream";
@@ -226,22 +232,43 @@ function maybePromote() {
 
 // ---- streams (Server-Sent Events, docs/contract.md sections 9 and 10)
 
+// The timeline's stream carries its messages too (docs/contract.md section 9, several resources
+// in one stream: each event is named after its resource, and the first ones are the current
+// answers); other pages need the count alone.
+const carriesMessages = () => Boolean($("timeline"));
+const streamPath = () => carriesMessages() ? "/Poll/getUnreadCount,getMessages" : "/Poll/getUnreadCount";
+
 function openStream(kind) {
-  const url = kind === "edge" ? new URL("/Poll/getUnreadCount", document.body.dataset.edgeUrl).href
-                              : "/Poll/getUnreadCount";
+  const path = streamPath();
+  const url = kind === "edge" ? new URL(path, document.body.dataset.edgeUrl).href : path;
   const source = new EventSource(url, { withCredentials: kind === "edge" });
+  // count: the last count (undefined until the first); messages: the last getMessages answer not
+  // yet taken by a tick; fresh: an event came since the last tick took one
   const s = { kind, source, created: Date.now(), openedAt: null, events: 0, quick: 0,
-              pending: undefined, waiter: null, ended: null };
+              carries: carriesMessages(), count: undefined, messages: null, fresh: false,
+              waiter: null, ended: null };
   bump("streamOpens");
+  const arrived = () => {
+    s.events++;
+    if (kind === "edge") live.edgeRefused = false;
+    bump("streamEvents");
+    if (s.waiter) { const w = s.waiter; s.waiter = null; w.resolve(); } else s.fresh = true;
+  };
   source.addEventListener("open", () => { s.openedAt = Date.now(); });
   source.addEventListener("getUnreadCount", (ev) => {
     let count;
     try { count = ev.data === "" ? 0 : JSON.parse(ev.data).count; } catch (e) { count = undefined; }
     if (!Number.isInteger(count)) { endStream(s, "failed"); return; }
-    s.events++;
-    if (kind === "edge") live.edgeRefused = false;
-    bump("streamEvents");
-    if (s.waiter) { const w = s.waiter; s.waiter = null; w.resolve(count); } else s.pending = count;
+    s.count = count;
+    arrived();
+  });
+  if (s.carries) source.addEventListener("getMessages", (ev) => {
+    let data;
+    try { data = ev.data === "" ? { count: 0, items: [] } : JSON.parse(ev.data); } catch (e) { data = null; }
+    if (!data || !Number.isInteger(data.count) || !Array.isArray(data.items)) { endStream(s, "failed"); return; }
+    s.messages = data;
+    bump("streamMessages");
+    arrived();
   });
   source.addEventListener("miss", () => endStream(s, "miss"));
   source.addEventListener("error", () => {
@@ -273,15 +300,23 @@ function closeStream() {
   live.stream = null;
 }
 
-// The stream's next count: one that came since the last tick, else the next event to come.
+// What the stream brought since the last tick: its count, and (live.messages) the getMessages
+// answer that came with it, if any.
+function streamTaken(s) {
+  s.fresh = false;
+  if (s.carries) { live.messages = s.messages; s.messages = null; }
+  return s.count === undefined ? live.count : s.count;
+}
+
+// The stream's next answer: what came since the last tick, else the next event to come.
 async function streamCount(kind) {
-  if (live.reopen) { closeStream(); live.reopen = false; }   // its first event is the current count
+  if (live.reopen) { closeStream(); live.reopen = false; }   // its first events are the current answers
   if (!live.stream) live.stream = openStream(kind);
   const s = live.stream;
-  if (s.pending !== undefined) { const count = s.pending; s.pending = undefined; return count; }
+  if (s.fresh) return streamTaken(s);
   if (s.ended) throw Object.assign(new Error(`stream ${s.ended}`), { why: s.ended });
   try {
-    return await new Promise((resolve, reject) => {
+    await new Promise((resolve, reject) => {
       s.waiter = { resolve, reject };
       live.held = { abort: () => {                  // pollNow: the tick goes on; the stream stays open
         if (!s.waiter) return;
@@ -290,6 +325,7 @@ async function streamCount(kind) {
       } };
     });
   } finally { live.held = null; }
+  return streamTaken(s);
 }
 
 // ---- polls
@@ -298,6 +334,7 @@ async function streamCount(kind) {
 // (0: the transport holds, ask again at once).
 async function pollCount() {
   maybePromote();
+  live.messages = undefined;
   const t = transport();
   if (isStream(t)) {
     live.next = 0;
@@ -318,6 +355,8 @@ async function pollCount() {
         live.next = now - live.lastMiss < 10 * POLL_MS ? POLL_MS : 0;    // a miss again: slow down
         live.lastMiss = now;
         live.count = (await poll("getUnreadCount")).count;
+        // the timeline's stream carries the messages too: their key may be the one that went
+        if (carriesMessages()) live.messages = await poll("getMessages");
         return live.count;
       }
       demote();
@@ -386,8 +425,16 @@ async function tick() {
   const count = await pollCount();
   setBadge(count);
   if (!$("timeline")) return;                       // nothing is shown here, so nothing is read
+  // The count came by a stream that carries the messages (or a miss asked the site for both):
+  // what came is rendered as it is and nothing is fetched; messages behind the count come as the
+  // stream's next getMessages event (it sends every change of either key).
+  const carried = live.messages;
+  live.messages = undefined;
+  if (carried) {
+    try { await showMessages(carried); } catch (e) { live.reopen = true; throw e; }   // asked again
+  }
   if (count === 0) { live.known = 0; return; }
-  if (count !== live.known) {
+  if (carried === undefined && count !== live.known) {
     await fetchMessages();
     // The messages are behind the count that announced them: two keys, written one after the
     // other, and the count was read first.  Holding on the count's ETag (or waiting for the
@@ -399,7 +446,11 @@ async function tick() {
 }
 
 async function fetchMessages() {
-  const data = await poll("getMessages");
+  await showMessages(await poll("getMessages"));
+}
+
+// One getMessages answer ({count, items}), from a poll or a stream's event, on the page.
+async function showMessages(data) {
   let plurks = 0, responses = 0, newest = 0;
   for (const item of data.items) {
     newest = Math.max(newest, item.id);
