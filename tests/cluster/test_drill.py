@@ -38,7 +38,9 @@ def _records(posts, seen, polls, follows):
 
 def test_a_window_judges_only_the_plurks_committed_in_it():
     follows = [["f1", "author", 0.0], ["f2", "author", 0.0]]
-    posts = [["author", 1, 99.0, 100.0], ["author", 2, 109.0, 110.0], ["author", 3, 119.0, 120.0]]
+    # [author, plurk, started, committed, created]: latency is first seen - created (plurksite.delivery)
+    posts = [["author", 1, 99.0, 100.0, 100.0], ["author", 2, 109.0, 110.0, 110.0],
+             ["author", 3, 119.0, 120.0, 120.0]]
     seen = [["f1", 1, 100.5], ["f2", 1, 101.0], ["f1", 2, 111.0], ["f1", 3, 120.2], ["f2", 3, 120.4]]
     polls = {"f1": 130.0, "f2": 130.0}          # f2 polled after plurk 2 and never saw it: lost
     records = _records(posts, seen, polls, follows)
@@ -52,7 +54,7 @@ def test_a_window_judges_only_the_plurks_committed_in_it():
 
 def test_a_drill_fails_on_a_stale_key_a_lost_plurk_or_an_empty_window():
     follows = [["f1", "author", 0.0], ["f2", "author", 0.0]]
-    posts = [["author", 1, 99.0, 100.0], ["author", 2, 109.0, 110.0]]
+    posts = [["author", 1, 99.0, 100.0, 100.0], ["author", 2, 109.0, 110.0, 110.0]]
     seen = [["f1", 1, 100.5], ["f2", 1, 101.0], ["f1", 2, 111.0]]
     records = _records(posts, seen, {"f1": 130.0, "f2": 130.0}, follows)
     history = [(95, 0, 0), (100, 10, 0), (105, 30, 4), (112, 50, 4)]
