@@ -51,6 +51,13 @@ JSON_ERRORS = (
 ERROR_HEADERS = {429: (("Retry-After", "5"),)}
 #: the shared memory zone of limit_conn (per client address): ~16,000 addresses a megabyte
 HELD_ZONE_MB = 10
+#: what makes a request held, as nginx map patterns (fastpath and Django read them alike): a
+#: long-poll's ``Prefer`` (RFC 7240 ``wait=``, whatever preferences share the header) and a
+#: stream's ``$request_method:$http_accept`` (a GET listing text/event-stream, parameters not
+#: read).  fastpoll's http part maps them; a balancer in front that caps held requests reads the
+#: same ones (plurksite.nginxconf).
+WAIT_PATTERN = r'"~*(^|,)\s*wait\s*="'
+STREAM_PATTERN = r'"~*^GET:(.*,)?[ \t]*text/event-stream[ \t]*(;|,|$)"'
 #: the error_page lines of fastpoll's own locations (a location's list replaces the server's):
 #: what fastpath's answers leave to nginx, and the fallback's (Django down or slow)
 POLL_ERRORS = (400, 413, 414, 500)
@@ -154,6 +161,8 @@ def context(config=None):
         "poll_error_pages": error_pages(name, POLL_ERRORS, "    "),
         "hold_error_pages": error_pages(name, HOLD_ERRORS, "    "),
         "django_error_pages": error_pages(name, DJANGO_ERRORS, "    "),
+        "wait_pattern": WAIT_PATTERN,
+        "stream_pattern": STREAM_PATTERN,
         "held_zone": ("\n".join((
             f"geo ${name}_held_capped {{ default 1; 127.0.0.0/8 0; ::1 0; }}",
             f'map ${name}_held_capped ${name}_held_key {{ 0 ""; default $binary_remote_addr; }}',

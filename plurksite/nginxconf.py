@@ -370,9 +370,9 @@ def balancer_held_cap(config):
     prefix = re.escape(fastpoll_nginx.settings_of(fastpoll_settings(config))["PATH_PREFIX"])
     return {"held_zone": "\n".join((
                 "geo $plurk_held_capped { default 1; 127.0.0.1 0; ::1 0; }",
-                'map $http_prefer $plurk_held_wait { "~*(^|,)\\s*wait\\s*=" 1; default 0; }',
-                'map "$request_method:$http_accept" $plurk_held_events '
-                '{ "~*^GET:(.*,)?[ \\t]*text/event-stream[ \\t]*(;|,|$)" 1; default 0; }',
+                f"map $http_prefer $plurk_held_wait {{ {fastpoll_nginx.WAIT_PATTERN} 1; default 0; }}",
+                f'map "$request_method:$http_accept" $plurk_held_events '
+                f"{{ {fastpoll_nginx.STREAM_PATTERN} 1; default 0; }}",
                 f'map "$plurk_held_capped:$plurk_held_wait$plurk_held_events:$uri" $plurk_held_key '
                 f'{{ "~^1:(1.|.1):{prefix}" $binary_remote_addr; default ""; }}',
                 f"limit_conn_zone $plurk_held_key zone=plurk_held:{fastpoll_nginx.HELD_ZONE_MB}m;")),
