@@ -18,14 +18,13 @@ Results: bench/results/cluster.json.  Needs root (network namespaces).
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, progress, write_result  # noqa: E402
+from bench.common import ROOT, progress, write_result, wrk_figures  # noqa: E402
 from bench.throughput import LUA  # noqa: E402
 
 PYTHON = sys.executable
@@ -39,18 +38,11 @@ def _wrk(cluster, seconds, tokens_file, script):
     argv = [find_binary("wrk", "wrk"), "-t2", "-c200", f"-d{seconds}s", "--latency", "-s", script,
             topology.site_url(), "--", tokens_file, "token"]     # https (plain HTTP only redirects)
     out = cluster.run_on("plk-client", argv, timeout=seconds + 60).stdout
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if rps is None:
+    got = wrk_figures(out)
+    if got["rps"] is None:
         raise RuntimeError(f"wrk said: {out[-500:]}")
-
-    def pct(p):
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        return None if m is None else round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 2)
-
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    errors = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-    return {"rps": float(rps.group(1)), "p50_ms": pct(50), "p99_ms": pct(99),
-            "non_2xx": int(non2xx.group(1)) if non2xx else 0, "socket_errors": errors}
+    return {"rps": got["rps"], **{k: None if got[k] is None else round(got[k], 2) for k in ("p50_ms", "p99_ms")},
+            "non_2xx": got["non_2xx"], "socket_errors": got["socket_errors"]}
 
 
 def _tokens(cluster, work, count=10_000):

@@ -99,6 +99,24 @@ def _dpkg_version(package):
     return _version(["dpkg-query", "-W", "-f=${Version}", package], r"(\d+\.\d+(?:\.\d+)?)")
 
 
+def wrk_figures(out):
+    """What wrk's ``--latency`` report ``out`` says, unrounded: requests answered, requests a
+    second, the 50th and 99th percentile latencies in ms, the non-2xx/3xx answers and the socket
+    errors (connect, read, write, timeout); None where wrk printed no such line."""
+    def number(pattern, kind=float):
+        m = re.search(pattern, out, re.M)
+        return None if m is None else kind(m.group(1))
+
+    def pct(p):
+        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        return None if m is None else float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+
+    return {"requests": number(r"(\d+) requests in [\d.]+(?:ms|s)", int),
+            "rps": number(r"Requests/sec:\s+([\d.]+)"), "p50_ms": pct(50), "p99_ms": pct(99),
+            "non_2xx": number(r"Non-2xx or 3xx responses: (\d+)", int) or 0,
+            "socket_errors": sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))}
+
+
 def write_result(name, data):
     """Write ``bench/results/<name>.json`` with machine info and return its path."""
     os.makedirs(RESULTS_DIR, exist_ok=True)

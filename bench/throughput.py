@@ -25,7 +25,6 @@ Also measured: fastpath memory for 10,000 idle keep-alive connections.
 """
 import argparse
 import os
-import re
 import resource
 import signal
 import socket
@@ -37,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import ROOT, proc_stat, progress, write_result  # noqa: E402
+from bench.common import ROOT, proc_stat, progress, write_result, wrk_figures  # noqa: E402
 from fastpoll import tokens# noqa: E402
 from plurksite.services import (find_binary, free_port, memcached_command,  # noqa: E402
                                 wait_for_port)
@@ -181,18 +180,9 @@ def _wrk(port, connections, duration, script, tokens_file, mode):
     argv = [find_binary("wrk", "wrk"), "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
             "-s", script, f"http://127.0.0.1:{port}", "--", tokens_file, mode]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-
-    def pct(p):
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        if not m:
-            return None
-        return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
-
-    errors = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"rps": rps, "p50_ms": pct(50), "p99_ms": pct(99), "socket_errors": errors,
-            "non_2xx": int(non2xx.group(1)) if non2xx else 0}
+    got = wrk_figures(out)
+    return {"rps": float(got["rps"]), "p50_ms": got["p50_ms"], "p99_ms": got["p99_ms"],
+            "socket_errors": got["socket_errors"], "non_2xx": got["non_2xx"]}
 
 
 def _tree(pid):

@@ -23,7 +23,6 @@ the rounds alternate so that both sides see the same.
 """
 import argparse
 import os
-import re
 import resource
 import socket
 import ssl
@@ -35,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import progress, write_result  # noqa: E402
+from bench.common import progress, write_result, wrk_figures  # noqa: E402
 from bench.throughput import LUA, _cpu_seconds, _idle_and_total, _idle_pct, _tree  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -75,18 +74,11 @@ def _wrk(url, connections, seconds, script, tokens_file):
     argv = [find_binary("wrk", "wrk"), "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script,
             url, "--", tokens_file, "token"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
-    done = re.search(r"(\d+) requests in ([\d.]+)(ms|s)", out)
-    if done is None:
+    got = wrk_figures(out)
+    if got["requests"] is None:
         raise RuntimeError(f"wrk said: {out[-500:]}")
-
-    def pct(p):
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        return None if m is None else round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
-
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    errors = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-    return {"requests": int(done.group(1)), "p50_ms": pct(50), "p99_ms": pct(99),
-            "errors": errors + (int(non2xx.group(1)) if non2xx else 0)}
+    ms = {k: None if got[k] is None else round(got[k], 3) for k in ("p50_ms", "p99_ms")}
+    return {"requests": got["requests"], **ms, "errors": got["socket_errors"] + got["non_2xx"]}
 
 
 def _new_connections(port, tokens, seconds, context=None, resume=False):
