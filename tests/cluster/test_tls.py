@@ -86,27 +86,33 @@ def test_the_page_over_https_by_address_and_by_name_and_http_redirects(cluster):
     assert plain.status_code == 301 and plain.headers["Location"] == f"{SITE}/api/timeline?limit=5"
 
 
-def test_the_api_a_poll_and_a_long_poll_woken_by_a_plurk(cluster, tokens):
-    assert _api(cluster, tokens["alice"], "GET", "/api/me").json()["username"] == "alice"
-    first = _fastpath_answer(cluster, tokens["alice"])
-    assert first.headers.get("X-Cache") == "HIT", dict(first.headers)
+def _held_until_a_plurk(cluster, tokens, first, words, ask):
+    """alice's long-poll (``ask(headers)``, holding ``first``'s ETag) is still held after 1.5 s,
+    and bob's plurk wakes it within 5 s with her count one higher."""
     answer = {}
 
     def hold():
-        answer["resp"] = _api(cluster, tokens["alice"], "GET", "/Poll/getUnreadCount", timeout=60,
-                              headers={"Prefer": "wait=30", "If-None-Match": first.headers["ETag"]})
+        answer["resp"] = ask({"Prefer": "wait=30", "If-None-Match": first.headers["ETag"]})
         answer["at"] = time.monotonic()
 
     holder = threading.Thread(target=hold)
     holder.start()
     time.sleep(1.5)
     assert holder.is_alive(), f"answered at once: {answer}"
-    _plurk(cluster, tokens["bob"], "over TLS")
+    _plurk(cluster, tokens["bob"], words)
     posted = time.monotonic()
     holder.join(30)
-    assert answer["resp"].status_code == 200
+    assert answer["resp"].status_code == 200, answer["resp"].text
     assert answer["resp"].json()["count"] == first.json()["count"] + 1
     assert answer["at"] - posted < 5
+
+
+def test_the_api_a_poll_and_a_long_poll_woken_by_a_plurk(cluster, tokens):
+    assert _api(cluster, tokens["alice"], "GET", "/api/me").json()["username"] == "alice"
+    first = _fastpath_answer(cluster, tokens["alice"])
+    assert first.headers.get("X-Cache") == "HIT", dict(first.headers)
+    _held_until_a_plurk(cluster, tokens, first, "over TLS", lambda headers: _api(
+        cluster, tokens["alice"], "GET", "/Poll/getUnreadCount", timeout=60, headers=headers))
 
 
 def test_a_stream_delivers_an_event_through_https(cluster, tokens):
@@ -240,23 +246,8 @@ def test_the_page_polls_the_edge_over_tls_and_a_miss_is_409_retry_site(cluster):
 
 def test_a_long_poll_on_the_edge_over_tls_is_woken_by_a_plurk(cluster, tokens):
     first = _edge_answer(cluster, tokens["alice"])
-    answer = {}
-
-    def hold():
-        answer["resp"] = _edge(cluster, tokens["alice"], timeout=60,
-                               headers={"Prefer": "wait=30", "If-None-Match": first.headers["ETag"]})
-        answer["at"] = time.monotonic()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    time.sleep(1.5)
-    assert holder.is_alive(), f"answered at once: {answer}"
-    _plurk(cluster, tokens["bob"], "to the edge over TLS")
-    posted = time.monotonic()
-    holder.join(30)
-    assert answer["resp"].status_code == 200, answer["resp"].text
-    assert answer["resp"].json()["count"] == first.json()["count"] + 1
-    assert answer["at"] - posted < 5
+    _held_until_a_plurk(cluster, tokens, first, "to the edge over TLS",
+                        lambda headers: _edge(cluster, tokens["alice"], timeout=60, headers=headers))
 
 
 def test_a_stream_on_the_edge_over_tls_delivers_an_event(cluster, tokens):

@@ -73,7 +73,6 @@ class Command(BaseCommand):
                                  "https address and its edges' TLS port)")
 
     def handle(self, *args, certificates=(), days=DEFAULT_DAYS, served=None, **options):
-        served_at = served
         if days < 0:
             raise CommandError(f"--days {days}: give a number of days, 0 or more", returncode=2)
         if not certificates:
@@ -87,14 +86,14 @@ class Command(BaseCommand):
                                    f"plain HTTP): run it on the balancer, or give the certificate's path",
                                    returncode=2)
             certificates = [tls[0]]
-            if served_at is None:
-                served_at = [format_hostport(*nginxconf.https_address(config))]
+            if served is None:
+                served = [format_hostport(*nginxconf.https_address(config))]
                 if config.web_edges:
-                    served_at.append(format_hostport(*nginxconf.edge_tls_address(config)))
+                    served.append(format_hostport(*nginxconf.edge_tls_address(config)))
         checks = [(path, path) for path in certificates]
         temporary = []
         try:
-            for where in served_at or ():
+            for where in served or ():
                 path = served_certificate(*_hostport(where))
                 temporary.append(path)
                 checks.append((f"the certificate served at {where}", path))
