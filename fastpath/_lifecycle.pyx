@@ -377,6 +377,10 @@ def serve(options=None, **kwargs):
                 shared_listener = activation.unix_listen_socket(opts.listen_addr[1])
             else:
                 _check_port_free(opts.listen_addr, "--listen")
+        # said once everything else was accepted: a refused start prints its one error line only
+        warning = activation.small_backlog_warning(opts.max_connections * opts.workers)
+        if warning:
+            _log(warning)
         supervisor = Supervisor(lambda index: _run_worker(opts, index, stats, shared_listener),
                                 opts.workers, opts.drain_timeout)
         supervisor.run(f"listening on {opts.listen} ({opts.workers} workers, memcached "

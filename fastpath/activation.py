@@ -26,7 +26,11 @@ from .errors import ConfigurationError, FastpathError
 from .options import is_decimal, parse_listen
 
 LISTEN_FDS_START = 3                  # SD_LISTEN_FDS_START: the first passed descriptor
-BACKLOG = 4096                        # fastpath's own; a bigger burst of nginx connects waits
+# asked of listen(): on a restart every held poll comes back at once and waits here for the next
+# fastpath; the kernel gives at most net.core.somaxconn (4096 by default), beyond which a unix
+# socket refuses (nginx then hands the poll to Django) and a TCP one drops the SYN
+BACKLOG = 65535
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
 _VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 
@@ -120,6 +124,28 @@ def inherited_listener(fds, listen, listen_addr):
 
 
 # ---- creating sockets (fastpath itself, or a supervisor) ------------------------------------
+
+def backlog_limit(path=SOMAXCONN_PATH):
+    """The largest backlog a socket made in this network namespace gets (net.core.somaxconn),
+    or None when it cannot be read."""
+    try:
+        with open(path) as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
+def small_backlog_warning(held, limit=None):
+    """One line when ``held`` polls (what fastpath may hold on its poll listener) cannot all
+    wait in the listen backlog during a restart; None when they can, or the limit is unknown."""
+    limit = backlog_limit() if limit is None else limit
+    wanted = min(held, BACKLOG)
+    if limit is None or limit >= wanted:
+        return None
+    return (f"net.core.somaxconn is {limit}: on a restart only {limit} of the up to {held} held polls "
+            f"can wait in the listen backlog for the next fastpath, and nginx hands the others to "
+            f"Django at once; raise it: sysctl -w net.core.somaxconn={BACKLOG} (docs/deploy.md, section 3)")
+
 
 def _reason(exc):
     """An OSError's reason: the socket module raises some without an errno (strerror None)."""

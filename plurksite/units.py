@@ -219,6 +219,8 @@ def _socket_unit(config, *, user, group):
     """fastpath's listening socket, owned by systemd: it stays open while fastpath restarts, and
     connections made meanwhile wait in its backlog (fastpath takes it through LISTEN_FDS and
     checks it is the --listen address)."""
+    from fastpath.activation import BACKLOG
+
     host, port = config.fastpath
     unit = Unit(SOCKET)
     unit.set("Unit", "Description", "plurk fastpath's listening socket (kept across fastpath restarts)")
@@ -230,7 +232,7 @@ def _socket_unit(config, *, user, group):
         unit.set("Socket", "SocketGroup", group)
         unit.set("Socket", "SocketMode", "0666")        # as fastpath makes it: nginx's workers connect
         unit.set("Socket", "DirectoryMode", "0755")     # nginx's workers search down to it
-    unit.set("Socket", "Backlog", "4096")               # fastpath's own backlog
+    unit.set("Socket", "Backlog", str(BACKLOG))         # fastpath's own (capped by net.core.somaxconn)
     unit.set("Socket", "Service", "plurk-fastpath.service")
     unit.set("Install", "WantedBy", TARGET)
     return unit

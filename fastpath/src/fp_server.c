@@ -191,7 +191,7 @@ static int _listen(fp_server_t *srv, int fd, fp_conn_kind_t kind, int options)
         _tune_listener(ls);
     /* the socket is Python's (bound, listening): no LEV_OPT_CLOSE_ON_FREE.  Created disabled
      * and enabled here, because evconnlistener_new ignores a failure to enable it.  Backlog 0:
-     * "already listening" -- -1 would call listen(fd, 128) again and shrink Python's 4096, and a
+     * "already listening" -- -1 would call listen(fd, 128) again and shrink Python's backlog, and a
      * burst of new upstream connections from nginx would then fail (EAGAIN on a unix socket). */
     ls->ev = evconnlistener_new(srv->base, fp_conn_accept, ls, LEV_OPT_REUSEABLE | LEV_OPT_DISABLED, 0, fd);
     if (ls->ev == NULL)

@@ -32,6 +32,7 @@ from . import ClusterError
 PREFIX = "plk"
 BRIDGE = "plk0"
 HOST_IFNAME = "eth0"
+SOMAXCONN = 65535            # fastpath.activation.BACKLOG: what docs/deploy.md section 3 sets
 # br_netfilter would hand bridged frames to iptables; the cluster's traffic must only be switched
 BRIDGE_NF = ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables")
 _NETEM_MISSING = "qdisc kind is unknown"
@@ -272,6 +273,8 @@ class Network:
         run(["ip", "netns", "add", namespace])
         self.hosts[namespace] = address
         run(["ip", "-n", namespace, "link", "set", "lo", "up"])
+        # as docs/deploy.md section 3 sets a host: a restart's re-polls all wait in the backlog
+        run(["ip", "netns", "exec", namespace, "sysctl", "-qw", f"net.core.somaxconn={SOMAXCONN}"])
         run(["ip", "link", "add", port, "type", "veth", "peer", "name", HOST_IFNAME, "netns", namespace])
         run(["ip", "-n", namespace, "addr", "add", f"{address}/{self.prefixlen}", "dev", HOST_IFNAME])
         run(["ip", "-n", namespace, "link", "set", HOST_IFNAME, "up"])

@@ -319,3 +319,75 @@ def test_a_restart_on_the_passed_socket_drops_no_held_poll(tmp_path, activated, 
         for p in late:
             p.close()
         assert b.stop() == 0
+
+
+# -- the listen backlog: where a restart's re-polls wait ------------------------------------
+# python -c, run in a network namespace of its own: the backlogs (ss's Send-Q of a listening
+# socket) of a unix and a TCP socket made as fastpath makes them
+BACKLOGS = """
+import subprocess, sys
+from fastpath import activation
+unix = activation.unix_listen_socket(sys.argv[1])
+tcp = activation.tcp_listen_socket(("127.0.0.1", 0))
+out = subprocess.run(["ss", "-H", "-l", "-x", "-t", "-n"], capture_output=True, text=True, check=True).stdout
+print(" ".join(line.split()[3] for line in out.splitlines() if sys.argv[1] in line or ":%d " % tcp.getsockname()[1] in line + " "))
+"""
+
+
+def _in_netns(somaxconn, argv, tmp_path):
+    """``argv`` started in a new network namespace (its loopback up) whose net.core.somaxconn is
+    ``somaxconn``: the kernel caps every listen() backlog made there at it."""
+    env, cwd = fastpath_env(tmp_path)
+    return subprocess.Popen(["unshare", "--net", "sh", "-c",
+                             f'ip link set lo up && sysctl -qw net.core.somaxconn={somaxconn} && exec "$@"',
+                             "sh", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_a_listen_backlog_takes_all_the_kernel_allows(tmp_path):
+    """A restart answers every held poll and each comes back at once, to wait in the backlog for
+    the next fastpath; past the backlog a unix socket refuses (nginx then hands the poll to
+    Django) and TCP drops the SYN.  So fastpath asks for 65535 and gets what
+    net.core.somaxconn allows.  Measured (a restart of fastpath holding 9,000 polls, each
+    re-polling at once on a unix socket): 4,903 refused at somaxconn 4096, none at 65535."""
+    proc = _in_netns(20000, [sys.executable, "-c", BACKLOGS, str(tmp_path / "fp.sock")], tmp_path)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out.split() == ["20000", "20000"], out
+    assert activation.BACKLOG == 65535
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+@pytest.mark.parametrize("somaxconn, max_connections, warned", [(1000, 16384, True), (1000, 1000, False),
+                                                                 (70000, 16384, False)])
+def test_a_backlog_too_small_for_a_restart_is_said_at_start(tmp_path, somaxconn, max_connections, warned):
+    """fastpath may hold --max-connections polls per worker; when net.core.somaxconn is below
+    that (and below 65535), it says so in one line at start, naming the sysctl to raise."""
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(SECRET + b"\n")
+    # unshare and sh exec: the process is fastpath's supervisor, which SIGTERM stops
+    proc = _in_netns(somaxconn, [sys.executable, "-m", "fastpath", "--listen", f"unix:{tmp_path / 'fp.sock'}",
+                                 "--memcached", "127.0.0.1:1", "--secret-file", str(secret), "--workers", "1",
+                                 "--max-connections", str(max_connections)], tmp_path)
+    try:
+        lines = []
+        while not lines or "listening on" not in lines[-1]:
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        proc.terminate()
+        lines += proc.stderr.readlines()
+        assert proc.wait(timeout=30) == 0, "".join(lines)
+    finally:
+        proc.kill()
+        proc.wait()
+    said = [line.rstrip("\n") for line in lines if "somaxconn" in line]
+    if warned:
+        assert len(said) == 1, lines
+        assert said[0].endswith(f"net.core.somaxconn is {somaxconn}: on a restart only {somaxconn} of the up to "
+                                f"{max_connections} held polls can wait in the listen backlog for the next "
+                                f"fastpath, and nginx hands the others to Django at once; raise it: sysctl -w "
+                                f"net.core.somaxconn=65535 (docs/deploy.md, section 3)"), said
+    else:
+        assert said == [], lines
