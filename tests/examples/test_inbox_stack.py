@@ -13,16 +13,19 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 import requests
 
-from plurksite.services import free_ports
+from plurksite.services import free_ports, wait_for_port
+from tests.browser.test_live_updates import browsers  # noqa: F401  (the Chromium fixture)
 from tests.support.longpoll import etag_of, fetch, metric, wait_held
 from tests.support.servers import memcached_servers, nginx_conf, nginx_server, repo_root, running
 
@@ -44,9 +47,9 @@ WAITERS = {"inbox": 1, "board": 1}
 class InboxStack:
     """Addresses of the running example and its driver process."""
 
-    def __init__(self, env, http, fastpath, fastpath_admin, django, driver, driver_log):
+    def __init__(self, env, http, fastpath, fastpath_admin, django, edge, driver, driver_log):
         self.env, self.http, self.fastpath, self.fastpath_admin = env, http, fastpath, fastpath_admin
-        self.django, self.driver, self.driver_log = django, driver, driver_log
+        self.django, self.edge, self.driver, self.driver_log = django, edge, driver, driver_log
         self.base_url = "http://%s:%d" % http
 
     def do(self, op, **args):
@@ -61,6 +64,22 @@ class InboxStack:
 
     def manage(self, *args):
         return manage(self.env, *args)
+
+
+class Fastpath:
+    """fastpath on ``manage.py fastpoll_fastpath``'s command line, which a test may kill and start again."""
+
+    def __init__(self, argv, address, env, log):
+        self.argv, self.address, self.env, self.log, self.proc = argv, address, env, log, None
+
+    def start(self):
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log)
+        wait_for_port(*self.address, process=self.proc, name="fastpath")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
 
 
 def manage(env, *args):
@@ -78,34 +97,49 @@ def _manage_ok(env, *args):
 @pytest.fixture(scope="module")
 def inbox_stack(tmp_path_factory):
     var = tmp_path_factory.mktemp("inbox-stack")
-    http, fastpath, admin, django = (("127.0.0.1", p) for p in free_ports(4))
+    http, fastpath, admin, django, edge = (("127.0.0.1", p) for p in free_ports(5))
     with memcached_servers(1) as (server,):
         env = dict(os.environ, INBOX_VAR=str(var), INBOX_MEMCACHED=server.spec,
                    INBOX_SECRET_FILE=str(var / "poll.key"), INBOX_NOTIFY_DIR=str(var / "notify"),
                    INBOX_FASTPATH="%s:%d" % fastpath, INBOX_FASTPATH_ADMIN="%s:%d" % admin,
                    INBOX_DJANGO="%s:%d" % django, INBOX_FASTPATH_WORKERS="1",
                    INBOX_LONGPOLL_MAX_WAIT=str(MAX_WAIT_S), INBOX_DEBUG="0",
+                   # the edge: the pages (nginx's origin) stream from it
+                   INBOX_EDGE="%s:%d" % edge, INBOX_EDGE_ORIGINS="http://%s:%d" % http,
                    PYTHONPATH=ROOT)        # fastpoll, as a pip install would give it to gunicorn
         env.pop("DJANGO_SETTINGS_MODULE", None)
         _manage_ok(env, "migrate", "-v0")
+        _manage_ok(env, "collectstatic", "--noinput", "-v0")     # fastpoll/fastpoll.js and inbox/inbox.js
         fastpath_argv = json.loads(_manage_ok(env, "fastpoll_fastpath", "--format", "json"))
+        assert "--edge" in fastpath_argv, fastpath_argv
         (var / "nginx").mkdir()
-        conf = nginx_conf(var / "nginx", _manage_ok(env, "fastpoll_nginx", "--http"), _manage_ok(env, "fastpoll_nginx"),
-                          http[1], django[1])
+        # the site's static files, as any deployment serves collectstatic's output (not fastpoll's),
+        # from a directory nginx's workers may read (pytest's are 0700, nginx's workers not root)
+        static_dir = tempfile.mkdtemp(prefix="inbox-static-")
+        os.chmod(static_dir, 0o755)
+        shutil.copytree(var / "static", static_dir, dirs_exist_ok=True)
+        static = f"location /static/ {{ alias {static_dir}/; }}\n"
+        conf = nginx_conf(var / "nginx", _manage_ok(env, "fastpoll_nginx", "--http"),
+                          _manage_ok(env, "fastpoll_nginx") + static, http[1], django[1])
         gunicorn = [sys.executable, "-m", "gunicorn", "inbox_site.wsgi", "--bind", "%s:%d" % django,
                     "--workers", "1", "--worker-class", "gthread", "--threads", "4", "--chdir", EXAMPLE]
         with open(var / "fastpath.log", "wb") as fastpath_log, open(var / "gunicorn.log", "wb") as gunicorn_log, \
-                running(fastpath_argv, *fastpath, "fastpath", cwd=ROOT, env=env, stderr=fastpath_log), \
                 running(gunicorn, *django, "gunicorn", env=env, stderr=gunicorn_log), \
                 nginx_server(conf, var / "nginx", http[1]):
+            fastpath_proc = Fastpath(fastpath_argv, fastpath, env, fastpath_log)
+            fastpath_proc.start()
             with open(var / "driver.log", "w") as driver_log:
                 driver = subprocess.Popen([sys.executable, SCENARIOS, "serve"], env=env, cwd=ROOT, text=True,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=driver_log)
                 try:
-                    yield InboxStack(env, http, fastpath, admin, django, driver, var / "driver.log")
+                    stack = InboxStack(env, http, fastpath, admin, django, edge, driver, var / "driver.log")
+                    stack.fastpath_proc = fastpath_proc
+                    yield stack
                 finally:
                     driver.stdin.close()
                     driver.wait(timeout=30)
+                    fastpath_proc.kill()
+                    shutil.rmtree(static_dir, ignore_errors=True)
 
 
 # -- a user of the site: Django's session login through nginx -------------------------------------
@@ -371,3 +405,118 @@ def _memcached_set(stack, key, value):
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key.encode(), len(value), value))
         assert sock.recv(64) == b"STORED\r\n"
+
+
+# -- the page: fastpoll's client (fastpoll/static/fastpoll/fastpoll.js) in Chromium ------------------
+# The page streams from the edge (fastpoll.edge_url(request) and the CSP, from INBOX_EDGE); with
+# fastpath killed it falls back to the site (nginx hands every poll and stream to Django).
+
+EDGE_DELIVERY_S = 1.0      # a notification committed in Django is on the page within this
+
+# Every fetch the page makes from now on (the client's polls of the site), as [url, X-Cache].
+RECORD_FETCHES_JS = """
+window.__fetches = [];
+const original = window.fetch;
+window.fetch = async function (url, opts) {
+  const resp = await original.call(this, url, opts);
+  window.__fetches.push([String(url), resp.headers.get("X-Cache")]);
+  return resp;
+};
+"""
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+
+
+def _page_login(stack, driver, user):
+    from selenium.webdriver.common.by import By
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_FETCHES_JS})
+    driver.get(stack.base_url + "/accounts/login/")
+    driver.find_element(By.ID, "id_username").send_keys(user["username"])
+    driver.find_element(By.ID, "id_password").send_keys(user["password"])
+    driver.find_element(By.CSS_SELECTOR, "form button").click()
+    _wait(lambda: driver.current_url == stack.base_url + "/", 15, "the inbox page after the login")
+
+
+def _text(driver, element_id):
+    return driver.execute_script("const e = document.getElementById(arguments[0]); return e ? e.textContent : ''",
+                                 element_id)
+
+
+def _shows(driver, text):
+    return text in _text(driver, "latest")
+
+
+@pytest.mark.browser
+def test_the_page_streams_from_the_edge_and_a_notification_arrives_within_a_second(inbox_stack, browsers):  # noqa: F811
+    user = inbox_stack.do("user")
+    inbox_stack.do("notify", username=user["username"], text="before the page")
+    driver = browsers("inbox")
+    _page_login(inbox_stack, driver, user)
+    edge = "http://%s:%d" % inbox_stack.edge
+    assert json.loads(_text(driver, "edge-url")) == edge       # fastpoll.edge_url(request) on the page
+    _wait(lambda: _text(driver, "transport") == "edge" and _text(driver, "unread") == "1", 10,
+          lambda: f"the edge's first event: {_text(driver, 'transport')!r}, {_text(driver, 'unread')!r} unread"
+                  f" {driver.get_log('browser')}")
+    delays = []
+    for i in range(3):
+        text = f"by the edge {i}"
+        committed = inbox_stack.do("notify", username=user["username"], text=text)["commit_at"]
+        shown = _wait(lambda: _shows(driver, text), 5, f"{text!r} on the page")
+        delays.append(shown - committed)
+    print(f"inbox page: commit -> on the page by the edge's stream, ms: {[round(d * 1000) for d in delays]}")
+    assert max(delays) < EDGE_DELIVERY_S, delays
+    assert _text(driver, "unread") == "4" and _text(driver, "transport") == "edge"
+    assert driver.execute_script("return window.__fetches") == [], "the page polled the site"
+
+
+@pytest.mark.browser
+def test_the_board_page_streams_its_capability_path_from_the_edge(inbox_stack, browsers):  # noqa: F811
+    user, _, board, _ = a_member(inbox_stack)
+    driver = browsers("board")
+    _page_login(inbox_stack, driver, user)
+    driver.get(f"{inbox_stack.base_url}/boards/{board}/")
+    _wait(lambda: _text(driver, "transport") == "edge" and _text(driver, "count") == "0", 10,
+          lambda: f"the edge's first event: {_text(driver, 'transport')!r}, count {_text(driver, 'count')!r}")
+    # a board nobody announced on has no key yet: the edge's miss, one poll of the site (Django
+    # fills the key), then the edge again
+    fetched = driver.execute_script("return window.__fetches")
+    path = json.loads(_text(driver, "poll-url"))       # the page's capability URL
+    assert path.startswith(f"/Poll/board/{board}?cap=") and fetched in ([], [[path, "MISS"]]), fetched
+    committed = inbox_stack.do("announce", board=board, text="to the board's page")["commit_at"]
+    shown = _wait(lambda: _shows(driver, "to the board's page"), 5, "the announcement on the page")
+    assert shown - committed < EDGE_DELIVERY_S and _text(driver, "count") == "1"
+    assert driver.execute_script("return window.__fetches") == fetched, "the page polled the site"
+    assert _text(driver, "transport") == "edge"
+
+
+@pytest.mark.browser
+def test_with_fastpath_killed_the_page_still_gets_the_next_notification(inbox_stack, browsers):  # noqa: F811
+    user = inbox_stack.do("user")
+    driver = browsers("inbox")
+    _page_login(inbox_stack, driver, user)
+    _wait(lambda: _text(driver, "transport") == "edge", 10, lambda: f"the edge: {_text(driver, 'transport')!r}")
+    inbox_stack.fastpath_proc.kill()
+    try:
+        committed = inbox_stack.do("notify", username=user["username"], text="while fastpath is down")["commit_at"]
+        shown = _wait(lambda: _shows(driver, "while fastpath is down"), 20,
+                      lambda: f"the notification through Django ({_text(driver, 'transport')!r})")
+        print(f"fastpath killed: the notification on the page after {shown - committed:.1f} s,"
+              f" by {_text(driver, 'transport')!r}")
+        assert _text(driver, "transport") != "edge"
+        fetched = driver.execute_script("return window.__fetches")
+        assert fetched and all(cache != "HIT" for _, cache in fetched), fetched     # Django answered
+    finally:
+        inbox_stack.fastpath_proc.start()
+    # fastpath is back: the page comes back to the edge (its answers are fastpath's again)
+    started = time.monotonic()
+    back = _wait(lambda: _text(driver, "transport") == "edge", 30, lambda: f"the edge again: {_text(driver, 'transport')!r}")
+    print(f"fastpath started again: the page on the edge after {back - started:.1f} s")
+    inbox_stack.do("notify", username=user["username"], text="by the edge again")
+    _wait(lambda: _shows(driver, "by the edge again"), 5, "the notification by the edge again")

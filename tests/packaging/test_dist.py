@@ -157,6 +157,17 @@ def test_the_wheel_holds_the_library_packages_only(dist):
             n.split(".")[0] for n in names if n.endswith(".so")}
 
 
+def test_the_browser_client_ships_in_both_archives_and_installs(dist):
+    """fastpoll/static/fastpoll/fastpoll.js (docs/integrate.md section 5) is package data: the
+    sdist, both wheels and the venv the sdist installed into hold it, byte for byte."""
+    client = "fastpoll/static/fastpoll/fastpoll.js"
+    assert client in sdist_names(dist)
+    for wheel in (dist.wheel, dist.repaired):
+        with zipfile.ZipFile(wheel) as whl:
+            assert whl.read(client) == (ROOT / client).read_bytes(), wheel
+    assert (dist.site / client).read_bytes() == (ROOT / client).read_bytes()
+
+
 def metadata(wheel):
     with zipfile.ZipFile(wheel) as whl:
         name = one(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))

@@ -46,6 +46,7 @@ LOGIN_REDIRECT_URL = LOGOUT_REDIRECT_URL = "/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 STATIC_URL = "static/"
+STATIC_ROOT = VAR / "static"      # collectstatic: what the site's web server serves at STATIC_URL
 
 # fastpoll: memcached and the secret shared with fastpath (created here on first run)
 SECRET_FILE = Path(os.environ.get("INBOX_SECRET_FILE", VAR / "poll-secret.key"))
@@ -64,4 +65,9 @@ FASTPOLL = {
     "FASTPATH_WORKERS": int(os.environ.get("INBOX_FASTPATH_WORKERS", "1")),
     "LONGPOLL_MAX_WAIT": int(os.environ.get("INBOX_LONGPOLL_MAX_WAIT", "55")),
     "DJANGO_UPSTREAM": os.environ.get("INBOX_DJANGO", "127.0.0.1:8000"),         # gunicorn, for misses
+    # the edge (optional): fastpath's second listener, which pages stream from without nginx, and
+    # the origins of the pages allowed to (the site as browsers reach it: "http://127.0.0.1:8080")
+    "EDGE_ADDRESS": os.environ.get("INBOX_EDGE") or None,
+    "EDGE_ORIGINS": [o for o in os.environ.get("INBOX_EDGE_ORIGINS", "").split(",") if o],
+    "EDGE_URL": os.environ.get("INBOX_EDGE_URL") or None,       # None: derived for a loopback edge
 }
