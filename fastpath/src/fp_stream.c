@@ -3,8 +3,8 @@
  *
  * The stream's waiter is registered with a tag no answer has, so the wait table's first read
  * wakes it with the current answer: a miss or an error then is an ordinary answer (404 MISS or
- * 503: nginx hands the request to Django, as for a poll); an answer opens the stream (the head,
- * and the first event unless Last-Event-ID names it).  From then on the waiter stays in the
+ * 503: nginx hands the request to Django, as for a poll); an answer opens the stream (the head
+ * with its retry: line, and the first event unless Last-Event-ID names it).  From then on the waiter stays in the
  * table with the tag of the last event, and every answer that differs is one more event.  A
  * miss or an error sends `event: miss` and ends the stream; so do --max-stream (without the
  * event) and a draining worker.  A comment line every --stream-heartbeat keeps proxies and

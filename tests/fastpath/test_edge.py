@@ -13,6 +13,7 @@ import pytest
 from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from fastpoll.http import STREAM_PREFIX
 from tests.fastpath.conftest import token
 from tests.fastpath.test_connections import Reader
 from tests.fastpath.test_longpoll import SLACK, etag, held, key, metric, wait_metric
@@ -223,6 +224,23 @@ def test_edge_streams_events(fastpath_factory, memcached, cache):
         assert "event: getMessages" in first and 'data: {"mine":1}' in first
         cache.set(key(1), b'{"mine":"next"}')
         assert 'data: {"mine":"next"}' in s.block()
+    finally:
+        s.sock.close()
+
+
+@pytest.mark.parametrize("uid, cache_header", [(1, "HIT"), (99, "MISS")])
+def test_an_edge_stream_starts_with_djangos_retry_line(fp, uid, cache_header):
+    """Open or one miss, an edge stream's first bytes are fastpoll.http.STREAM_PREFIX, in its own
+    chunk: a browser's EventSource comes back 1 s after the end (not its default 3 s)."""
+    s = edge_stream(fp, uid=uid, extra=f"Origin: {SITE}\r\n")
+    try:
+        status, headers = s.head()
+        assert (status, headers["x-cache"], headers["access-control-allow-origin"]) == (200, cache_header, SITE)
+        framed = b"%x\r\n%s\r\n" % (len(STREAM_PREFIX), STREAM_PREFIX)
+        while len(s.raw) < len(framed):
+            s._recv(SLACK)
+        assert s.raw.startswith(framed)
+        assert ("data: " in s.block()) if uid == 1 else (s.block() == "event: miss\ndata: ")
     finally:
         s.sock.close()
 

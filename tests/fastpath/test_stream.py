@@ -11,7 +11,7 @@ import pytest
 from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from fastpoll.http import composite_event_id, event_bytes
+from fastpoll.http import STREAM_PREFIX, composite_event_id, event_bytes
 from tests.fastpath.conftest import token
 from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, held, key,  # noqa: F401
                                           metric, notify_dir, start, wait_metric)
@@ -20,6 +20,8 @@ from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, he
 class Stream:
     """One raw stream on its own connection: the head, then events as they come, read through
     the chunked framing (or until the close, on HTTP/1.0)."""
+
+    prefixed = False                 # STREAM_PREFIX read and checked (block)
 
     def __init__(self, fp, uid=1, resource="getMessages", last_event_id=None, version="1.1", method="GET",
                  accept="text/event-stream", auth=None, extra="", host="x"):
@@ -70,12 +72,23 @@ class Stream:
 
     def block(self, timeout=SLACK):
         """The next block of the stream (an event or a comment, without its blank line), or
-        None once the stream ended."""
+        None once the stream ended.  A stream's first bytes, STREAM_PREFIX (its retry: line), are
+        checked here and skipped."""
         if self.status is None:
             self.head(timeout)
         deadline = time.monotonic() + timeout
         while True:
             self._dechunk()
+            if not self.prefixed and self.status == 200 and self.headers.get("content-type") == "text/event-stream":
+                if len(self.text) < len(STREAM_PREFIX) and not self.ended:
+                    try:
+                        self._recv(max(deadline - time.monotonic(), 0.01))
+                    except EOFError:
+                        pass
+                    continue
+                assert self.text.startswith(STREAM_PREFIX), self.text
+                self.text = self.text[len(STREAM_PREFIX):]
+                self.prefixed = True
             if b"\n\n" in self.text:
                 block, _, self.text = self.text.partition(b"\n\n")
                 return block.decode()
@@ -171,6 +184,33 @@ def test_no_first_event_when_last_event_id_is_the_answers_etag(fastpath_factory,
     cache.set(key(3), b'{"n":2}')
     Notifier(notify_dir).send([key(3)])
     assert s.event() == {"id": etag(b'{"n":2}'), "event": "getMessages", "data": '{"n":2}'}
+    s.close()
+
+
+def _first_bytes(s, n):
+    """The first n bytes of the stream's body as they came (framing included)."""
+    s.head()
+    while len(s.raw) < n:
+        s._recv(SLACK)
+    return s.raw[:n]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_every_stream_starts_with_djangos_retry_line(fastpath_factory, memcached, cache, version, skip):
+    """fastpoll.http.STREAM_PREFIX (Django's first bytes), in its own chunk, before the first event
+    or without one (Last-Event-ID is the answer's): after --max-stream EventSource comes back in
+    1 s, not its own default of 3."""
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(3), b'{"n":1}')
+    s = Stream(fp, 3, last_event_id=etag(b'{"n":1}') if skip else None, version=version)
+    framed = b"%x\r\n%s\r\n" % (len(STREAM_PREFIX), STREAM_PREFIX) if version == "1.1" else STREAM_PREFIX
+    assert STREAM_PREFIX == b"retry: 1000\n\n"
+    assert _first_bytes(s, len(framed)) == framed
+    if skip:
+        assert s.quiet(0.3)
+    else:
+        assert s.event()["data"] == '{"n":1}'
     s.close()
 
 
@@ -750,7 +790,7 @@ def test_the_vectors_events_are_fastpaths_bytes(fastpath_factory, memcached, cac
     for v in STREAM_VECTORS["events"]:
         cache.set(key(61, v["name"]), v["body"].encode("utf-8"))
         s = Stream(fp, 61, resource=v["name"])
-        assert _opening(s, v["bytes"]) == v["bytes"], v
+        assert _opening(s, STREAM_VECTORS["prefix"] + v["bytes"]) == STREAM_VECTORS["prefix"] + v["bytes"], v
         s.close()
 
 
