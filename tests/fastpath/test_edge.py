@@ -245,6 +245,28 @@ def test_an_edge_stream_starts_with_djangos_retry_line(fp, uid, cache_header):
         s.sock.close()
 
 
+CONDITIONALS_NO_POLL_READS = [
+    [("If-None-Match", "*")],
+    [("If-None-Match", f'{etag(b"other")}, {etag(b"{}")}')],
+    [("Prefer", "wait=10"), ("Prefer", "wait=20")],
+]
+
+
+@pytest.mark.parametrize("extra", CONDITIONALS_NO_POLL_READS, ids=["inm-star", "inm-list", "two-prefer"])
+def test_a_stream_ignores_conditionals_a_poll_would_send_to_the_site(fp, extra):
+    """If-None-Match and Prefer mean nothing to a stream (docs/contract.md section 9), as to
+    Django's: those a poll cannot read (409 MISS for a poll) open the stream all the same, its
+    first event the current answer."""
+    assert edge(fp, headers=extra)[0] == 409      # as a poll: the site's to read
+    s = edge_stream(fp, uid=1, extra="".join(f"{name}: {value}\r\n" for name, value in extra))
+    try:
+        status, headers = s.head()
+        assert (status, headers["content-type"], headers["x-cache"]) == (200, "text/event-stream", "HIT")
+        assert s.event() == {"id": etag(b'{"mine":1}'), "event": "getMessages", "data": '{"mine":1}'}
+    finally:
+        s.sock.close()
+
+
 def test_edge_serves_per_object_polls(fp, cache):
     cache.set(object_key("thread", "t1"), b'{"thread":1}')
     cache.set(marker_key(5), b"")

@@ -326,6 +326,26 @@ def test_head_and_post_behave_as_polls(fastpath_factory, memcached, cache):
     assert metric(fp, "fastpath_streams_total") == 0
 
 
+@pytest.mark.parametrize("extra", [
+    'If-None-Match: *\r\n', 'If-None-Match: "a", "b"\r\n', 'Prefer: wait=5\r\nPrefer: wait=6\r\n',
+    'If-None-Match: "a"\r\nIf-None-Match: "b"\r\n', 'If-None-Match: {tag}\r\nPrefer: wait=0\r\n',
+], ids=["inm-star", "inm-list", "two-prefer", "two-inm", "inm-current"])
+def test_if_none_match_and_prefer_mean_nothing_to_a_stream(fastpath_factory, memcached, cache, extra):
+    """docs/contract.md section 9, as Django streams them: the conditionals a poll hands to Django
+    (404 MISS) or holds on are not read; the first event is the current answer."""
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(14), b'{"n":14}')
+    extra = extra.format(tag=etag(b'{"n":14}'))
+    s = Stream(fp, 14, extra=extra)
+    assert s.head()[0] == 200 and s.headers["content-type"] == "text/event-stream"
+    assert "preference-applied" not in s.headers
+    assert s.event() == {"id": etag(b'{"n":14}'), "event": "getMessages", "data": '{"n":14}'}
+    s.close()
+    poll = Stream(fp, 14, accept="application/json", extra=extra)      # a poll reads them still
+    assert poll.head()[0] in (404, 304)
+    poll.close()
+
+
 def test_accept_lists_and_parameters(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached)
     cache.set(key(13), b"x")
