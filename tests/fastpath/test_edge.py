@@ -337,9 +337,10 @@ def test_other_methods_are_refused_on_the_edge(fp, method):
 
 
 def test_a_head_too_large_is_refused_on_the_edge(fp):
-    status, headers, body = edge(fp, request(headers=[("X-Big", "b" * 40000)]))
+    status, headers, body = edge(fp, request(headers=[("Origin", SITE), ("X-Big", "b" * 40000)]))
     assert (status, json.loads(body)) == (431, {"error": "request head too large for fastpath"})
     assert headers["connection"] == "close" and "x-cache" not in headers
+    assert no_cors(headers) and headers["vary"] == "Origin"      # refused before Origin is read
     status, headers, _ = poll(fp, request(headers=[("X-Big", "b" * 40000)]))
     assert (status, headers["x-cache"]) == (404, "MISS")          # the poll listener's, unchanged
 
