@@ -3,7 +3,9 @@ accepts ``text/event-stream`` is a stream: one event per answer (the first unles
 is its ETag), a comment line every --stream-heartbeat, the end after --max-stream, and
 ``event: miss`` then the end when the key goes.
 Real memcached, real fastpath, raw sockets; notices are sent from here in the fixed format."""
+import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -520,11 +522,12 @@ def test_fan_out_of_one_change_to_a_thousand_streams(fastpath_factory, memcached
         s.close()
 
 
-def _slow_reader(fp, uid):
-    """A stream whose client reads nothing yet, with a small receive buffer."""
-    sock = socket.socket()
+def _slow_reader(fp, uid, port=None):
+    """A stream whose client reads nothing yet, with a small receive buffer (port: a TCP port,
+    or a unix socket's path)."""
+    sock = socket.socket(socket.AF_UNIX if isinstance(port, str) else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", fp.port))
+    sock.connect(port if isinstance(port, str) else ("127.0.0.1", port or fp.port))
     sock.sendall(f"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
                  f"Accept: text/event-stream\r\n\r\n".encode())
     return sock
@@ -555,16 +558,67 @@ def test_a_slow_reader_gets_every_event_in_order_when_it_reads(fastpath_factory,
     s.close()
 
 
-def test_a_reader_that_lets_events_pile_up_is_closed(fastpath_factory, memcached, cache, notify_dir):
-    fp = start(fastpath_factory, memcached, notify=notify_dir)
+def _send_q(port, sock):
+    """ss's Send-Q of fastpath's end of the connection of our sock: on loopback TCP (port: the
+    listener's) the bytes the kernel holds for it, unsent or unacknowledged (/proc/net/tcp's
+    tx_queue); on a unix socket (port: its path) the buffers it has sent that the peer has not
+    read (`ss -x`).  None once it is gone."""
+    if isinstance(port, str):
+        out = subprocess.run(["ss", "-xnH"], capture_output=True, text=True, check=True).stdout
+        peer = str(os.fstat(sock.fileno()).st_ino)
+        return next((int(f[3]) for f in map(str.split, out.splitlines())
+                     if len(f) >= 8 and f[4] == port and f[7] == peer), None)
+    peer_port = sock.getsockname()[1]
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            f = line.split()
+            if (f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port
+                    and int(f[2].rsplit(":", 1)[1], 16) == peer_port):
+                return int(f[4].split(":")[0], 16)
+    return None
+
+
+BACKLOG_MAX = 256 * 1024             # fp_stream.c STREAM_BACKLOG_MAX: fastpath's own share
+KERNEL_MAX = 64 * 1024               # the kernel's: the doubled SO_SNDBUF (fp_stream.c
+                                     # STREAM_SNDBUF 16 KiB) is 32 KiB of buffers, whose data
+                                     # is less; twice that leaves room for the write that passes
+                                     # it (the kernel checks for room before, not during, one).
+                                     # Measured: 20-28 KiB on TCP, 39 KiB on a unix socket
+                                     # (its Send-Q counts whole buffers); without: 2.8 MB on
+                                     # TCP (autotuned), 224 KiB on unix (wmem_default)
+
+
+@pytest.mark.parametrize("listener", ["poll", "edge", "unix"])
+def test_a_reader_that_lets_events_pile_up_is_closed(fastpath_factory, memcached, cache, notify_dir, capsys,
+                                                     listener):
+    """A stream's client that never reads costs fastpath at most BACKLOG_MAX of its own memory
+    and KERNEL_MAX of the kernel's socket buffer (ss's Send-Q), then it is closed: not the
+    megabytes the kernel would autotune a TCP send buffer up to (nor a unix socket's 208 KiB
+    wmem_default)."""
+    fp = fastpath_factory([memcached], edge=listener == "edge", unix=listener == "unix",
+                          extra=("--reread-interval", "60", "--timeout-ms", "2000", "--notify-dir", str(notify_dir)))
+    port = {"edge": fp.edge_port, "unix": fp.unix_path}.get(listener, fp.port)
     notifier = Notifier(notify_dir)
     cache.set(key(21), b"0")
-    sock = _slow_reader(fp, 21)
+    sock = _slow_reader(fp, 21, port)
     wait_metric(fp, "fastpath_streams", 1)
-    # 8 MB unread: beyond what the kernel takes on loopback (tcp_wmem's 4 MB at most) and the
-    # 256 KiB fastpath keeps
-    _changes(cache, notifier, 21, 80, 100000)
+    size, fed, send_q = 20000, 0, []
+    for i in range(400):             # 8 MB at most: beyond tcp_wmem's 4 MB and BACKLOG_MAX
+        cache.set(key(21), bytes([ord("a") + i % 2]) * size)
+        notifier.send([key(21)])
+        fed += size
+        time.sleep(0.05)             # each change read before the next
+        q = _send_q(port, sock)
+        if q is None or metric(fp, "fastpath_streams") == 0:
+            break
+        send_q.append(q)
     wait_metric(fp, "fastpath_streams", 0)
+    with capsys.disabled():
+        print(f"\nfastpath ({listener}): a stream that never reads cut after {fed // 1024} KiB of events; "
+              f"the kernel's Send-Q at most {max(send_q) // 1024} KiB")
+    assert max(send_q) <= KERNEL_MAX
+    # cut at the user-space cap: what it held there, the kernel's share and the client's buffer
+    assert fed <= BACKLOG_MAX + KERNEL_MAX + 64 * 1024
     sock.close()
 
 
