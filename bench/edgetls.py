@@ -132,6 +132,7 @@ class Streams:
                 head = await reader.readuntil(b"\r\n\r\n")
                 if not head.startswith(b"HTTP/1.1 200"):
                     raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+                await reader.readuntil(b"\n\n")     # the stream's retry: line
                 await reader.readuntil(b"\n\n")     # the answer the stream starts with
             self.open += 1
             self.writers.append(writer)

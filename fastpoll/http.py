@@ -61,6 +61,9 @@ def not_modified(etag):
 #: the ``retry:`` of Django's one-event stream, ms: how soon a browser's EventSource comes back
 #: (to fastpath, now that Django filled the cache)
 STREAM_RETRY_MS = 1000
+#: every stream's first bytes, Django's and fastpath's alike (fp_reply.c STREAM_RETRY; the shared
+#: vectors' "streams" "prefix" pins both)
+STREAM_PREFIX = b"retry: %d\n\n" % STREAM_RETRY_MS
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
@@ -125,7 +128,7 @@ def streams_response(answers, request):
     ``retry:``, then an event for each answer the client's composite Last-Event-ID does not name,
     each id what the client has after it (composite_event_id), then the end."""
     have = read_composite_event_id(request.META.get("HTTP_LAST_EVENT_ID", ""), len(answers))
-    content = b"retry: %d\n\n" % STREAM_RETRY_MS
+    content = STREAM_PREFIX
     for i, (name, body) in enumerate(answers):
         etag = answer_etag(body)
         if have[i] != etag:
@@ -138,7 +141,7 @@ def stream_response(body, name, request):
     """Django's answer to a stream: ``retry:``, then the answer's event (none when Last-Event-ID
     is its ETag), then the end, so that EventSource reconnects by itself and finds fastpath."""
     etag = answer_etag(body)
-    content = b"retry: %d\n\n" % STREAM_RETRY_MS
+    content = STREAM_PREFIX
     if request.META.get("HTTP_LAST_EVENT_ID", "").strip(" \t") != etag:
         content += event_bytes(etag, name, body)
     return _stream(content)

@@ -323,8 +323,8 @@ void fp_reply_result(fp_reply_t *a, const fp_conn_t *c, fp_mc_result_t r, const 
                      const char *tag);
 int fp_reply_not_modified(const fp_conn_t *c, const char *etag);   /* If-None-Match names etag */
 size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *buf, size_t cap);
-/* Server-Sent Events (docs/contract.md section 9): the head of a stream, and its events, each
- * framed as a chunk when chunked */
+/* Server-Sent Events (docs/contract.md section 9): the head of a stream with its first block
+ * (retry:), and its events, each framed as a chunk when chunked */
 size_t fp_reply_stream_head(fp_conn_t *c, const char *cache, char *buf, size_t cap);
 const char *fp_reply_resource_name(const fp_config_t *cfg, uint8_t resource, size_t *len);
 size_t fp_reply_event_size(const fp_conn_t *c, uint8_t resource, size_t id_len, const char *data, size_t len);

@@ -224,7 +224,8 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
 /* ---- streams (Server-Sent Events, docs/contract.md section 9) ---------------------------- *
  *
  * A stream's head is a 200 text/event-stream without a length: chunked on HTTP/1.1 (every write
- * one chunk, the end the last chunk, the connection kept), else ended by closing.  Each event:
+ * one chunk, the end the last chunk, the connection kept), else ended by closing.  Its first
+ * bytes are STREAM_RETRY, then each event:
  *
  *   id: <the answer's ETag>\n  event: <resource>\n  data: <line>\n (one per line of the body)  \n
  *
@@ -233,6 +234,40 @@ size_t fp_reply_head(fp_conn_t *c, const fp_reply_t *a, size_t body_len, char *b
  * the body's lines split at CRLF, CR or LF as an EventSource splits them, so that the client's
  * data is the body (an empty body is one empty data line: still an event). */
 
+/* Every stream's first block, sent with its head: the ms an EventSource waits before it comes
+ * back once the stream ends (--max-stream, a drain, a miss), instead of its own default (3 s in
+ * browsers).  Byte for byte Django's (fastpoll/http.py STREAM_PREFIX); tests/vectors/contract.json
+ * ("streams" "prefix") pins both. */
+#define STREAM_RETRY "retry: 1000\n\n"
+
+#define CHUNK_FRAME_MAX (16 + 2 + 2)     /* hex size, CRLF, and the CRLF after the data */
+
+static void _put_hex(_text_t *t, size_t v)
+{
+    static const char hex[] = "0123456789abcdef";
+    char tmp[16];
+    size_t i = sizeof(tmp);
+    do {
+        tmp[--i] = hex[v & 15];
+        v >>= 4;
+    } while (v != 0 && i > 0);
+    _put(t, tmp + i, sizeof(tmp) - i);
+}
+
+/* Stream text (len 0: the end), framed as the stream is. */
+static void _put_stream_text(_text_t *t, const fp_conn_t *c, const char *text, size_t len)
+{
+    if (!c->stream_chunked) {
+        _put(t, text, len);
+        return;
+    }
+    _put_hex(t, len);
+    PUT_LIT(t, "\r\n");
+    _put(t, text, len);
+    PUT_LIT(t, "\r\n");
+}
+
+/* The head, and the stream's first block (STREAM_RETRY): its length. */
 size_t fp_reply_stream_head(fp_conn_t *c, const char *cache, char *buf, size_t cap)
 {
     _text_t h = {buf, 0, cap};
@@ -251,6 +286,7 @@ size_t fp_reply_stream_head(fp_conn_t *c, const char *cache, char *buf, size_t c
     if (!c->keep_alive || !c->stream_chunked || c->srv->stopping)
         PUT_LIT(&h, "Connection: close\r\n");
     PUT_LIT(&h, "\r\n");
+    _put_stream_text(&h, c, STREAM_RETRY, sizeof(STREAM_RETRY) - 1);
     return h.len;
 }
 
@@ -291,20 +327,6 @@ static size_t _event_payload(const fp_conn_t *c, uint8_t resource, size_t id_len
     (void)fp_reply_resource_name(c->srv->cfg, resource, &name_len);
     return (sizeof("id: ") - 1 + id_len + 1) + (sizeof("event: ") - 1 + name_len + 1) +
            n * (sizeof("data: ") - 1 + 1) + (len - b) + 1;
-}
-
-#define CHUNK_FRAME_MAX (16 + 2 + 2)     /* hex size, CRLF, and the CRLF after the data */
-
-static void _put_hex(_text_t *t, size_t v)
-{
-    static const char hex[] = "0123456789abcdef";
-    char tmp[16];
-    size_t i = sizeof(tmp);
-    do {
-        tmp[--i] = hex[v & 15];
-        v >>= 4;
-    } while (v != 0 && i > 0);
-    _put(t, tmp + i, sizeof(tmp) - i);
 }
 
 /* The bytes fp_reply_event writes for this body, at most. */
@@ -350,13 +372,6 @@ size_t fp_reply_event(const fp_conn_t *c, uint8_t resource, const char *id, size
 size_t fp_reply_stream_text(const fp_conn_t *c, const char *text, size_t len, char *buf, size_t cap)
 {
     _text_t t = {buf, 0, cap};
-    if (!c->stream_chunked) {
-        _put(&t, text, len);
-        return t.len;
-    }
-    _put_hex(&t, len);
-    PUT_LIT(&t, "\r\n");
-    _put(&t, text, len);
-    PUT_LIT(&t, "\r\n");
+    _put_stream_text(&t, c, text, len);
     return t.len;
 }

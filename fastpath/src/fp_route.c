@@ -253,8 +253,9 @@ static void _authorize_object(fp_conn_t *c, const _target_t *t, const fp_token_t
     rq->action = ACT_OBJECT;
 }
 
-/* If-None-Match and Prefer of a poll that will ask memcached (docs/contract.md section 7).
- * Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is Django's to read. */
+/* If-None-Match and Prefer of a poll that will ask memcached, not a stream (docs/contract.md
+ * section 7).  Anything but one entity-tag in one If-None-Match, or a repeated Prefer, is
+ * Django's to read. */
 static void _conditional(fp_conn_t *c)
 {
     const char *data = c->in->data;
@@ -327,8 +328,6 @@ static void _authenticate(fp_conn_t *c, const _target_t *t)
     rq->uid_len = (uint8_t)token.uid_len;
     if (t->obj != NULL) {
         _authorize_object(c, t, &token, now);
-        if (rq->action == ACT_OBJECT)
-            _conditional(c);
         return;
     }
     size_t key_len = fp_make_key(rq->key, sizeof(rq->key), cfg->key_prefix, cfg->key_prefix_len,
@@ -339,13 +338,13 @@ static void _authenticate(fp_conn_t *c, const _target_t *t)
     }
     rq->key_len = (uint8_t)key_len;
     rq->action = ACT_MEMCACHED;
-    _conditional(c);
 }
 
-/* A poll that will ask memcached and accepts text/event-stream is a stream (docs/contract.md
+/* A GET poll that will ask memcached and accepts text/event-stream is a stream (docs/contract.md
  * section 9): its events are named after its resource, and Last-Event-ID (in c->inm_tag, as
  * FP_INM_TAG) spares the client the first event when it already has that answer.  A repeated
- * Accept is Django's to read.  If-None-Match and Prefer mean nothing to a stream. */
+ * Accept is Django's to read.  If-None-Match and Prefer mean nothing to a stream (_poll_mode
+ * does not read them: a list or a repeat of them that a poll hands to Django is streamed). */
 static void _stream(fp_conn_t *c, const _target_t *t)
 {
     const fp_config_t *cfg = c->srv->cfg;
@@ -353,7 +352,7 @@ static void _stream(fp_conn_t *c, const _target_t *t)
     const char *data = c->in->data;
     int i;
 
-    if ((rq->action != ACT_MEMCACHED && rq->action != ACT_OBJECT) || !rq->have[FP_HDR_ACCEPT])
+    if (!rq->have[FP_HDR_ACCEPT])
         return;
     if (rq->have[FP_HDR_ACCEPT] > 1) {
         _decide(c, 404, "accept fastpath cannot read", "MISS");
@@ -380,6 +379,20 @@ static void _stream(fp_conn_t *c, const _target_t *t)
         if (fp_last_event_id(data + id.off, id.len, c->inm_tag))
             c->inm = FP_INM_TAG;
     }
+}
+
+/* How a request that will ask memcached is answered (after _authenticate): a stream, or a poll
+ * whose If-None-Match and Prefer say whether it is held. */
+static void _poll_mode(fp_conn_t *c, uint8_t method, const _target_t *t)
+{
+    fp_request_t *rq = &c->in->req;
+
+    if (rq->action != ACT_MEMCACHED && rq->action != ACT_OBJECT)
+        return;
+    if (method == HTTP_GET)
+        _stream(c, t);
+    if (!rq->stream && (rq->action == ACT_MEMCACHED || rq->action == ACT_OBJECT))
+        _conditional(c);
 }
 
 /* Several resources are only ever a stream (a GET that accepts text/event-stream, once): any
@@ -409,8 +422,7 @@ static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t ur
         return;
     }
     _authenticate(c, &t);
-    if (method == HTTP_GET)
-        _stream(c, &t);
+    _poll_mode(c, method, &t);
 }
 
 /* ---- the edge (docs/contract.md section 10) ----------------------------------------------- *
@@ -471,8 +483,7 @@ static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t ur
         return;
     }
     _authenticate(c, &t);
-    if (method == HTTP_GET)
-        _stream(c, &t);
+    _poll_mode(c, method, &t);
 }
 
 static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)

@@ -231,6 +231,12 @@ int fp_server_init(fp_server_t *srv, const fp_config_t *cfg, char *err, size_t e
     srv->cfg = cfg;
     srv->st = &cfg->stats[cfg->worker_index];
     srv->st->pid = (uint64_t)getpid();
+    /* A restarted worker takes the slot as the one before it left it: the gauges counted what
+     * died with that worker (its connections, streams, held polls, gets), so they start again
+     * from 0; the counters go on (a *_total never goes down). */
+#define FP_X_ZERO(field, metric, help) srv->st->field = 0;
+    FP_GAUGES(FP_X_ZERO)
+#undef FP_X_ZERO
     fp_notify_init(&srv->notify, &srv->waits, srv->st);      /* no source yet: fini is safe */
     srv->buf_cap = cfg->max_headers + 1024;
     fp_slab_init(&srv->conn_slab, FP_CONN_EV_OFFSET + event_get_struct_event_size(), FP_CONN_SLAB_CHUNK);

@@ -3,8 +3,8 @@
  *
  * The stream's waiter is registered with a tag no answer has, so the wait table's first read
  * wakes it with the current answer: a miss or an error then is an ordinary answer (404 MISS or
- * 503: nginx hands the request to Django, as for a poll); an answer opens the stream (the head,
- * and the first event unless Last-Event-ID names it).  From then on the waiter stays in the
+ * 503: nginx hands the request to Django, as for a poll); an answer opens the stream (the head
+ * with its retry: line, and the first event unless Last-Event-ID names it).  From then on the waiter stays in the
  * table with the tag of the last event, and every answer that differs is one more event.  A
  * miss or an error sends `event: miss` and ends the stream; so do --max-stream (without the
  * event) and a draining worker.  A comment line every --stream-heartbeat keeps proxies and
@@ -20,11 +20,21 @@
  * part is the whole stream's. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "fp_internal.h"
 #include "fp_conn.h"
 
 #define STREAM_BACKLOG_MAX (256 * 1024)  /* unsent event bytes a slow reader may pile up */
+/* The kernel's share of the same: a stream's socket gets SO_SNDBUF this (the kernel doubles it
+ * for its bookkeeping, and the data it holds is less than that).  Left alone the kernel
+ * autotunes a TCP send buffer up to tcp_wmem's max (4 MB): a client that never reads would
+ * hold ~2.8 MB there (ss's Send-Q), beyond what STREAM_BACKLOG_MAX counts.  Setting SO_SNDBUF
+ * turns that autotuning off for the socket and bounds what the kernel queues, on TCP and on
+ * unix sockets (nginx's upstream may be one) alike.  TCP_NOTSENT_LOWAT would not do: it does
+ * not exist for unix sockets, and it is a wake-up threshold rather than a bound.  Events are
+ * small (a count, a page of messages); a big one still goes, its rest waiting in user space. */
+#define STREAM_SNDBUF (16 * 1024)
 #define EVENT_STACK 2048                 /* events up to this size are built on the stack */
 
 static const char _never_tag[FP_ETAG_LEN];   /* zeros: no answer's tag (they are quoted hex) */
@@ -515,6 +525,9 @@ static int _stream_after_write(fp_conn_t *c)
  * back to another worker); the connection was answered. */
 static int _stream_prepare(fp_conn_t *c)
 {
+    int sndbuf = STREAM_SNDBUF;
+
+    (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));   /* cannot fail on a socket */
     if (c->in->req.resource != FP_RESOURCE_SET)
         c->resource = c->in->req.resource;   /* a set's when its parts are made (_set_start) */
     c->stream_chunked = c->parser.http_major == 1 && c->parser.http_minor >= 1;

@@ -342,7 +342,8 @@ def _open_stream(site, token, within=10):
 
 
 def _event(resp):
-    """The next event's fields (comments, the heartbeat's, skipped)."""
+    """The next event's fields (comments, the heartbeat's, and the stream's first retry: line
+    skipped)."""
     fields = {}
     while True:
         line = resp.readline()
@@ -352,7 +353,7 @@ def _event(resp):
             if fields:
                 return fields
             continue
-        if not line.startswith(":"):
+        if not line.startswith((":", "retry:")):
             name, _, value = line.partition(": ")
             fields[name] = value
 
@@ -438,7 +439,7 @@ def test_a_stream_over_http2_is_not_buffered(site):
             line = line.decode().rstrip("\n")
             if not line and fields:
                 return fields
-            if line and not line.startswith(":"):
+            if line and not line.startswith((":", "retry:")):     # the stream's first line is retry:
                 name, _, value = line.partition(": ")
                 fields[name] = value
     try:

@@ -61,13 +61,15 @@ def asan_reports(tmp_path):
 
 
 class Fastpath:
-    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None, edge=False):
+    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None, edge=False, unix=False):
         self.port = free_port()
+        self.unix_path = str(tmp_path / "fastpath.sock") if unix else None   # --listen unix:
         self.admin_port = free_port()
         self.edge_port = free_port() if edge else None     # --edge (docs/contract.md section 10)
         self.secret_file = tmp_path / "secret.key"
         self.secret_file.write_bytes(SECRET + b"\n")
-        self.argv = [sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{self.port}",
+        listen = f"unix:{self.unix_path}" if unix else f"127.0.0.1:{self.port}"
+        self.argv = [sys.executable, "-m", "fastpath", "--listen", listen,
                      "--admin", f"127.0.0.1:{self.admin_port}",
                      "--memcached", ",".join(s.spec for s in servers),
                      "--secret-file", str(self.secret_file), "--workers", str(workers), *extra]
@@ -82,7 +84,11 @@ class Fastpath:
         env, cwd = fastpath_env(self.tmp_path, self.preload, self.env)
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
+        if self.unix_path:
+            wait_for_port("127.0.0.1", self.admin_port, process=self.proc, name="fastpath's admin")
+            assert os.path.exists(self.unix_path), self.unix_path
+        else:
+            wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
         if self.edge_port:
             wait_for_port("127.0.0.1", self.edge_port, process=self.proc, name="fastpath's edge")
         return self

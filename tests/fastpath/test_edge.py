@@ -13,6 +13,7 @@ import pytest
 from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
+from fastpoll.http import STREAM_PREFIX
 from tests.fastpath.conftest import token
 from tests.fastpath.test_connections import Reader
 from tests.fastpath.test_longpoll import SLACK, etag, held, key, metric, wait_metric
@@ -227,6 +228,45 @@ def test_edge_streams_events(fastpath_factory, memcached, cache):
         s.sock.close()
 
 
+@pytest.mark.parametrize("uid, cache_header", [(1, "HIT"), (99, "MISS")])
+def test_an_edge_stream_starts_with_djangos_retry_line(fp, uid, cache_header):
+    """Open or one miss, an edge stream's first bytes are fastpoll.http.STREAM_PREFIX, in its own
+    chunk: a browser's EventSource comes back 1 s after the end (not its default 3 s)."""
+    s = edge_stream(fp, uid=uid, extra=f"Origin: {SITE}\r\n")
+    try:
+        status, headers = s.head()
+        assert (status, headers["x-cache"], headers["access-control-allow-origin"]) == (200, cache_header, SITE)
+        framed = b"%x\r\n%s\r\n" % (len(STREAM_PREFIX), STREAM_PREFIX)
+        while len(s.raw) < len(framed):
+            s._recv(SLACK)
+        assert s.raw.startswith(framed)
+        assert ("data: " in s.block()) if uid == 1 else (s.block() == "event: miss\ndata: ")
+    finally:
+        s.sock.close()
+
+
+CONDITIONALS_NO_POLL_READS = [
+    [("If-None-Match", "*")],
+    [("If-None-Match", f'{etag(b"other")}, {etag(b"{}")}')],
+    [("Prefer", "wait=10"), ("Prefer", "wait=20")],
+]
+
+
+@pytest.mark.parametrize("extra", CONDITIONALS_NO_POLL_READS, ids=["inm-star", "inm-list", "two-prefer"])
+def test_a_stream_ignores_conditionals_a_poll_would_send_to_the_site(fp, extra):
+    """If-None-Match and Prefer mean nothing to a stream (docs/contract.md section 9), as to
+    Django's: those a poll cannot read (409 MISS for a poll) open the stream all the same, its
+    first event the current answer."""
+    assert edge(fp, headers=extra)[0] == 409      # as a poll: the site's to read
+    s = edge_stream(fp, uid=1, extra="".join(f"{name}: {value}\r\n" for name, value in extra))
+    try:
+        status, headers = s.head()
+        assert (status, headers["content-type"], headers["x-cache"]) == (200, "text/event-stream", "HIT")
+        assert s.event() == {"id": etag(b'{"mine":1}'), "event": "getMessages", "data": '{"mine":1}'}
+    finally:
+        s.sock.close()
+
+
 def test_edge_serves_per_object_polls(fp, cache):
     cache.set(object_key("thread", "t1"), b'{"thread":1}')
     cache.set(marker_key(5), b"")
@@ -297,9 +337,10 @@ def test_other_methods_are_refused_on_the_edge(fp, method):
 
 
 def test_a_head_too_large_is_refused_on_the_edge(fp):
-    status, headers, body = edge(fp, request(headers=[("X-Big", "b" * 40000)]))
+    status, headers, body = edge(fp, request(headers=[("Origin", SITE), ("X-Big", "b" * 40000)]))
     assert (status, json.loads(body)) == (431, {"error": "request head too large for fastpath"})
     assert headers["connection"] == "close" and "x-cache" not in headers
+    assert no_cors(headers) and headers["vary"] == "Origin"      # refused before Origin is read
     status, headers, _ = poll(fp, request(headers=[("X-Big", "b" * 40000)]))
     assert (status, headers["x-cache"]) == (404, "MISS")          # the poll listener's, unchanged
 

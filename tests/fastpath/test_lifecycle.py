@@ -151,3 +151,45 @@ def test_supervisor_refuses_a_bad_worker_count(workers):
     with pytest.raises(fastpath.ConfigurationError, match="--workers must be in 1..256"):
         fastpath._lifecycle.Supervisor(lambda index: None, workers)
 
+
+
+def test_a_restarted_worker_zeroes_its_gauges_not_its_counters(fastpath_factory, memcached):
+    """A worker's gauges live in its shared stats slot: one killed with 3 streams and a held poll
+    open must not leave them there for the worker that takes the slot (fp_server_init), while
+    the *_total counters go on from where they were (monotonic, as Prometheus expects)."""
+    from pymemcache.client.base import Client
+
+    from tests.fastpath.test_edge import edge_stream
+    from tests.fastpath.test_longpoll import Poll, etag, key, metric, wait_metric
+    cache = Client(memcached.spec, default_noreply=False)
+    cache.set(key(1), b'{"n":1}')
+    fp = fastpath_factory([memcached], workers=1, edge=True, extra=("--reread-interval", "60"))
+    base = metric(fp, "fastpath_connections")        # /metrics' own connection, if it counts
+    streams = [edge_stream(fp, uid=1) for _ in range(3)]
+    for s in streams:
+        assert s.event()["data"] == '{"n":1}'
+    hold = Poll(fp, 1, etag(b'{"n":1}'), wait=30)
+    wait_metric(fp, "fastpath_held_polls", 1)
+    wait_metric(fp, "fastpath_streams", 3)
+    assert metric(fp, "fastpath_connections") == base + 4
+    totals = {name: metric(fp, name) for name in ("fastpath_streams_total", "fastpath_connections_accepted_total",
+                                                  "fastpath_holds_total")}
+    (old,) = _children(fp.proc.pid)
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _children(fp.proc.pid) in ([], [old]):
+        time.sleep(0.05)
+    for s in streams:
+        s.close()
+    hold.close()
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            metric(fp, "fastpath_streams")       # the new worker answers /metrics
+            break
+        time.sleep(0.05)
+    for name in ("fastpath_streams", "fastpath_held_polls", "fastpath_inflight_requests"):
+        wait_metric(fp, name, 0, timeout=3)
+    wait_metric(fp, "fastpath_connections", base, timeout=3)
+    for name, before in totals.items():
+        assert metric(fp, name) >= before, name
+    cache.close()

@@ -3,7 +3,9 @@ accepts ``text/event-stream`` is a stream: one event per answer (the first unles
 is its ETag), a comment line every --stream-heartbeat, the end after --max-stream, and
 ``event: miss`` then the end when the key goes.
 Real memcached, real fastpath, raw sockets; notices are sent from here in the fixed format."""
+import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -11,7 +13,7 @@ import pytest
 from pymemcache.client.base import Client
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from fastpoll.http import composite_event_id, event_bytes
+from fastpoll.http import STREAM_PREFIX, composite_event_id, event_bytes
 from tests.fastpath.conftest import token
 from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, held, key,  # noqa: F401
                                           metric, notify_dir, start, wait_metric)
@@ -20,6 +22,8 @@ from tests.fastpath.test_longpoll import (SLACK, Notifier, Poll, cache, etag, he
 class Stream:
     """One raw stream on its own connection: the head, then events as they come, read through
     the chunked framing (or until the close, on HTTP/1.0)."""
+
+    prefixed = False                 # STREAM_PREFIX read and checked (block)
 
     def __init__(self, fp, uid=1, resource="getMessages", last_event_id=None, version="1.1", method="GET",
                  accept="text/event-stream", auth=None, extra="", host="x"):
@@ -70,12 +74,23 @@ class Stream:
 
     def block(self, timeout=SLACK):
         """The next block of the stream (an event or a comment, without its blank line), or
-        None once the stream ended."""
+        None once the stream ended.  A stream's first bytes, STREAM_PREFIX (its retry: line), are
+        checked here and skipped."""
         if self.status is None:
             self.head(timeout)
         deadline = time.monotonic() + timeout
         while True:
             self._dechunk()
+            if not self.prefixed and self.status == 200 and self.headers.get("content-type") == "text/event-stream":
+                if len(self.text) < len(STREAM_PREFIX) and not self.ended:
+                    try:
+                        self._recv(max(deadline - time.monotonic(), 0.01))
+                    except EOFError:
+                        pass
+                    continue
+                assert self.text.startswith(STREAM_PREFIX), self.text
+                self.text = self.text[len(STREAM_PREFIX):]
+                self.prefixed = True
             if b"\n\n" in self.text:
                 block, _, self.text = self.text.partition(b"\n\n")
                 return block.decode()
@@ -171,6 +186,33 @@ def test_no_first_event_when_last_event_id_is_the_answers_etag(fastpath_factory,
     cache.set(key(3), b'{"n":2}')
     Notifier(notify_dir).send([key(3)])
     assert s.event() == {"id": etag(b'{"n":2}'), "event": "getMessages", "data": '{"n":2}'}
+    s.close()
+
+
+def _first_bytes(s, n):
+    """The first n bytes of the stream's body as they came (framing included)."""
+    s.head()
+    while len(s.raw) < n:
+        s._recv(SLACK)
+    return s.raw[:n]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_every_stream_starts_with_djangos_retry_line(fastpath_factory, memcached, cache, version, skip):
+    """fastpoll.http.STREAM_PREFIX (Django's first bytes), in its own chunk, before the first event
+    or without one (Last-Event-ID is the answer's): after --max-stream EventSource comes back in
+    1 s, not its own default of 3."""
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(3), b'{"n":1}')
+    s = Stream(fp, 3, last_event_id=etag(b'{"n":1}') if skip else None, version=version)
+    framed = b"%x\r\n%s\r\n" % (len(STREAM_PREFIX), STREAM_PREFIX) if version == "1.1" else STREAM_PREFIX
+    assert STREAM_PREFIX == b"retry: 1000\n\n"
+    assert _first_bytes(s, len(framed)) == framed
+    if skip:
+        assert s.quiet(0.3)
+    else:
+        assert s.event()["data"] == '{"n":1}'
     s.close()
 
 
@@ -284,6 +326,26 @@ def test_head_and_post_behave_as_polls(fastpath_factory, memcached, cache):
     status, headers = Stream(fp, 12, method="POST", extra="Content-Length: 0\r\n").head()
     assert status == 200 and headers["content-type"] == "application/json"   # POST: a poll
     assert metric(fp, "fastpath_streams_total") == 0
+
+
+@pytest.mark.parametrize("extra", [
+    'If-None-Match: *\r\n', 'If-None-Match: "a", "b"\r\n', 'Prefer: wait=5\r\nPrefer: wait=6\r\n',
+    'If-None-Match: "a"\r\nIf-None-Match: "b"\r\n', 'If-None-Match: {tag}\r\nPrefer: wait=0\r\n',
+], ids=["inm-star", "inm-list", "two-prefer", "two-inm", "inm-current"])
+def test_if_none_match_and_prefer_mean_nothing_to_a_stream(fastpath_factory, memcached, cache, extra):
+    """docs/contract.md section 9, as Django streams them: the conditionals a poll hands to Django
+    (404 MISS) or holds on are not read; the first event is the current answer."""
+    fp = start(fastpath_factory, memcached)
+    cache.set(key(14), b'{"n":14}')
+    extra = extra.format(tag=etag(b'{"n":14}'))
+    s = Stream(fp, 14, extra=extra)
+    assert s.head()[0] == 200 and s.headers["content-type"] == "text/event-stream"
+    assert "preference-applied" not in s.headers
+    assert s.event() == {"id": etag(b'{"n":14}'), "event": "getMessages", "data": '{"n":14}'}
+    s.close()
+    poll = Stream(fp, 14, accept="application/json", extra=extra)      # a poll reads them still
+    assert poll.head()[0] in (404, 304)
+    poll.close()
 
 
 def test_accept_lists_and_parameters(fastpath_factory, memcached, cache):
@@ -460,11 +522,12 @@ def test_fan_out_of_one_change_to_a_thousand_streams(fastpath_factory, memcached
         s.close()
 
 
-def _slow_reader(fp, uid):
-    """A stream whose client reads nothing yet, with a small receive buffer."""
-    sock = socket.socket()
+def _slow_reader(fp, uid, port=None):
+    """A stream whose client reads nothing yet, with a small receive buffer (port: a TCP port,
+    or a unix socket's path)."""
+    sock = socket.socket(socket.AF_UNIX if isinstance(port, str) else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", fp.port))
+    sock.connect(port if isinstance(port, str) else ("127.0.0.1", port or fp.port))
     sock.sendall(f"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
                  f"Accept: text/event-stream\r\n\r\n".encode())
     return sock
@@ -495,16 +558,67 @@ def test_a_slow_reader_gets_every_event_in_order_when_it_reads(fastpath_factory,
     s.close()
 
 
-def test_a_reader_that_lets_events_pile_up_is_closed(fastpath_factory, memcached, cache, notify_dir):
-    fp = start(fastpath_factory, memcached, notify=notify_dir)
+def _send_q(port, sock):
+    """ss's Send-Q of fastpath's end of the connection of our sock: on loopback TCP (port: the
+    listener's) the bytes the kernel holds for it, unsent or unacknowledged (/proc/net/tcp's
+    tx_queue); on a unix socket (port: its path) the buffers it has sent that the peer has not
+    read (`ss -x`).  None once it is gone."""
+    if isinstance(port, str):
+        out = subprocess.run(["ss", "-xnH"], capture_output=True, text=True, check=True).stdout
+        peer = str(os.fstat(sock.fileno()).st_ino)
+        return next((int(f[3]) for f in map(str.split, out.splitlines())
+                     if len(f) >= 8 and f[4] == port and f[7] == peer), None)
+    peer_port = sock.getsockname()[1]
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            f = line.split()
+            if (f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port
+                    and int(f[2].rsplit(":", 1)[1], 16) == peer_port):
+                return int(f[4].split(":")[0], 16)
+    return None
+
+
+BACKLOG_MAX = 256 * 1024             # fp_stream.c STREAM_BACKLOG_MAX: fastpath's own share
+KERNEL_MAX = 64 * 1024               # the kernel's: the doubled SO_SNDBUF (fp_stream.c
+                                     # STREAM_SNDBUF 16 KiB) is 32 KiB of buffers, whose data
+                                     # is less; twice that leaves room for the write that passes
+                                     # it (the kernel checks for room before, not during, one).
+                                     # Measured: 20-28 KiB on TCP, 39 KiB on a unix socket
+                                     # (its Send-Q counts whole buffers); without: 2.8 MB on
+                                     # TCP (autotuned), 224 KiB on unix (wmem_default)
+
+
+@pytest.mark.parametrize("listener", ["poll", "edge", "unix"])
+def test_a_reader_that_lets_events_pile_up_is_closed(fastpath_factory, memcached, cache, notify_dir, capsys,
+                                                     listener):
+    """A stream's client that never reads costs fastpath at most BACKLOG_MAX of its own memory
+    and KERNEL_MAX of the kernel's socket buffer (ss's Send-Q), then it is closed: not the
+    megabytes the kernel would autotune a TCP send buffer up to (nor a unix socket's 208 KiB
+    wmem_default)."""
+    fp = fastpath_factory([memcached], edge=listener == "edge", unix=listener == "unix",
+                          extra=("--reread-interval", "60", "--timeout-ms", "2000", "--notify-dir", str(notify_dir)))
+    port = {"edge": fp.edge_port, "unix": fp.unix_path}.get(listener, fp.port)
     notifier = Notifier(notify_dir)
     cache.set(key(21), b"0")
-    sock = _slow_reader(fp, 21)
+    sock = _slow_reader(fp, 21, port)
     wait_metric(fp, "fastpath_streams", 1)
-    # 8 MB unread: beyond what the kernel takes on loopback (tcp_wmem's 4 MB at most) and the
-    # 256 KiB fastpath keeps
-    _changes(cache, notifier, 21, 80, 100000)
+    size, fed, send_q = 20000, 0, []
+    for i in range(400):             # 8 MB at most: beyond tcp_wmem's 4 MB and BACKLOG_MAX
+        cache.set(key(21), bytes([ord("a") + i % 2]) * size)
+        notifier.send([key(21)])
+        fed += size
+        time.sleep(0.05)             # each change read before the next
+        q = _send_q(port, sock)
+        if q is None or metric(fp, "fastpath_streams") == 0:
+            break
+        send_q.append(q)
     wait_metric(fp, "fastpath_streams", 0)
+    with capsys.disabled():
+        print(f"\nfastpath ({listener}): a stream that never reads cut after {fed // 1024} KiB of events; "
+              f"the kernel's Send-Q at most {max(send_q) // 1024} KiB")
+    assert max(send_q) <= KERNEL_MAX
+    # cut at the user-space cap: what it held there, the kernel's share and the client's buffer
+    assert fed <= BACKLOG_MAX + KERNEL_MAX + 64 * 1024
     sock.close()
 
 
@@ -750,7 +864,7 @@ def test_the_vectors_events_are_fastpaths_bytes(fastpath_factory, memcached, cac
     for v in STREAM_VECTORS["events"]:
         cache.set(key(61, v["name"]), v["body"].encode("utf-8"))
         s = Stream(fp, 61, resource=v["name"])
-        assert _opening(s, v["bytes"]) == v["bytes"], v
+        assert _opening(s, STREAM_VECTORS["prefix"] + v["bytes"]) == STREAM_VECTORS["prefix"] + v["bytes"], v
         s.close()
 
 

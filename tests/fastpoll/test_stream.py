@@ -200,4 +200,11 @@ def test_the_vectors_several_resources_open_as_written(rf, v):
     extra = {} if v["last_event_id"] is None else {"HTTP_LAST_EVENT_ID": v["last_event_id"]}
     request = rf.get("/Poll/" + ",".join(v["names"]), HTTP_ACCEPT=ES, **extra)
     resp = streams_response([(n, b.encode("utf-8")) for n, b in zip(v["names"], v["bodies"])], request)
-    assert resp.content.decode("utf-8") == f"retry: {STREAM_RETRY_MS}\n\n" + v["opening"]
+    assert resp.content.decode("utf-8") == v["opening"]
+
+
+@pytest.mark.django_db(False)
+def test_the_vectors_prefix_is_djangos_first_bytes():
+    """fastpath's side: tests/fastpath/test_stream.py reads the same prefix first on every stream."""
+    from fastpoll.http import STREAM_PREFIX
+    assert STREAM_PREFIX.decode("ascii") == STREAM_VECTORS["prefix"] == f"retry: {STREAM_RETRY_MS}\n\n"

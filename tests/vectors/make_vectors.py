@@ -258,10 +258,15 @@ def event(id_, name, body):
     return f"id: {id_}\nevent: {name}\n" + "".join(f"data: {line}\n" for line in lines) + "\n"
 
 
+#: docs/contract.md, section 9: every stream's first bytes (fastpath's and Django's), before its events
+STREAM_PREFIX = "retry: 1000\n\n"
+
+
 def streams():
-    """What a stream request is (Accept), an event's bytes, and what a stream of several resources
-    sends first for a Last-Event-ID (docs/contract.md section 9).  "opening": the events after the
-    head (fastpath) or after the retry: line (Django), in path order."""
+    """What a stream request is (Accept), every stream's first bytes ("prefix": its retry: line),
+    an event's bytes, and what a stream of several resources sends first for a Last-Event-ID
+    (docs/contract.md section 9).  "opening": the body after the head, the prefix and then the
+    events in path order."""
     accept = [
         ("text/event-stream", "GET", True),
         ("TEXT/Event-Stream", "GET", True),
@@ -290,7 +295,7 @@ def streams():
             parts = last_event_id.strip(" \t").split(",")
             ok = len(parts) == 2 and all(p == '""' or (len(p) == 34 and p[0] == p[-1] == '"') for p in parts)
             have = [None if p == '""' else p for p in parts] if ok else [None, None]
-        out = ""
+        out = STREAM_PREFIX
         for i, (name, body, tag) in enumerate(zip(names, (a, b), (ta, tb))):
             if have[i] != tag:
                 have[i] = tag
@@ -308,7 +313,7 @@ def streams():
                                 ("three parts for two resources: both", f"{ta},{tb},{tb}"),
                                 ("garbage: both", "garbage")]]
     return {"accept": [{"accept": h, "method": m, "stream": st} for h, m, st in accept],
-            "events": events, "several": several}
+            "prefix": STREAM_PREFIX, "events": events, "several": several}
 
 
 def main():
