@@ -63,8 +63,8 @@ Polling modes (``--poll-mode`` on locust's command line, or ``$PLURK_LOAD_POLL_M
                   body to its end): a ``getUnreadCount`` event is the count, a ``getMessages``
                   event the messages, read from the event itself (nothing is fetched; a plurk is
                   first seen when the event carrying it is read), a heartbeat comment is nothing,
-                  the end of a stream (its --max-stream, Django's one-event-per-resource stream
-                  and its ``retry:``) is followed by a new one.  The
+                  the end of a stream (its --max-stream, Django's one-event-per-resource stream)
+                  is followed by a new one after the stream's ``retry:`` (1 s), as a browser's.  The
                   stream goes to fastpath's edge when there is one (``$PLURK_LOAD_EDGE``
                   host:port, else the stack's PLURK_EDGE), else through nginx (the locust host);
                   ``$PLURK_LOAD_STREAM_VIA=nginx`` forces nginx.  On the edge a miss (``event:
@@ -659,7 +659,8 @@ class _Plurker(FastHttpUser):
 
     def _stream(self):
         """One stream, until it ends: the seconds to wait before the next one (Django's
-        ``retry:``, 0 after fastpath's end), or None on a failure (recorded by locust)."""
+        ``retry:`` as a browser obeys it, 1 s after fastpath's or Django's stream, which both open
+        with ``retry: 1000``), or None on a failure (recorded by locust)."""
         host, port, name = self._stream_target()
         edge = name.endswith("(edge stream)")
         headers = f"Authorization: Bearer {self.token}\r\nAccept: text/event-stream\r\n"
