@@ -876,6 +876,12 @@ static int _dispatch(fp_conn_t *c)
             return rc < 0 ? -1 : 0;
         return _object_start(c);
     default:
+        if (rq->stream) {            /* the edge: a stream decided a miss (fp_route) */
+            c->mode = FP_MODE_STREAM;
+            rc = _modes[c->mode]->prepare(c);
+            if (rc != 0)
+                return rc < 0 ? -1 : 0;
+        }
         return fp_conn_respond_error(c, rq->answer_code, rq->answer_message, rq->answer_cache);
     }
     fp_keys_t k = {rq->key, NULL, rq->key_len, 0, rq};

@@ -460,6 +460,21 @@ static void _preflight(fp_conn_t *c, const _target_t *t)
     c->in->req.action = ACT_PREFLIGHT;
 }
 
+/* A stream decided a miss before it asked memcached (a refused capability, credentials fastpath
+ * does not read as Django would, ...) is still a stream on the edge: 200 text/event-stream with
+ * `event: miss` (docs/contract.md section 10; fp_stream.c's prepare answers it), as one that
+ * misses in memcached; a poll keeps its 409. */
+static void _edge_stream_miss(fp_conn_t *c, uint8_t method)
+{
+    fp_request_t *rq = &c->in->req;
+    fp_span_t accept = rq->header[FP_HDR_ACCEPT];
+
+    if (rq->action == ACT_RESPOND && rq->answer_cache != NULL && strncmp(rq->answer_cache, "MISS", sizeof("MISS")) == 0 &&
+        method == HTTP_GET && rq->have[FP_HDR_ACCEPT] == 1 &&
+        fp_accept_event_stream(c->in->data + accept.off, accept.len))
+        rq->stream = 1;
+}
+
 static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
 {
     _target_t t;
@@ -484,6 +499,7 @@ static void _route_edge(fp_conn_t *c, uint8_t method, const char *url, size_t ur
     }
     _authenticate(c, &t);
     _poll_mode(c, method, &t);
+    _edge_stream_miss(c, method);
 }
 
 static void _route_admin(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)

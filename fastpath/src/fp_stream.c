@@ -520,9 +520,11 @@ static int _stream_after_write(fp_conn_t *c)
     return 0;
 }
 
-/* A stream is about to be dispatched: its events' name and framing.  -1: a draining worker
+/* A stream is about to be dispatched: its events' name and framing.  1: a draining worker
  * opens none (503 MISS: nginx hands it to Django, whose one event and retry: bring the client
- * back to another worker); the connection was answered. */
+ * back to another worker), and on the edge neither it nor a stream already decided a miss
+ * (ACT_RESPOND: fp_route) does (a stream of one `event: miss`); the connection was answered.
+ * -1: it was closed. */
 static int _stream_prepare(fp_conn_t *c)
 {
     int sndbuf = STREAM_SNDBUF;
@@ -533,7 +535,7 @@ static int _stream_prepare(fp_conn_t *c)
     c->stream_chunked = c->parser.http_major == 1 && c->parser.http_minor >= 1;
     if (!c->stream_chunked)
         c->keep_alive = 0;           /* HTTP/1.0: the stream ends when the connection does */
-    if (c->srv->stopping && !fp_kinds[c->kind].hands_on)
+    if ((c->srv->stopping || c->in->req.action == ACT_RESPOND) && !fp_kinds[c->kind].hands_on)
         return _stream_miss(c) < 0 ? -1 : 1;     /* the edge: to the site, then back */
     if (c->srv->stopping) {
         c->mode = FP_MODE_ONCE;

@@ -309,6 +309,52 @@ def test_a_stream_of_a_missing_key_on_the_edge_is_one_miss_event(fp):
     assert metric(fp, "fastpath_stream_misses_total") == 1
 
 
+REFUSED_CAPS = {
+    "tampered": lambda: cap("thread", "t1", "5")[:-3] + "000",
+    "expired": lambda: cap("thread", "t1", "5", ttl=-10),
+    "foreign": lambda: cap("thread", "t1", "6"),          # another user's
+    "other-object": lambda: cap("thread", "t2", "5"),
+}
+
+
+@pytest.mark.parametrize("which", sorted(REFUSED_CAPS))
+def test_a_stream_whose_capability_is_refused_is_one_miss_event(fp, cache, which):
+    """docs/contract.md section 10: a stream that cannot start (a refused capability among the
+    cases a poll answers 409) is 200 text/event-stream, X-Cache: MISS, `event: miss` and the
+    end, with CORS: an EventSource cannot read a 409, so the page learns nothing from one.  A
+    poll of the same capability keeps its 409."""
+    cache.set(object_key("thread", "t1"), b'{"thread":1}')
+    cache.set(marker_key(5), b"")
+    path = f"thread/t1?cap={REFUSED_CAPS[which]()}"
+    s = edge_stream(fp, uid=5, resource=path, extra=f"Origin: {SITE}\r\n")
+    try:
+        status, headers = s.head()
+        assert (status, headers["content-type"], headers["x-cache"]) == (200, "text/event-stream", "MISS")
+        _assert_cors(headers)
+        assert s.block() == "event: miss\ndata: "
+        assert s.block() is None
+    finally:
+        s.sock.close()
+    status, headers, body = edge(fp, path="/Poll/" + path, uid=5)
+    assert (status, json.loads(body)) == (409, {"error": "capability refused", "retry": "site"})
+    # a bad token is no miss: the stream is refused 401 as the poll is
+    s = edge_stream(fp, uid=5, resource=path, auth="Bearer x.y")
+    try:
+        assert s.head()[0] == 401
+    finally:
+        s.sock.close()
+
+
+def test_a_stream_refused_on_the_poll_listener_is_still_djangos(fp, cache):
+    """Behind nginx nothing changes: a refused capability is 404 MISS for Django to answer."""
+    s = Stream(fp, uid=5, resource=f"thread/t1?cap={cap('thread', 't1', '6')}")
+    try:
+        status, headers = s.head()
+        assert (status, headers["x-cache"]) == (404, "MISS")
+    finally:
+        s.sock.close()
+
+
 def test_an_open_stream_whose_key_goes_ends_with_a_miss_event(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
     s = edge_stream(fp, uid=2)
