@@ -4,12 +4,18 @@ The edge is fastpath's second listener (``FASTPOLL["EDGE_ADDRESS"]``, fastpath `
 which browsers poll without nginx; a miss there sends them to the site once (docs/contract.md,
 section 10).  A page learns where it is from this one function, through its template.
 """
+import logging
 from urllib.parse import urlsplit
 
 from fastpath.errors import ConfigurationError
-from fastpath.options import is_loopback, parse_address
+from fastpath.options import is_loopback, origin, parse_address
 
 from . import conf
+
+logger = logging.getLogger("fastpoll.edge")
+
+#: warned of already in this process (a page not served the edge: _warn_once)
+_warned = set()
 
 
 def _request_host(request):
@@ -20,10 +26,21 @@ def _request_host(request):
 
 
 def _page_origin(request):
+    """The Origin the page's browser sends, as EDGE_ORIGINS holds it (fastpath.options.origin:
+    lower case, no default port: a Host of "www.example.com:443" on https is that origin)."""
     try:
-        return f"{request.scheme}://{request.get_host()}".lower()
-    except Exception:           # DisallowedHost: no page is served to it anyway
+        parts = urlsplit("//" + request.get_host())
+        return origin(request.scheme, parts.hostname, parts.port)
+    except Exception:           # DisallowedHost, a bad port: no page is served to it anyway
         return None
+
+
+def _warn_once(what, message, *args):
+    """One warning per process and kind: a page that is not given the edge is served, slower,
+    by the site, which nothing else would show."""
+    if what not in _warned:
+        _warned.add(what)
+        logger.warning(message, *args)
 
 
 def edge_url(request=None):
@@ -35,10 +52,25 @@ def edge_url(request=None):
     loopback ``EDGE_ADDRESS``, ``http://<EDGE_ADDRESS>``: only to a ``request`` made to that very
     host, or to ``localhost`` (then by that name): a browser on another machine cannot reach this
     one's loopback, and a page on another host has no cookie for the edge's.  With no
-    ``request``: that URL as such."""
+    ``request``: that URL as such.
+
+    A page that is not given the edge for its origin or host is logged once per process
+    (logger ``fastpoll.edge``), with the likely cause: TLS ended at a proxy without
+    ``SECURE_PROXY_SSL_HEADER`` (the page looks ``http://``), or a ``Host`` without its port.
+    A page on ``localhost`` is served only when its origin (``http://localhost:<port>``) is in
+    ``EDGE_ORIGINS`` too: the edge answers only the origins listed there."""
     config = conf.get_config()
-    if request is not None and _page_origin(request) not in (config["EDGE_ORIGINS"] or ()):
-        return ""
+    origins = config["EDGE_ORIGINS"] or ()
+    if request is not None and (config["EDGE_URL"] or config["EDGE_ADDRESS"]):
+        page = _page_origin(request)
+        if page not in origins:
+            if page is not None:
+                _warn_once("origin", "fastpoll.edge_url(): the page's origin %s is not in FASTPOLL['EDGE_ORIGINS'] "
+                           "%s, so its pages poll the site, not the edge. The usual causes: TLS ends at a proxy "
+                           "and Django, without SECURE_PROXY_SSL_HEADER = ('HTTP_X_FORWARDED_PROTO', 'https'), "
+                           "sees http://; or nginx's `proxy_set_header Host $host` drops a port other than 80/443 "
+                           "(use $http_host). Else add %r to EDGE_ORIGINS.", page, list(origins), page)
+            return ""
     if config["EDGE_URL"]:
         return config["EDGE_URL"]
     address = config["EDGE_ADDRESS"]
@@ -57,5 +89,8 @@ def edge_url(request=None):
         if page_host == "localhost":
             host = page_host
         elif page_host != host.lower():
+            _warn_once("host", "fastpoll.edge_url(): a page on %s is not given the loopback edge %s: its browser "
+                       "has no cookie for that host (pages on it, or on localhost, are); open the page on %s or "
+                       "localhost, or set FASTPOLL['EDGE_URL'].", page_host, address, host)
             return ""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -213,3 +213,75 @@ def test_edge_url_without_a_request_is_the_address(fastpoll_settings, settings):
     settings.FASTPOLL = dict(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:8003")
     assert fastpoll.edge_url() == "http://127.0.0.1:8003"
     assert "edge_url" in fastpoll.__all__
+
+
+@pytest.fixture
+def fresh_warnings():
+    """edge_url's warnings are once per process: forget those of earlier tests."""
+    from fastpoll import edge
+    edge._warned.clear()
+    yield
+    edge._warned.clear()
+
+
+@pytest.mark.parametrize("scheme, host", [("https", "www.example.com:443"), ("http", "www.example.com:80"),
+                                          ("https", "WWW.Example.COM")])
+def test_edge_url_reads_the_page_origin_as_a_browser_sends_it(fastpoll_settings, settings, scheme, host):
+    """A Host with the scheme's default port (a proxy's `$host:$server_port`) or in capitals is
+    the same origin to a browser, which sends none of that in Origin."""
+    settings.FASTPOLL = dict(fastpoll_settings, **dict(PUBLIC_EDGE, EDGE_ORIGINS=[f"{scheme}://www.example.com"]))
+    settings.ALLOWED_HOSTS = ["*"]
+    page = RequestFactory().get("/", HTTP_HOST=host, secure=scheme == "https")
+    assert fastpoll.edge_url(page) == "https://poll.example.com"
+
+
+@pytest.mark.parametrize("page, causes", [
+    # TLS at nginx without SECURE_PROXY_SSL_HEADER: the page looks http://
+    (dict(HTTP_HOST="www.example.com", HTTP_X_FORWARDED_PROTO="https"), "SECURE_PROXY_SSL_HEADER"),
+    # nginx's `proxy_set_header Host $host` on a port other than 80
+    (dict(HTTP_HOST="www.example.com"), "$http_host"),
+])
+def test_a_page_refused_the_edge_is_logged_once_with_its_causes(fastpoll_settings, settings, caplog,
+                                                                 fresh_warnings, page, causes):
+    settings.FASTPOLL = dict(fastpoll_settings, **dict(PUBLIC_EDGE, EDGE_ORIGINS=[SITE, "http://www.example.com:8080"]))
+    settings.ALLOWED_HOSTS = ["*"]
+    settings.SECURE_PROXY_SSL_HEADER = None        # the project's settings set it
+    with caplog.at_level("WARNING", logger="fastpoll.edge"):
+        assert fastpoll.edge_url(RequestFactory().get("/", **page)) == ""
+        assert fastpoll.edge_url(RequestFactory().get("/", **page)) == ""
+    [record] = [r for r in caplog.records if r.name == "fastpoll.edge"]
+    line = record.getMessage()
+    assert "\n" not in line and "'http://www.example.com'" in line and repr(SITE) in line
+    assert "SECURE_PROXY_SSL_HEADER" in line and "$http_host" in line and causes in line
+
+
+def test_a_page_given_the_edge_or_without_an_edge_logs_nothing(fastpoll_settings, settings, caplog,
+                                                               fresh_warnings):
+    settings.ALLOWED_HOSTS = ["*"]
+    with caplog.at_level("WARNING", logger="fastpoll.edge"):
+        assert fastpoll.edge_url(RequestFactory().get("/", HTTP_HOST="www.example.com")) == ""   # no edge
+        settings.FASTPOLL = dict(fastpoll_settings, **PUBLIC_EDGE)
+        assert fastpoll.edge_url(RequestFactory().get("/", HTTP_HOST="www.example.com", secure=True))
+    assert not [r for r in caplog.records if r.name == "fastpoll.edge"]
+
+
+def test_a_page_on_localhost_needs_its_origin_listed(fastpoll_settings, settings, caplog, fresh_warnings):
+    """The edge answers only EDGE_ORIGINS (CORS): a page on localhost:PORT is served when
+    http://localhost:PORT is listed (then by that name), and the warning says to list it."""
+    settings.ALLOWED_HOSTS = ["*"]
+    settings.FASTPOLL = dict(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:18302", EDGE_ORIGINS=["http://127.0.0.1:18380"])
+    with caplog.at_level("WARNING", logger="fastpoll.edge"):
+        assert fastpoll.edge_url(_page("localhost:18380")) == ""
+    assert "add 'http://localhost:18380' to EDGE_ORIGINS" in caplog.records[-1].getMessage()
+    settings.FASTPOLL = dict(settings.FASTPOLL, EDGE_ORIGINS=["http://127.0.0.1:18380", "http://localhost:18380"])
+    assert fastpoll.edge_url(_page("localhost:18380")) == "http://localhost:18302"
+    assert fastpoll.edge_url(_page("127.0.0.1:18380")) == "http://127.0.0.1:18302"
+
+
+def test_a_page_on_another_host_than_a_loopback_edge_is_logged(fastpoll_settings, settings, caplog, fresh_warnings):
+    settings.ALLOWED_HOSTS = ["*"]
+    settings.FASTPOLL = dict(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:8003", EDGE_ORIGINS=["http://mybox:8000"])
+    with caplog.at_level("WARNING", logger="fastpoll.edge"):
+        assert fastpoll.edge_url(_page("mybox:8000")) == ""
+    [record] = [r for r in caplog.records if r.name == "fastpoll.edge"]
+    assert "mybox" in record.getMessage() and "EDGE_URL" in record.getMessage()
