@@ -21,7 +21,9 @@
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
 | E015 | a setting fastpoll_nginx or fastpoll_fastpath cannot render (FASTPATH_*, LONGPOLL_MAX_WAIT, DJANGO_UPSTREAM, NGINX_*, ...; fastpoll/commandline.py RENDERED_SETTINGS) |
 | E016 | an edge setting (EDGE_ADDRESS, EDGE_URL, EDGE_ORIGINS, EDGE_MAX_*, MAX_HELD_PER_USER, EDGE_HEADER_TIMEOUT) is not valid, alone or with the others (fastpoll_fastpath refuses it with the same line) |
-| E017 | COOKIE_DOMAIN is not None or a domain name |
+| E017 | COOKIE_DOMAIN is not None or a domain name, or the poll cookie's Domain (COOKIE_DOMAIN, else SESSION_COOKIE_DOMAIN) is a single label ('.com') |
+| E018 | with an edge: the poll cookie's Domain does not cover the host of an EDGE_ORIGINS page (a browser drops it there) |
+| W006 | with an edge: the poll cookie set on an EDGE_ORIGINS page's host is not sent to the edge's host (host-only on another host, or a Domain without it) |
 | W005 | the edge listens on a non-loopback address with no per-user cap (MAX_HELD_PER_USER 0) |
 | W003 | KEY_PREFIX is not set: every site (and test suite) on the same memcached shares the default's keys |
 | W004 | NOTIFY_DIRS (and NOTIFY_UDP) is empty while LONGPOLL_MAX_WAIT holds polls: they wake only on fastpath's re-read |
@@ -31,6 +33,7 @@ When FASTPOLL is not a dict only E001 is reported: the other checks would judge 
 import numbers
 import os
 import re
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core import checks
@@ -296,15 +299,97 @@ def check_edge(config):
 _DOMAIN_RE = re.compile(r"\A\.?(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\Z")
 
 
+def _domain_match(host, domain):
+    """A browser sends (and keeps) a cookie of Domain ``domain`` (no leading dot, lower case) on
+    ``host``: the host is it or one of its subdomains (an IP address only itself), RFC 6265 5.1.3."""
+    if host == domain:
+        return True
+    return host.endswith("." + domain) and not _is_ip(host)
+
+
+def _is_ip(host):
+    return host.startswith("[") or ":" in host or re.fullmatch(r"[0-9.]+", host) is not None
+
+
+def _edge_host(config):
+    """The host of the edge pages call (EDGE_URL's, or a loopback EDGE_ADDRESS's), or None when
+    E016 judges the edge settings (no edge, or a bad one)."""
+    if config["EDGE_ADDRESS"] is None or any(commandline.setting_error(key, config) is not None
+                                             for key in conf.EDGE_SETTINGS):
+        return None
+    if commandline.edge_error(config) is not None:
+        return None
+    if config["EDGE_URL"]:
+        return urlsplit(config["EDGE_URL"]).hostname
+    host = parse_address(config["EDGE_ADDRESS"])[0].lower()
+    return host.strip("[]")
+
+
 @_of_config
 def check_cookie_domain(config):
+    """The poll cookie's Domain: a domain name of more than one label (E017), which covers the
+    pages' hosts (E018: a browser drops a cookie whose Domain does not match the page's host),
+    and sent from each page's host to the edge's (W006: without it the edge answers 401)."""
     domain = config["COOKIE_DOMAIN"]
-    if domain is None or (isinstance(domain, str) and _DOMAIN_RE.match(domain)):
+    if domain is not None and not (isinstance(domain, str) and _DOMAIN_RE.match(domain)):
+        return [checks.Error(f"FASTPOLL['COOKIE_DOMAIN'] must be None or a domain name such as '.example.com', "
+                             f"got {domain!r}.",
+                             hint="None uses SESSION_COOKIE_DOMAIN; a parent domain of the site's and the edge's "
+                                  "host sends the poll cookie to both.", id="fastpoll.E017")]
+    source = "FASTPOLL['COOKIE_DOMAIN']"
+    if domain is None:
+        domain, source = getattr(settings, "SESSION_COOKIE_DOMAIN", None), "SESSION_COOKIE_DOMAIN (COOKIE_DOMAIN is None)"
+        if not (isinstance(domain, str) and _DOMAIN_RE.match(domain)):
+            domain = None          # Django's own setting: Django judges it
+    if domain is not None and "." not in domain.strip("."):
+        return [checks.Error(f"The poll cookie's Domain {domain!r} ({source}) is a single label: browsers refuse "
+                             f"a cookie for a top-level domain, so no page would keep the poll cookie.",
+                             hint="Set FASTPOLL['COOKIE_DOMAIN'] to the site's registrable domain such as "
+                                  "'.example.com', or None (host-only) for a single host such as localhost.",
+                             id="fastpoll.E017")]
+    edge_host = _edge_host(config)
+    if edge_host is None:
         return []
-    return [checks.Error(f"FASTPOLL['COOKIE_DOMAIN'] must be None or a domain name such as '.example.com', "
-                         f"got {domain!r}.",
-                         hint="None uses SESSION_COOKIE_DOMAIN; a parent domain of the site's and the edge's "
-                              "host sends the poll cookie to both.", id="fastpoll.E017")]
+    derived = not config["EDGE_URL"]
+    errors = []
+    bare = domain.lstrip(".").lower() if domain is not None else None
+    for origin in config["EDGE_ORIGINS"]:
+        host = urlsplit(origin).hostname
+        if bare is not None and not _domain_match(host, bare):
+            errors.append(checks.Error(
+                f"The poll cookie's Domain {domain!r} ({source}) does not cover the host of EDGE_ORIGINS' {origin}: "
+                f"a browser drops that cookie on its pages, so they get no poll cookie at all.",
+                hint=f"Set FASTPOLL['COOKIE_DOMAIN'] to a parent domain of {host} and {edge_host}, or drop "
+                     f"{origin} from EDGE_ORIGINS.", id="fastpoll.E018"))
+            continue
+        if bare is not None:
+            reaches = _domain_match(edge_host, bare)
+        else:       # host-only: the edge on the page's very host (a derived loopback edge: or localhost)
+            reaches = host == edge_host or (derived and host == "localhost")
+        if not reaches:
+            scope = f"Domain {domain!r}" if bare is not None else "host-only (COOKIE_DOMAIN and SESSION_COOKIE_DOMAIN are None)"
+            fix = (f"set FASTPOLL['COOKIE_DOMAIN'] to a parent domain of both, such as '.{_common(host, edge_host)}'"
+                   if _common(host, edge_host) else
+                   "put the edge on a subdomain of the site (a cross-site edge gets no cookie: only a client that "
+                   "polls with fetch and an Authorization: Bearer token can use it, not fastpoll.js)")
+            errors.append(checks.Warning(
+                f"The poll cookie set on {host} (the page of EDGE_ORIGINS' {origin}) is {scope}: the browser does "
+                f"not send it to the edge's host {edge_host}, which answers that page's polls 401 (the page falls "
+                f"back to the site).", hint=f"To give it the edge, {fix}.", id="fastpoll.W006"))
+    return errors
+
+
+def _common(a, b):
+    """The longest common parent domain of two host names with at least two labels, or ''."""
+    if _is_ip(a) or _is_ip(b):
+        return ""
+    la, lb = a.split(".")[::-1], b.split(".")[::-1]
+    common = []
+    for x, y in zip(la, lb):
+        if x != y:
+            break
+        common.append(x)
+    return ".".join(common[::-1]) if len(common) >= 2 else ""
 
 
 POLL_MIDDLEWARE = "fastpoll.middleware.PollTokenMiddleware"

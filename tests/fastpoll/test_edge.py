@@ -20,7 +20,7 @@ SITE = "https://www.example.com"
 #: an edge behind a TCP balancer: every key an operator sets for one
 PUBLIC_EDGE = {"EDGE_ADDRESS": "0.0.0.0:8443", "EDGE_URL": "https://poll.example.com", "EDGE_ORIGINS": [SITE],
                "EDGE_MAX_CONNECTIONS": 4096, "EDGE_MAX_PER_ADDRESS": 16, "MAX_HELD_PER_USER": 32,
-               "EDGE_HEADER_TIMEOUT": 5}
+               "EDGE_HEADER_TIMEOUT": 5, "COOKIE_DOMAIN": ".example.com"}
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_a_public_edge_without_a_per_user_cap_is_warned_of(fastpoll_settings):
     [(check_id, message)] = found(fastpoll_settings, **dict(PUBLIC_EDGE, MAX_HELD_PER_USER=0))
     assert check_id == "fastpoll.W005" and "MAX_HELD_PER_USER is 0" in message
     # on loopback nobody else reaches it
-    assert found(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:8003", EDGE_ORIGINS=[SITE]) == []
+    assert found(fastpoll_settings, EDGE_ADDRESS="127.0.0.1:8003", EDGE_ORIGINS=["http://127.0.0.1:8080"]) == []
 
 
 @pytest.mark.parametrize("domain, ok", [(None, True), (".example.com", True), ("example.com", True),
@@ -285,3 +285,75 @@ def test_a_page_on_another_host_than_a_loopback_edge_is_logged(fastpoll_settings
         assert fastpoll.edge_url(_page("mybox:8000")) == ""
     [record] = [r for r in caplog.records if r.name == "fastpoll.edge"]
     assert "mybox" in record.getMessage() and "EDGE_URL" in record.getMessage()
+
+
+# ---- the poll cookie's scope against the edge (E017, E018, W006) ----
+
+def _cookie_findings(fastpoll_settings, settings, session_domain=None, **edge):
+    settings.SESSION_COOKIE_DOMAIN = session_domain
+    return [(check_id, message) for check_id, message in found(fastpoll_settings, **edge)
+            if check_id in ("fastpoll.E017", "fastpoll.E018", "fastpoll.W006")]
+
+
+@pytest.mark.parametrize("domain", [".com", "com", "localhost"])
+def test_a_single_label_cookie_domain_is_refused(fastpoll_settings, settings, domain):
+    [(check_id, message)] = _cookie_findings(fastpoll_settings, settings, COOKIE_DOMAIN=domain)
+    assert check_id == "fastpoll.E017" and "single label" in message and "\n" not in message
+
+
+def test_a_single_label_session_cookie_domain_is_refused_for_the_poll_cookie(fastpoll_settings, settings):
+    [(check_id, message)] = _cookie_findings(fastpoll_settings, settings, session_domain=".com")
+    assert check_id == "fastpoll.E017" and "SESSION_COOKIE_DOMAIN" in message
+
+
+@pytest.mark.parametrize("cookie_domain, session_domain", [(".example.com", None), ("example.com", None),
+                                                           (None, ".example.com")])
+def test_a_cookie_domain_over_both_hosts_passes(fastpoll_settings, settings, cookie_domain, session_domain):
+    edge = dict(PUBLIC_EDGE, COOKIE_DOMAIN=cookie_domain)
+    assert _cookie_findings(fastpoll_settings, settings, session_domain, **edge) == []
+
+
+def test_a_host_only_cookie_does_not_reach_an_edge_on_another_host(fastpoll_settings, settings):
+    [(check_id, message)] = _cookie_findings(fastpoll_settings, settings, **dict(PUBLIC_EDGE, COOKIE_DOMAIN=None))
+    assert check_id == "fastpoll.W006"
+    assert "www.example.com" in message and "poll.example.com" in message and "host-only" in message
+    with override_settings(FASTPOLL=dict(fastpoll_settings, **dict(PUBLIC_EDGE, COOKIE_DOMAIN=None))):
+        [error] = [e for e in checks.run_checks(tags=[fastpoll_checks.TAG]) if e.id == "fastpoll.W006"]
+    assert "'.example.com'" in error.hint
+
+
+def test_a_cookie_domain_without_the_edges_host_is_warned_of(fastpoll_settings, settings):
+    edge = dict(PUBLIC_EDGE, COOKIE_DOMAIN=".www.example.com")
+    [(check_id, message)] = _cookie_findings(fastpoll_settings, settings, **edge)
+    assert check_id == "fastpoll.W006" and "'.www.example.com'" in message
+
+
+def test_a_cross_site_edge_is_warned_of(fastpoll_settings, settings):
+    edge = dict(PUBLIC_EDGE, EDGE_URL="https://poll.example.net", COOKIE_DOMAIN=None)
+    [(check_id, message)] = _cookie_findings(fastpoll_settings, settings, **edge)
+    assert check_id == "fastpoll.W006"
+    with override_settings(FASTPOLL=dict(fastpoll_settings, **edge)):
+        [warning] = [e for e in checks.run_checks(tags=[fastpoll_checks.TAG]) if e.id == "fastpoll.W006"]
+    assert "Bearer" in warning.hint and "fastpoll.js" in warning.hint
+
+
+def test_a_cookie_domain_that_does_not_cover_a_page_is_an_error(fastpoll_settings, settings):
+    edge = dict(PUBLIC_EDGE, EDGE_ORIGINS=[SITE, "https://shop.example.org"])
+    [(check_id, message)] = _cookie_findings(fastpoll_settings, settings, **edge)
+    assert check_id == "fastpoll.E018" and "https://shop.example.org" in message and "'.example.com'" in message
+
+
+@pytest.mark.parametrize("origins, domain, expected", [
+    # a loopback edge, host-only: pages on its address or on localhost (edge_url() names it so)
+    (["http://127.0.0.1:8080", "http://localhost:8080"], None, []),
+    (["http://127.0.0.2:8080"], None, ["fastpoll.W006"]),
+    # a Domain is dropped on a page on an IP address
+    (["http://127.0.0.1:8080"], ".example.com", ["fastpoll.E018"]),
+])
+def test_cookie_scope_on_a_loopback_edge(fastpoll_settings, settings, origins, domain, expected):
+    edge = {"EDGE_ADDRESS": "127.0.0.1:8003", "EDGE_ORIGINS": origins, "COOKIE_DOMAIN": domain}
+    assert [i for i, _ in _cookie_findings(fastpoll_settings, settings, **edge)] == expected
+
+
+def test_no_edge_no_cookie_scope_findings(fastpoll_settings, settings):
+    assert _cookie_findings(fastpoll_settings, settings, COOKIE_DOMAIN=".example.com") == []
