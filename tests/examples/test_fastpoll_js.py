@@ -10,7 +10,10 @@ Django's and the edge's streams do (sections 9 and 10):
   is one poll of the site, then the same stream again; an edge that refuses (its 401) is one poll
   of the site then the edge again, twice in a row the stream through the site, and a 401 of the
   site ends it all; a stream that fails, or keeps ending at once (Django's one-event streams),
-  hands over to long-polls, which bring the stream back once fastpath answers.
+  hands over to long-polls, which bring the stream back once fastpath answers;
+- the handle's ``wake()`` asks again at once for the current answers (a held poll without its
+  ETag, a stream opened again) and gives them even if given already; ``options.onWire`` tells
+  each poll's status, X-Cache and hold, each stream opened, each event and each miss.
 
 The real stack is tests/examples/test_inbox_stack.py's (test_the_page_*)."""
 import os
@@ -25,17 +28,19 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 FASTPOLL_JS = os.path.join(repo_root(), "fastpoll", "static", "fastpoll", "fastpoll.js")
 
-# window.__answer(n, url) -> [status, headers, body or null, delay ms] of the n-th poll (1-based);
+# window.__answer(n, url) -> [status, headers, body or null, delay ms] of the n-th poll (1-based;
+# status 0: the network fails, fetch rejects);
 # every poll's [start ms, url, If-None-Match, Prefer] goes to window.__polls.
 # window.__stream(es, n) plays the n-th EventSource (es.open(), es.emit(type, data, id),
 # es.fail(readyState)); each one's [start ms, url, withCredentials] goes to window.__sources.
 STUBS = """
-window.__polls = []; window.__sources = []; window.__shown = []; window.__states = [];
+window.__polls = []; window.__sources = []; window.__shown = []; window.__states = []; window.__wire = [];
 const since = () => Math.round(performance.now() - window.__began);
 window.fetch = function (url, opts) {
   const n = window.__polls.length + 1;
   window.__polls.push([since(), url, opts.headers["If-None-Match"] || null, opts.headers["Prefer"] || null]);
   const [status, headers, body, delay] = window.__answer(n, url);
+  if (status === 0) return new Promise((ok, no) => setTimeout(() => no(new TypeError("Failed to fetch")), delay));
   return new Promise(ok => setTimeout(() => ok(new Response(body, {status, headers})), delay));
 };
 class StubEventSource {
@@ -114,9 +119,10 @@ STREAMS = {
 
 
 def run_client(driver, seconds, answers=ANSWERS["503"], stream="(es, n) => {}", resources='["inbox"]',
-               options="{}", event_source=True):
-    """fastpoll.subscribe(resources, ..., options) for ``seconds`` against the stubs: the polls,
-    the EventSources opened, what it gave onAnswer ([resource, answer]) and its states."""
+               options="{}", event_source=True, script=""):
+    """fastpoll.subscribe(resources, ..., options) for ``seconds`` against the stubs (``script``
+    runs right after, the handle in ``window.__sub``): the polls, the EventSources opened, what it
+    gave onAnswer ([resource, answer]), its states and what onWire told (an EventSource as its url)."""
     driver.get("about:blank")
     with open(FASTPOLL_JS) as fh:
         client = fh.read()
@@ -124,11 +130,14 @@ def run_client(driver, seconds, answers=ANSWERS["503"], stream="(es, n) => {}", 
         STUBS + ("" if event_source else "delete window.EventSource;\n")
         + f"window.__answer = {answers};\nwindow.__stream = {stream};\n" + client
         + "\nwindow.__began = performance.now();"
-        + f"\nconst opts = Object.assign({{empty: {{empty: true}}, onState: s => window.__states.push(s)}}, {options});"
-        + f"\nfastpoll.subscribe({resources}, (r, a) => window.__shown.push([r, a]), opts);")
+        + f"\nconst opts = Object.assign({{empty: {{empty: true}}, onState: s => window.__states.push(s),"
+        + " onWire: i => window.__wire.push(Object.assign({}, i, i.source ? {source: i.source.url} : {}))},"
+        + f" {options});"
+        + f"\nwindow.__sub = fastpoll.subscribe({resources}, (r, a) => window.__shown.push([r, a]), opts);\n"
+        + script)
     time.sleep(seconds)
     return driver.execute_script("return {polls: window.__polls, sources: window.__sources,"
-                                 " shown: window.__shown, states: window.__states};")
+                                 " shown: window.__shown, states: window.__states, wire: window.__wire};")
 
 
 # -- polls: without EventSource the client long-polls (docs/integrate.md section 5) ---------------
@@ -257,3 +266,57 @@ def test_a_per_object_path_streams_as_is_and_bad_arguments_are_one_clear_error(b
         return errors;""")
     assert all(e and e.startswith("fastpoll.subscribe: ") for e in errors), errors
     assert "options.edge" in errors[-1] and "options.prefix" in errors[3], errors
+
+
+# -- wake() and onWire (what a page's own writes and its counters need) ----------------------------
+
+def test_wake_asks_a_held_poll_again_at_once_without_its_etag(browsers):  # noqa: F811
+    # fastpath: the answer "a", then holds of 3 s; the page wakes the client 0.5 s in
+    answers = """n => n === 1 || n === 3
+        ? [200, {"ETag": '"a"', "Preference-Applied": "wait=25", "X-Cache": "HIT"}, '{"unread": 1}', 5]
+        : [304, {"ETag": '"a"', "Preference-Applied": "wait=25", "X-Cache": "HIT"}, null, 3000]"""
+    got = run_client(browsers("page"), 1.5, answers, options='{transports: ["long"]}',
+                     script="setTimeout(() => window.__sub.wake(), 500);")
+    polls = got["polls"]
+    # the held poll (with the ETag) is dropped; at once a poll without it, then held again with it
+    assert [p[2] for p in polls] == [None, '"a"', None, '"a"'], polls
+    assert 480 <= polls[2][0] <= 700 and polls[3][0] - polls[2][0] < 300, polls
+    # the same answer is given again: it is the current one, which the page asked for
+    assert got["shown"] == [["inbox", {"unread": 1}]] * 2 and got["states"] == ["long"], got
+
+
+def test_wake_opens_the_stream_again_and_gives_its_first_event_again(browsers):  # noqa: F811
+    stream = """(es, n) => setTimeout(() => { es.open(); es.emit("inbox", '{"unread": 1}', '"a"'); }, 10)"""
+    got = run_client(browsers("page"), 1.0, stream=stream, script="""
+        setTimeout(() => window.__sub.wake(), 300);
+        setTimeout(() => { window.__sub.close(); window.__sub.wake(); }, 600);""")
+    assert [s[1] for s in got["sources"]] == ["/Poll/inbox"] * 2 and got["polls"] == [], got
+    assert 290 <= got["sources"][1][0] <= 500, got
+    assert got["shown"] == [["inbox", {"unread": 1}]] * 2, got
+    assert got["states"] == ["stream", "closed"], got          # nothing after close(), wake() or not
+
+
+def test_on_wire_tells_each_poll(browsers):  # noqa: F811
+    # fastpath's answer, then its held 304, then the network fails (a MISS: the stream test below)
+    answers = """n => n === 1 ? [200, {"ETag": '"a"', "Preference-Applied": "wait=25", "X-Cache": "HIT"}, '{"unread": 1}', 5]
+                     : n === 2 ? [304, {"ETag": '"a"', "Preference-Applied": "wait=25", "X-Cache": "HIT"}, null, 1200]
+                     : [0, {}, null, 5]"""
+    got = run_client(browsers("page"), 1.6, answers, options='{transports: ["long"]}')
+    poll = lambda status, cache, held: {"type": "poll", "resource": "inbox", "status": status,  # noqa: E731
+                                        "cache": cache, "held": held}
+    assert got["wire"] == [poll(200, "HIT", True), poll(304, "HIT", True), poll(0, None, False)], got
+
+
+def test_on_wire_tells_each_stream_its_events_and_its_misses(browsers):  # noqa: F811
+    got = run_client(browsers("page"), 1.5, ANSWERS["site"], STREAMS["miss"])
+    opened = {"type": "open", "transport": "stream", "source": "/Poll/inbox"}
+    event = {"type": "event", "transport": "stream", "resource": "inbox"}
+    site = {"type": "poll", "resource": "inbox", "status": 200, "cache": "MISS", "held": False}
+    # the reopened stream's first event is told though its answer (the site's) is not given again
+    assert got["wire"] == [opened, event, {"type": "miss", "transport": "stream"}, site,
+                           opened, event, event], got
+    # the edge's refusal taken for a miss is told as one
+    got = run_client(browsers("page"), 1.5, ANSWERS["site"], STREAMS["edge-once"],
+                     options='{edge: "http://edge.test:9"}')
+    assert [(w["type"], w.get("transport")) for w in got["wire"]] == [
+        ("open", "edge"), ("miss", "edge"), ("poll", None), ("open", "edge"), ("event", "edge")], got

@@ -6,7 +6,7 @@
  *                                  {edge: "{{ edge_url }}", empty: {unread: 0}});
  *   </script>
  *
- * fastpoll.subscribe(resources, onAnswer, options) -> {close(), state}
+ * fastpoll.subscribe(resources, onAnswer, options) -> {close(), wake(), state}
  *
  *   resources   1 to 4 per-user resource names (["getUnreadCount", "getMessages"]: one stream
  *               carries them all), or one per-object poll path with its capability, as
@@ -25,6 +25,21 @@
  *   options.onState(state)  the transport in use, each time it changes; "ended" when the site
  *               answered 401 (logged out) or 403 (no longer allowed): nothing is polled after it;
  *               "closed" after close()
+ *   options.onWire(info)    what goes over the wire, for counters and logs: {type: "poll", resource,
+ *               status, cache, held} after each poll (status 0: no answer, the network failed;
+ *               cache: its X-Cache, "HIT" when fastpath answered; held: fastpath held it,
+ *               Preference-Applied), {type: "open", transport, source} each EventSource opened
+ *               (source: the EventSource), {type: "event", transport, resource} each event of a
+ *               resource a stream brings (before the ETag check), {type: "miss", transport} each
+ *               miss of a stream (an `event: miss`, or the edge's refusal taken for one)
+ *
+ *   handle.wake()   ask again now, for the current answers: held or waiting polls are asked again
+ *               at once without If-None-Match, a stream is opened again (its first events are the
+ *               current answers), and the next answer of each resource is given even if it was
+ *               given already.  For after a write of the page's own (it may bring an answer back
+ *               to bytes given before, which a held poll or a stream would not bring again), and
+ *               when the network is back (window "online").  Nothing after close() or "ended".
+ *   handle.close()  stop: nothing is polled after it
  *
  * How (the wire rules are docs/contract.md's, sections 6, 7, 9 and 10):
  * - A stream (EventSource) reconnects by itself with Last-Event-ID.  `event: miss` (the key is not
@@ -82,6 +97,7 @@
     const empty = opts.empty === undefined ? null : opts.empty;
     const waitS = opts.wait || WAIT_S;
     const onState = opts.onState || function () {};
+    const onWire = opts.onWire || function () {};
     const items = targets(resources, prefix);
     if (typeof onAnswer !== "function") refuse("onAnswer must be a function (resource, answer)");
     const streamPath = items.length > 1 ? prefix + items.map((item) => item.name).join(",") : items[0].path;
@@ -93,12 +109,16 @@
     const etags = {};                     // resource -> the ETag of the answer given last
     let level = 0, gen = 0, source = null, timers = [], aborters = [];
     let backoff = POLL_MS, retryAt = 0, retryDelay = RETRY_MS, lastMiss = -Infinity, edgeRefused = false;
-    const handle = { state: null, close: () => { stop(); setState("closed"); } };
+    const handle = { state: null, close: () => { stop(); setState("closed"); }, wake: wake };
 
     function setState(s) {
       if (s === handle.state) return;
       handle.state = s;
       try { onState(s); } catch (e) { report(e); }
+    }
+
+    function wire(info) {
+      try { onWire(info); } catch (e) { report(e); }
     }
 
     function deliver(name, etag, text) {
@@ -147,6 +167,12 @@
       setState("ended");
     }
 
+    function wake() {
+      if (handle.state === "ended" || handle.state === "closed") return;
+      Object.keys(etags).forEach((name) => { delete etags[name]; });
+      go(level, 0);
+    }
+
     // The current transport failed: the next one takes over (after `delay`); the fastest is tried again later.
     function demote(g, delay, lived) {
       if (g !== gen) return;
@@ -168,10 +194,18 @@
       const aborter = typeof AbortController === "function" ? new AbortController() : null;
       if (aborter) aborters.push(aborter);
       const began = Date.now();
-      const resp = await fetch(item.path, { credentials: "same-origin", cache: "no-store", headers,
-                                            signal: aborter ? aborter.signal : undefined });
-      const got = { status: resp.status, hit: resp.headers.get("X-Cache") === "HIT",
+      let resp;
+      try {
+        resp = await fetch(item.path, { credentials: "same-origin", cache: "no-store", headers,
+                                        signal: aborter ? aborter.signal : undefined });
+      } catch (e) {
+        if (g === gen) wire({ type: "poll", resource: item.name, status: 0, cache: null, held: false });
+        throw e;
+      }
+      const cache = resp.headers.get("X-Cache");
+      const got = { status: resp.status, hit: cache === "HIT",
                     held: resp.headers.has("Preference-Applied"), changed: false, took: Date.now() - began };
+      wire({ type: "poll", resource: item.name, status: resp.status, cache: cache, held: got.held });
       if (resp.status === 401 || resp.status === 403) got.ended = true;
       else if (resp.status === 200 || resp.status === 204) {
         const text = resp.status === 200 ? await resp.text() : "";
@@ -233,11 +267,13 @@
         return demote(g, 0, 0);
       }
       source = es;
+      wire({ type: "open", transport: kind, source: es });
       const created = Date.now();
       let events = 0, openedAt = null, quick = 0;
       items.forEach((item, i) => es.addEventListener(item.name, (ev) => {
         if (g !== gen) return;
         events++;
+        wire({ type: "event", transport: kind, resource: item.name });
         backoff = POLL_MS;
         if (kind === "edge") edgeRefused = false;
         // id: every resource's ETag in path order (docs/contract.md section 9), one for one resource
@@ -248,6 +284,7 @@
       es.addEventListener("miss", () => {
         if (g !== gen) return;
         es.close();
+        wire({ type: "miss", transport: kind });
         missed(g);
       });
       es.addEventListener("error", () => {
@@ -259,6 +296,7 @@
         es.close();
         if (kind === "edge" && !edgeRefused) {
           edgeRefused = true;
+          wire({ type: "miss", transport: kind });
           missed(g);
         } else demote(g, 0, Date.now() - created);
       });
