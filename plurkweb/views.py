@@ -11,8 +11,9 @@ import fastpoll
 
 
 POLL_MODES = ("stream", "long", "short")
-# The pages load one script and one stylesheet from here, and nothing inline: a second line of
-# defence should an injection ever slip past app.js's text-only rendering.
+# The pages load two scripts (fastpoll's client and app.js) and one stylesheet from here, and
+# nothing inline: a second line of defence should an injection ever slip past app.js's text-only
+# rendering.
 CONTENT_SECURITY_POLICY = ("default-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
                            "frame-ancestors 'none'")
 

@@ -1,11 +1,7 @@
 // plurk web client: plain JavaScript over plurkcore's JSON API and the /Poll/ endpoints.
 "use strict";
 
-const POLL_MS = 2000, MAX_BACKOFF_MS = 30000, READ_AFTER_MS = 3000;
-// Long-polling (docs/web.md): fastpath holds a poll up to WAIT_S seconds while nothing changes.
-// A held answer that came back sooner than QUICK_MS without a change re-polls after POLL_MS, so
-// a server that stops holding can never make the page spin.
-const WAIT_S = 50, QUICK_MS = 1000;
+const RETRY_MS = 2000, MAX_BACKOFF_MS = 30000, READ_AFTER_MS = 3000;
 const MAX_CHARS = 360, NEAR_LIMIT = 20;
 const $ = (id) => document.getElementById(id);
 
@@ -31,14 +27,10 @@ async function api(method, path, body) {
     opts.body = JSON.stringify(body);
   }
   const resp = await fetch(path, opts);
-  // a write of ours (markRead, follow) may bring the count back to the number our ETag holds, with
-  // other items: the next poll must not be held as "nothing new", and a poll held now asked with
-  // that ETag, so it is woken to ask again without it
-  if (method !== "GET") {
-    live.etag = null;
-    live.reopen = true;                             // a stream is asked again too (its first event)
-    if (live.held) live.held.abort();
-  }
+  // a write of ours (markRead, follow) may bring an answer back to bytes the client gave already
+  // (the count to the number it held, with other items): a held poll or a stream would not bring
+  // them again, so the client asks again now for the current answers
+  if (method !== "GET") pollNow();
   let data = null;
   if (resp.status !== 204) {
     try { data = await resp.json(); } catch (e) { data = null; }
@@ -121,297 +113,85 @@ function responseNode(r) {
 
 // ---- live updates --------------------------------------------------------------------------
 //
-// Every tick asks for the unread count (pollCount) and sets the badge.  Only the timeline page
-// goes further: it renders getMessages' items (showMessages; fetching the plurk of a response that
-// is not on the page), and once they have been visible for READ_AFTER_MS marks read up to the
-// newest rendered id.  On a stream the messages come with the count, as the stream's getMessages
-// events (one stream of both resources); on a poll the page fetches /Poll/getMessages whenever the
-// count differs from the count it has fully rendered (live.known).  Ticks never overlap, so a
-// markRead cannot race a fetch.  Other pages only show the badge (their stream carries the count
-// alone).  getMessages returns the newest 50: when more are unread the older ones cannot be
-// shown, so nothing is marked read until the person asks for it ("Mark all as read").
-//
-// How the count arrives: the transports (docs/web.md), fastest first, from <body data-poll-mode>
-// (settings.PLURKWEB_POLL_MODE or ?poll=stream|long|short) and <body data-edge-url>:
-//
-//   "edge"    an EventSource on the edge (fastpath's listener on another origin, CORS with
-//             credentials), when data-edge-url is set;
-//   "stream"  an EventSource on /Poll/getUnreadCount through nginx (fastpath's stream, or
-//             Django's one event and `retry:` when nginx hands it to Django);
-//             on the timeline both streams are of /Poll/getUnreadCount,getMessages (streamPath);
-//   "long"    one getUnreadCount in flight with `Prefer: wait` and `If-None-Match: <its last
-//             ETag>`: fastpath holds it until the count changes (200/204) or the wait ends (304),
-//             and says so with Preference-Applied; the page then polls again at once.  An answer
-//             without Preference-Applied came from Django (fastpath down, or a miss): the page
-//             waits POLL_MS, i.e. short-polls until fastpath is back;
-//   "short"   a poll every POLL_MS.
-//
-// A stream's tick waits for its next event, as a long-poll's waits for its answer.  A transport
-// that fails falls to the next one (a stream: an error before its first event, the browser giving
-// up (CORS, HTTP status), or STREAM_QUICK_ENDS connections in a row that end within
-// STREAM_QUICK_MS, i.e. nothing holds them; a long-poll: LONG_FAILURES errors in a row).  After
-// live.retryAt (RETRY_MS, doubling to MAX_RETRY_MS while the faster one keeps failing) the page
-// tries the fastest again: from a stream at once, from a poll once an answer was a fastpath HIT.
-// A miss (`event: miss`; the edge also refuses a stream it cannot start) is one poll through the
-// site of each resource the stream carries (nginx, where Django fills the cache), then the same
-// stream again.  Marking read cannot wait for a held poll or the next event: a due read wakes it
-// (pollNow) and the next tick marks read before it waits again.
+// fastpoll's client (fastpoll/static/fastpoll/fastpoll.js, loaded before this file) brings the
+// answers: fastpoll.subscribe picks the transport (docs/web.md: a stream on the edge, a stream
+// through nginx, long-polls, short polls, and the fall backs between them) and gives each new
+// answer once.  Every page follows the unread count (the badge); the timeline also follows
+// getMessages (one stream carries both), renders its items (showMessages; fetching the plurk of a
+// response that is not on the page), and once they have been visible for READ_AFTER_MS marks
+// read up to the newest rendered id.  getMessages returns the newest 50: when more are unread the
+// older ones cannot be shown, so nothing is marked read until the person asks for it ("Mark all
+// as read").  A write of the page's own (markRead, follow, a post) asks the client again for the
+// current answers (pollNow).  <body data-*> counts what goes over the wire (onWire), for the
+// tests and for a look in the inspector.
 
-const STREAM_QUICK_MS = 2000, STREAM_QUICK_ENDS = 3, LONG_FAILURES = 2;
-const RETRY_MS = 5000, MAX_RETRY_MS = 300000, STREAM_PROVEN_MS = 60000;
+const live = { sub: null, stream: null, shownUpto: 0, readUpto: 0, readDue: 0, complete: true,
+               markAll: false, readTimer: null, reading: false, rendering: Promise.resolve(),
+               renderDelay: RETRY_MS };
 
-const live = { delay: POLL_MS, timer: null, started: false, running: false, soon: false,
-               known: 0, shownUpto: 0, readUpto: 0, readDue: 0, complete: true, markAll: false,
-               etag: null, count: 0, held: null, next: POLL_MS, readTimer: null,
-               transports: ["short"], level: 0, stream: null, reopen: false, retryAt: 0,
-               retryDelay: RETRY_MS, lastHit: false, longFailures: 0, lastMiss: -Infinity,
-               edgeRefused: false,
-               // the tick's getMessages answer when the count came by a stream that carries them:
-               // null (none new since the last tick), else the answer; undefined: fetch as polls do
-               messages: undefined };
-
-const transport = () => live.transports[live.level];
-const isStream = (t) => t === "edge" || t === "stream";
-// The transports that hold (streams, long-polls) wake the page themselves; short polls do not.
-const holding = () => transport() !== "short";
+const jitter = (ms) => Math.round(ms * (0.5 + Math.random() / 2));   // spread the retries
 
 function bump(attr) {
   document.body.dataset[attr] = String(Number(document.body.dataset[attr] || 0) + 1);
 }
 
-function countCache(resp) {
-  const state = resp.headers.get("X-Cache");
-  if (state === "HIT") bump("pollHits");
-  else if (state === "MISS") bump("pollMisses");
-  live.lastHit = state === "HIT";                   // fastpath answered: a faster transport may work again
-}
-
-async function poll(resource) {
-  const resp = await fetch(`/Poll/${resource}`, { credentials: "same-origin", cache: "no-store" });
-  countCache(resp);
-  if (resp.status === 401) { location.href = "/login"; throw new Error("logged out"); }
-  if (resp.status === 204) return { count: 0, items: [] };
-  if (resp.status !== 200) throw new Error(`HTTP ${resp.status}`);
-  return resp.json();
-}
-
-function chooseTransports() {
+// The transports the page may use, fastest first, from <body data-poll-mode>
+// (settings.PLURKWEB_POLL_MODE or ?poll=stream|long|short); "edge" needs <body data-edge-url>.
+function transports() {
   const mode = document.body.dataset.pollMode;
-  const edge = document.body.dataset.edgeUrl || "";
-  const streams = typeof EventSource === "function" ? [...(edge ? ["edge"] : []), "stream"] : [];
-  live.transports = mode === "short" ? ["short"] : mode === "long" ? ["long", "short"]
-                                                : [...streams, "long", "short"];
-  setLevel(0);
+  return mode === "short" ? ["short"] : mode === "long" ? ["long", "short"] : ["edge", "stream", "long", "short"];
 }
 
-function setLevel(level) {
-  if (isStream(transport()) && live.level !== level) closeStream();
-  live.level = level;
-  live.etag = null;                                 // nothing carries over from another transport
-  document.body.dataset.transport = transport();
+function onState(state) {
+  document.body.dataset.transport = state;
+  if (state !== "edge" && state !== "stream") live.stream = null;
+  if (state === "ended") location.href = "/login";  // the site said 401: logged out
 }
 
-// The current transport failed: the next one takes over at once, and the fastest is tried again later.
-function demote() {
-  const s = live.stream;
-  if (s && Date.now() - s.created >= STREAM_PROVEN_MS) live.retryDelay = RETRY_MS;
-  if (live.level === 0) {
-    live.retryAt = Date.now() + live.retryDelay;
-    live.retryDelay = Math.min(live.retryDelay * 2, MAX_RETRY_MS);
-  }
-  live.lastHit = false;
-  if (live.level < live.transports.length - 1) setLevel(live.level + 1);
-  else closeStream();
-}
-
-function maybePromote() {
-  if (live.level === 0 || Date.now() < live.retryAt) return;
-  if (!isStream(transport()) && !live.lastHit) return;          // fastpath has not answered yet
-  setLevel(0);
-}
-
-// ---- streams (Server-Sent Events, docs/contract.md sections 9 and 10)
-
-// The timeline's stream carries its messages too (docs/contract.md section 9, several resources
-// in one stream: each event is named after its resource, and the first ones are the current
-// answers); other pages need the count alone.
-const carriesMessages = () => Boolean($("timeline"));
-const streamPath = () => carriesMessages() ? "/Poll/getUnreadCount,getMessages" : "/Poll/getUnreadCount";
-
-function openStream(kind) {
-  const path = streamPath();
-  const url = kind === "edge" ? new URL(path, document.body.dataset.edgeUrl).href : path;
-  const source = new EventSource(url, { withCredentials: kind === "edge" });
-  // count: the last count (undefined until the first); messages: the last getMessages answer not
-  // yet taken by a tick; fresh: an event came since the last tick took one
-  const s = { kind, source, created: Date.now(), openedAt: null, events: 0, quick: 0,
-              carries: carriesMessages(), count: undefined, messages: null, fresh: false,
-              waiter: null, ended: null };
-  bump("streamOpens");
-  const arrived = () => {
-    s.events++;
-    if (kind === "edge") live.edgeRefused = false;
+function onWire(info) {
+  if (info.type === "poll") {
+    if (info.cache === "HIT") bump("pollHits");
+    else if (info.cache === "MISS") bump("pollMisses");
+    if (info.held) bump("pollHeld");
+    $("offline").hidden = info.status > 0 && info.status < 500;     // no answer, or nginx's 5xx
+  } else if (info.type === "open") {
+    live.stream = { source: info.source };
+    bump("streamOpens");
+  } else if (info.type === "event") {
     bump("streamEvents");
-    if (s.waiter) { const w = s.waiter; s.waiter = null; w.resolve(); } else s.fresh = true;
-  };
-  source.addEventListener("open", () => { s.openedAt = Date.now(); });
-  source.addEventListener("getUnreadCount", (ev) => {
-    let count;
-    try { count = ev.data === "" ? 0 : JSON.parse(ev.data).count; } catch (e) { count = undefined; }
-    if (!Number.isInteger(count)) { endStream(s, "failed"); return; }
-    s.count = count;
-    arrived();
+    if (info.resource === "getMessages") bump("streamMessages");
+    $("offline").hidden = true;
+  } else if (info.type === "miss") {
+    bump("streamMisses");
+  }
+}
+
+function onAnswer(resource, data) {
+  if (resource === "getUnreadCount") {
+    setBadge(data ? data.count : 0);
+    return;
+  }
+  // getMessages: rendered in order, one answer after the other (a response may wait for its plurk)
+  live.rendering = live.rendering.then(() => showMessages(data || { count: 0, items: [] })).then(() => {
+    live.renderDelay = RETRY_MS;
+  }, () => {
+    // the plurk of a response could not be loaded: ask again for the answer, later
+    $("offline").hidden = false;
+    setTimeout(pollNow, jitter(live.renderDelay));
+    live.renderDelay = Math.min(live.renderDelay * 2, MAX_BACKOFF_MS);
   });
-  if (s.carries) source.addEventListener("getMessages", (ev) => {
-    let data;
-    try { data = ev.data === "" ? { count: 0, items: [] } : JSON.parse(ev.data); } catch (e) { data = null; }
-    if (!data || !Number.isInteger(data.count) || !Array.isArray(data.items)) { endStream(s, "failed"); return; }
-    s.messages = data;
-    bump("streamMessages");
-    arrived();
-  });
-  source.addEventListener("miss", () => endStream(s, "miss"));
-  source.addEventListener("error", () => {
-    // Each end of a connection: EventSource reconnects by itself (with Last-Event-ID), unless it
-    // gave up (CLOSED).  Failed: it gave up, nothing ever came, a reconnect did not even connect
-    // (nothing answers there now), or the connections keep ending at once (nothing holds them:
-    // Django's one event and `retry:` each time, while fastpath is down).
-    const lived = s.openedAt === null ? -1 : Date.now() - s.openedAt;
-    s.openedAt = null;
-    s.quick = lived < STREAM_QUICK_MS ? s.quick + 1 : 0;
-    if (source.readyState === EventSource.CLOSED || s.events === 0 || lived < 0 ||
-        s.quick >= STREAM_QUICK_ENDS) endStream(s, "failed");
-  });
-  return s;
 }
 
-function endStream(s, why) {
-  s.source.close();
-  if (!s.ended) s.ended = why;
-  if (s.waiter) {
-    const w = s.waiter;
-    s.waiter = null;
-    w.reject(Object.assign(new Error(`stream ${why}`), { why }));
-  }
+// Ask the client again, now, for the current answers (a held poll is dropped, a stream reopened).
+function pollNow() {
+  if (live.sub) live.sub.wake();
 }
 
-function closeStream() {
-  if (live.stream) endStream(live.stream, "closed");
-  live.stream = null;
-}
-
-// What the stream brought since the last tick: its count, and (live.messages) the getMessages
-// answer that came with it, if any.
-function streamTaken(s) {
-  s.fresh = false;
-  if (s.carries) { live.messages = s.messages; s.messages = null; }
-  return s.count === undefined ? live.count : s.count;
-}
-
-// The stream's next answer: what came since the last tick, else the next event to come.
-async function streamCount(kind) {
-  if (live.reopen) { closeStream(); live.reopen = false; }   // its first events are the current answers
-  if (!live.stream) live.stream = openStream(kind);
-  const s = live.stream;
-  if (s.fresh) return streamTaken(s);
-  if (s.ended) throw Object.assign(new Error(`stream ${s.ended}`), { why: s.ended });
-  try {
-    await new Promise((resolve, reject) => {
-      s.waiter = { resolve, reject };
-      live.held = { abort: () => {                  // pollNow: the tick goes on; the stream stays open
-        if (!s.waiter) return;
-        s.waiter = null;
-        reject(new DOMException("woken", "AbortError"));
-      } };
-    });
-  } finally { live.held = null; }
-  return streamTaken(s);
-}
-
-// ---- polls
-
-// The unread count, by the current transport.  Sets live.next, the delay before the next tick
-// (0: the transport holds, ask again at once).
-async function pollCount() {
-  maybePromote();
-  live.messages = undefined;
-  const t = transport();
-  if (isStream(t)) {
-    live.next = 0;
-    try {
-      live.count = await streamCount(t);
-      return live.count;
-    } catch (e) {
-      if (e.name === "AbortError") throw e;
-      closeStream();
-      // A miss: ask the site once (Django fills the cache), then the stream again.  The edge
-      // refuses a stream it cannot start with a 409, which EventSource cannot read: its first
-      // refusal is taken for a miss, a second one in a row for a failure.
-      const miss = e.why === "miss" || (t === "edge" && e.why === "failed" && !live.edgeRefused);
-      if (miss) {
-        if (t === "edge" && e.why === "failed") live.edgeRefused = true;
-        bump("streamMisses");
-        const now = Date.now();
-        live.next = now - live.lastMiss < 10 * POLL_MS ? POLL_MS : 0;    // a miss again: slow down
-        live.lastMiss = now;
-        live.count = (await poll("getUnreadCount")).count;
-        // the timeline's stream carries the messages too: their key may be the one that went
-        if (carriesMessages()) live.messages = await poll("getMessages");
-        return live.count;
-      }
-      demote();
-      return pollCount();
-    }
-  }
-  if (t === "short") {
-    live.next = POLL_MS;
-    live.count = (await poll("getUnreadCount")).count;
-    return live.count;
-  }
-  try {
-    const count = await longPollCount();
-    live.longFailures = 0;
-    return count;
-  } catch (e) {
-    if (e.name !== "AbortError" && ++live.longFailures >= LONG_FAILURES) { live.longFailures = 0; demote(); }
-    throw e;
-  }
-}
-
-async function longPollCount() {
-  // below a stream, hold only until the stream is due to be tried again: an answer from fastpath
-  // after that (X-Cache: HIT) brings the stream back
-  let wait = WAIT_S;
-  if (live.level > 0) wait = Math.min(wait, Math.ceil((live.retryAt - Date.now()) / 1000));
-  const headers = {};
-  if (wait > 0) headers.Prefer = `wait=${wait}`;
-  const sent = live.etag;                           // a write may clear live.etag while we wait
-  if (sent) headers["If-None-Match"] = sent;
-  const began = Date.now();
-  live.held = new AbortController();
-  let resp;
-  try {
-    // no-store: the 304 is ours to see, not the HTTP cache's
-    resp = await fetch("/Poll/getUnreadCount", { credentials: "same-origin", cache: "no-store",
-                                                 headers, signal: live.held.signal });
-  } finally { live.held = null; }
-  countCache(resp);
-  if (resp.status === 401) { location.href = "/login"; throw new Error("logged out"); }
-  let count = live.count;
-  if (resp.status === 200) count = (await resp.json()).count;
-  else if (resp.status === 204) count = 0;
-  else if (resp.status !== 304 || !sent) throw new Error(`HTTP ${resp.status}`);
-  live.etag = resp.headers.get("ETag");
-  live.count = count;
-  const held = resp.headers.has("Preference-Applied");
-  if (held) bump("pollHeld");
-  live.next = held && (resp.status !== 304 || Date.now() - began >= QUICK_MS) ? 0 : POLL_MS;
-  return count;
-}
-
-function readable() {
-  const seen = document.visibilityState === "visible" && Date.now() >= live.readDue;
-  return live.shownUpto > live.readUpto && (live.markAll || (live.complete && seen));
+function follow() {
+  const timeline = Boolean($("timeline"));       // other pages show the badge alone
+  live.sub = fastpoll.subscribe(timeline ? ["getUnreadCount", "getMessages"] : ["getUnreadCount"], onAnswer,
+                                { edge: document.body.dataset.edgeUrl || "", transports: transports(),
+                                  onState, onWire });
 }
 
 function setBadge(count) {
@@ -420,36 +200,7 @@ function setBadge(count) {
   document.title = (count ? `(${count}) ` : "") + document.title.replace(/^\(\d+\) /, "");
 }
 
-async function tick() {
-  if (holding() && $("timeline") && readable()) await markRead();    // before a hold, not after it
-  const count = await pollCount();
-  setBadge(count);
-  if (!$("timeline")) return;                       // nothing is shown here, so nothing is read
-  // The count came by a stream that carries the messages (or a miss asked the site for both):
-  // what came is rendered as it is and nothing is fetched; messages behind the count come as the
-  // stream's next getMessages event (it sends every change of either key).
-  const carried = live.messages;
-  live.messages = undefined;
-  if (carried) {
-    try { await showMessages(carried); } catch (e) { live.reopen = true; throw e; }   // asked again
-  }
-  if (count === 0) { live.known = 0; return; }
-  if (carried === undefined && count !== live.known) {
-    await fetchMessages();
-    // The messages are behind the count that announced them: two keys, written one after the
-    // other, and the count was read first.  Holding on the count's ETag (or waiting for the
-    // stream's next event) would show them only at the next change; ask again after the short
-    // interval instead.
-    if (live.known < count) { live.etag = null; live.reopen = true; live.next = POLL_MS; }
-  }
-  if (readable()) await markRead();
-}
-
-async function fetchMessages() {
-  await showMessages(await poll("getMessages"));
-}
-
-// One getMessages answer ({count, items}), from a poll or a stream's event, on the page.
+// One getMessages answer ({count, items}) on the page.
 async function showMessages(data) {
   let plurks = 0, responses = 0, newest = 0;
   for (const item of data.items) {
@@ -460,8 +211,9 @@ async function showMessages(data) {
     }
     let host = $(`plurk-${item.plurk_id}`);
     if (!host) {                                    // a response to a plurk not on the page: show it
-      host = plurkNode(await api("GET", `/api/plurks/${item.plurk_id}`), false);
-      insertPlurk(host);
+      const loaded = plurkNode(await api("GET", `/api/plurks/${item.plurk_id}`), false);
+      host = $(`plurk-${item.plurk_id}`);           // "Older plurks" may have brought it meanwhile
+      if (!host) insertPlurk(host = loaded);
     }
     if (!host.querySelector(`.response[data-id="${item.id}"]`)) {
       host.append(el("p", { class: "response new", "data-id": item.id }, "↳ ", el("strong", {}, item.author),
@@ -470,82 +222,62 @@ async function showMessages(data) {
     }
   }
   // everything unread up to `newest` is on the page now, unless getMessages left older items out
-  live.known = data.count;
   live.complete = data.count <= data.items.length;
-  if (newest > live.shownUpto) { live.shownUpto = newest; live.readDue = Date.now() + READ_AFTER_MS; readLater(); }
+  if (newest > live.shownUpto) { live.shownUpto = newest; live.readDue = Date.now() + READ_AFTER_MS; }
+  readLater();
   $("unread-more").hidden = live.complete;
   $("unread-more-text").textContent = `Not shown: ${plural(data.count - data.items.length, "older unread item")}.`;
   const news = [plurks && plural(plurks, "new plurk"), responses && plural(responses, "new response")];
   if (plurks || responses) $("live-status").textContent = news.filter(Boolean).join(", ");
 }
 
+function readable() {
+  const seen = document.visibilityState === "visible" && Date.now() >= live.readDue;
+  return live.shownUpto > live.readUpto && (live.markAll || (live.complete && seen));
+}
+
+// Marks read once what is shown has been visible for READ_AFTER_MS (or "Mark all as read").
+function readLater(delay) {
+  clearTimeout(live.readTimer);
+  if (live.shownUpto <= live.readUpto) return;
+  live.readTimer = setTimeout(readNow, delay !== undefined ? delay : Math.max(0, live.readDue - Date.now()) + 50);
+}
+
+async function readNow() {
+  if (live.reading || !readable()) return;         // a hidden tab reads once it is visible again
+  live.reading = true;
+  let failed = false;
+  try {
+    await markRead();
+  } catch (e) {
+    failed = true;
+    $("offline").hidden = false;
+  }
+  live.reading = false;
+  readLater(failed ? jitter(RETRY_MS * 2) : undefined);   // and what came meanwhile
+}
+
 async function markRead() {
   const upto = live.shownUpto;
-  const data = await api("POST", "/api/markRead", { upto });
+  const data = await api("POST", "/api/markRead", { upto });    // then the client asks again (pollNow)
   live.readUpto = Math.max(live.readUpto, upto);
-  live.known = 0;            // what is still unread is newer than anything shown: the next tick fetches it
   live.complete = true;
   live.markAll = false;
   $("unread-more").hidden = true;
+  $("offline").hidden = true;
   setBadge(data.count);
-}
-
-// A long-poll is held while nothing changes: when something shown becomes due for reading, wake it.
-function readLater() {
-  if (!holding()) return;
-  clearTimeout(live.readTimer);
-  live.readTimer = setTimeout(() => { if (live.shownUpto > live.readUpto) pollNow(); },
-                              Math.max(0, live.readDue - Date.now()) + 50);
-}
-
-const jitter = (ms) => Math.round(ms * (0.5 + Math.random() / 2));   // spread the reconnects
-
-function schedulePoll(delay) {
-  clearTimeout(live.timer);
-  if (live.running) live.soon = true;               // the running tick schedules the next one
-  else live.timer = setTimeout(runTick, delay);
-}
-
-async function runTick() {
-  live.running = true;
-  let next;
-  try {
-    await tick();
-    $("offline").hidden = true;
-    live.delay = document.visibilityState === "visible" ? POLL_MS : Math.min(live.delay * 2, MAX_BACKOFF_MS);
-    next = holding() ? live.next : live.delay;
-  } catch (e) {
-    if (e.name === "AbortError") {                  // pollNow woke a held poll: not an error
-      next = 0;
-    } else {
-      $("offline").hidden = false;
-      live.delay = Math.min(Math.max(live.delay, POLL_MS) * 2, MAX_BACKOFF_MS);
-      next = jitter(live.delay);
-    }
-  }
-  live.running = false;
-  const soon = live.soon;
-  live.soon = false;
-  schedulePoll(soon ? 0 : next);
-}
-
-function pollNow() {
-  if (!live.started) return;
-  live.delay = POLL_MS;
-  schedulePoll(0);
-  if (live.held) live.held.abort();                 // the tick that held it polls again at once
 }
 
 document.addEventListener("visibilitychange", () => {
   if (document.visibilityState !== "visible") return;
   live.readDue = Math.max(live.readDue, Date.now() + READ_AFTER_MS);   // read only what was seen
-  pollNow();
+  readLater();
 });
 window.addEventListener("online", pollNow);
 
-// Load a page's data, retrying with back-off (and the offline notice) until it works; then poll.
+// Load a page's data, retrying with back-off (and the offline notice) until it works; then follow.
 async function start(load) {
-  for (let delay = POLL_MS; ; delay = Math.min(delay * 2, MAX_BACKOFF_MS)) {
+  for (let delay = RETRY_MS; ; delay = Math.min(delay * 2, MAX_BACKOFF_MS)) {
     try {
       await load();
       break;
@@ -556,9 +288,7 @@ async function start(load) {
     }
   }
   $("offline").hidden = true;
-  chooseTransports();
-  live.started = true;
-  schedulePoll(0);
+  follow();
 }
 
 // ---- pages ---------------------------------------------------------------------------------
@@ -601,7 +331,7 @@ function timelinePage() {
   };
   const offline = () => { $("offline").hidden = false; };
   $("more").addEventListener("click", () => loadPage().catch(offline));
-  $("mark-all").addEventListener("click", () => { live.markAll = true; pollNow(); });
+  $("mark-all").addEventListener("click", () => { live.markAll = true; readLater(0); });
   start(async () => { await whoami(); await loadPage(); });
 }
 
