@@ -258,11 +258,17 @@ async function readNow() {
 }
 
 async function markRead() {
-  const upto = live.shownUpto;
-  const data = await api("POST", "/api/markRead", { upto });    // then the client asks again (pollNow)
+  const upto = live.shownUpto, all = live.markAll;
+  live.markAll = false;                             // a click while this one is sent counts again
+  let data;
+  try {
+    data = await api("POST", "/api/markRead", { upto });        // then the client asks again (pollNow)
+  } catch (e) {
+    live.markAll = live.markAll || all;
+    throw e;
+  }
   live.readUpto = Math.max(live.readUpto, upto);
   live.complete = true;
-  live.markAll = false;
   $("unread-more").hidden = true;
   $("offline").hidden = true;
   setBadge(data.count);
