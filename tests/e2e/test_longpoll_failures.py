@@ -229,7 +229,7 @@ def test_fastpath_restarted_by_the_runner_hands_its_held_polls_over(stack):
 
 CLIENTS = 2000
 SPREAD_S = 40.0         # their first polls spread over this, as pages opened over time would be
-SHORT_S = 60.0          # the page's short-poll interval (app.js POLL_MS, 2 s) stretched so that 2,000
+SHORT_S = 60.0          # the page's short-poll interval (fastpoll.js POLL_MS, 2 s) stretched so that 2,000
                         # clients ask Django ~50 times a second: a rate two shared cores answer
 
 
