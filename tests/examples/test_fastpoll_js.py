@@ -30,11 +30,13 @@ FASTPOLL_JS = os.path.join(repo_root(), "fastpoll", "static", "fastpoll", "fastp
 
 # window.__answer(n, url) -> [status, headers, body or null, delay ms] of the n-th poll (1-based;
 # status 0: the network fails, fetch rejects);
-# every poll's [start ms, url, If-None-Match, Prefer] goes to window.__polls.
+# every poll's [start ms, url, If-None-Match, Prefer] goes to window.__polls, console.error's lines
+# to window.__errors.
 # window.__stream(es, n) plays the n-th EventSource (es.open(), es.emit(type, data, id),
 # es.fail(readyState)); each one's [start ms, url, withCredentials] goes to window.__sources.
 STUBS = """
 window.__polls = []; window.__sources = []; window.__shown = []; window.__states = []; window.__wire = [];
+window.__errors = []; console.error = (...args) => window.__errors.push(args.join(" "));
 const since = () => Math.round(performance.now() - window.__began);
 window.fetch = function (url, opts) {
   const n = window.__polls.length + 1;
@@ -75,6 +77,8 @@ ANSWERS = {
     # the site after a miss: Django's answer, a new one
     "site": """n => [200, {"ETag": '"b"', "X-Cache": "MISS"}, '{"unread": 2}', 5]""",
     "logged-out": """n => [401, {"Content-Type": "application/json"}, '{"error": "token revoked"}', 5]""",
+    # Django: no such poll resource (an unknown name, or a PATH_PREFIX other than options.prefix)
+    "404": """n => [404, {"Content-Type": "application/json"}, '{"error": "unknown poll resource"}', 5]""",
 }
 
 STREAMS = {
@@ -99,6 +103,8 @@ STREAMS = {
         if (n === 1) { es.fail(2); return; }
         es.open(); es.emit("inbox", '{"unread": 1}', '"a"');
       }, 10)""",
+    # every stream fails (the browser gives up: a 404, a 401, a 429, ...)
+    "fails-all": """(es, n) => setTimeout(() => es.fail(2), 10)""",
     # Django's one-event stream (fastpath down): each connection ends at once; the browser
     # reconnects with Last-Event-ID (so no event after the first)
     "django": """(es, n) => { let k = 0; const cycle = () => {
@@ -122,7 +128,8 @@ def run_client(driver, seconds, answers=ANSWERS["503"], stream="(es, n) => {}", 
                options="{}", event_source=True, script=""):
     """fastpoll.subscribe(resources, ..., options) for ``seconds`` against the stubs (``script``
     runs right after, the handle in ``window.__sub``): the polls, the EventSources opened, what it
-    gave onAnswer ([resource, answer]), its states and what onWire told (an EventSource as its url)."""
+    gave onAnswer ([resource, answer]), its states, what onWire told (an EventSource as its url)
+    and the console's errors."""
     driver.get("about:blank")
     with open(FASTPOLL_JS) as fh:
         client = fh.read()
@@ -137,7 +144,8 @@ def run_client(driver, seconds, answers=ANSWERS["503"], stream="(es, n) => {}", 
         + script)
     time.sleep(seconds)
     return driver.execute_script("return {polls: window.__polls, sources: window.__sources,"
-                                 " shown: window.__shown, states: window.__states, wire: window.__wire};")
+                                 " shown: window.__shown, states: window.__states, wire: window.__wire,"
+                                 " errors: window.__errors};")
 
 
 # -- polls: without EventSource the client long-polls (docs/integrate.md section 5) ---------------
@@ -183,6 +191,27 @@ def test_a_304_fastpath_did_not_hold_waits_too(browsers):  # noqa: F811
 def test_a_401_or_403_ends_the_polls(browsers):  # noqa: F811
     got = run_client(browsers("page"), 2.5, ANSWERS["logged-out"], event_source=False)
     assert len(got["polls"]) == 1 and got["states"] == ["long", "ended"], got
+
+
+def test_a_404_of_the_site_is_a_misconfigured_page_one_console_error_and_refused(browsers):  # noqa: F811
+    # a prefix other than PATH_PREFIX: the stream through the site fails (its 404), the long-poll
+    # reads the 404; nothing slides down to short polls, nothing is polled again
+    got = run_client(browsers("page"), 3.0, ANSWERS["404"], STREAMS["fails-all"],
+                     resources='["inbox", "count"]', options='{prefix: "/live/"}')
+    assert got["states"] == ["stream", "long", "refused"], got
+    assert len(got["sources"]) == 1 and len(got["polls"]) <= 2, got     # the two resources' first polls
+    assert len(got["errors"]) == 1, got
+    error = got["errors"][0]
+    assert "404" in error and "/live/inbox" in error and "options.prefix" in error and '"inbox"' in error, got
+
+
+def test_after_the_edge_and_the_site_the_404_of_an_unknown_resource_is_refused(browsers):  # noqa: F811
+    # the edge's refusal (its 404 included: EventSource does not tell) asks the site, whose 404 decides
+    got = run_client(browsers("page"), 1.5, ANSWERS["404"], STREAMS["edge-refuses"], resources='["inbx"]',
+                     options='{edge: "http://edge.test:9"}',
+                     script="setTimeout(() => window.__sub.wake(), 800);")
+    assert len(got["sources"]) == 1 and [p[1] for p in got["polls"]] == ["/Poll/inbx"], got
+    assert got["states"] == ["edge", "refused"] and len(got["errors"]) == 1, got   # wake() does nothing
 
 
 # -- streams (docs/contract.md sections 9 and 10) --------------------------------------------------

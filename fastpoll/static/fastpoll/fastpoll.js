@@ -24,6 +24,10 @@
  *               --max-wait, FASTPOLL["LONGPOLL_MAX_WAIT"])
  *   options.onState(state)  the transport in use, each time it changes; "ended" when the site
  *               answered 401 (logged out) or 403 (no longer allowed): nothing is polled after it;
+ *               "refused" when the site answered 404 for a poll path: the page is misconfigured (an
+ *               unknown resource, or options.prefix is not PATH_PREFIX; a miss is never a 404), one
+ *               console error names the path, options.prefix and the resource, nothing is polled
+ *               after it (the edge's 404, a path it does not serve, is an edge refusal as below);
  *               "closed" after close()
  *   options.onWire(info)    what goes over the wire, for counters and logs: {type: "poll", resource,
  *               status, cache, held} after each poll (status 0: no answer, the network failed;
@@ -38,7 +42,7 @@
  *               current answers), and the next answer of each resource is given even if it was
  *               given already.  For after a write of the page's own (it may bring an answer back
  *               to bytes given before, which a held poll or a stream would not bring again), and
- *               when the network is back (window "online").  Nothing after close() or "ended".
+ *               when the network is back (window "online").  Nothing after close(), "ended" or "refused".
  *   handle.close()  stop: nothing is polled after it
  *
  * How (the wire rules are docs/contract.md's, sections 6, 7, 9 and 10):
@@ -167,8 +171,18 @@
       setState("ended");
     }
 
+    // The site answered 404 for a poll path: it has no such resource there (a miss is never a
+    // 404), so the page is misconfigured; polling again would never work.
+    function refused(item) {
+      stop();
+      console.error(`fastpoll: the site answered 404 for ${item.path}: no poll resource ${JSON.stringify(item.name)}`
+                    + ` there. Is options.prefix (${JSON.stringify(prefix)}) FASTPOLL["PATH_PREFIX"], and`
+                    + ` ${JSON.stringify(item.name)} a resource of the site? Nothing is polled now.`);
+      setState("refused");
+    }
+
     function wake() {
-      if (handle.state === "ended" || handle.state === "closed") return;
+      if (handle.state === "ended" || handle.state === "refused" || handle.state === "closed") return;
       Object.keys(etags).forEach((name) => { delete etags[name]; });
       go(level, 0);
     }
@@ -185,7 +199,7 @@
       else go(level, delay || nextBackoff());
     }
 
-    // One poll of the site: {ended, status, hit, held, changed, took, retryAfter}; throws on errors.
+    // One poll of the site: {ended, refused, status, hit, held, changed, took, retryAfter}; throws on errors.
     async function ask(item, wait, g) {
       const headers = {};
       const sent = etags[item.name];
@@ -207,6 +221,7 @@
                     held: resp.headers.has("Preference-Applied"), changed: false, took: Date.now() - began };
       wire({ type: "poll", resource: item.name, status: resp.status, cache: cache, held: got.held });
       if (resp.status === 401 || resp.status === 403) got.ended = true;
+      else if (resp.status === 404) got.refused = true;           // the site has no such poll path
       else if (resp.status === 200 || resp.status === 204) {
         const text = resp.status === 200 ? await resp.text() : "";
         got.changed = true;
@@ -228,6 +243,7 @@
           const got = await ask(item, wait, g);
           if (g !== gen) return;
           if (got.ended) return end();
+          if (got.refused) return refused(item);
           failures = 0;
           backoff = POLL_MS;
           if (got.status === 429) next = got.retryAfter;
@@ -251,6 +267,7 @@
           const got = await ask(item, 0, g);
           if (g !== gen) return;
           if (got.ended) return end();
+          if (got.refused) return refused(item);
         }
       } catch (e) {
         if (g === gen) go(level, nextBackoff());
