@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 FASTPOLL_JS = os.path.join(repo_root(), "fastpoll", "static", "fastpoll", "fastpoll.js")
 
-# window.__answer(n, url) -> [status, headers, body or null, delay ms] of the n-th poll (1-based;
+# window.__answer(n, url, headers) -> [status, headers, body or null, delay ms] of the n-th poll (1-based;
 # status 0: the network fails, fetch rejects);
 # every poll's [start ms, url, If-None-Match, Prefer] goes to window.__polls, console.error's lines
 # to window.__errors.
@@ -41,7 +41,7 @@ const since = () => Math.round(performance.now() - window.__began);
 window.fetch = function (url, opts) {
   const n = window.__polls.length + 1;
   window.__polls.push([since(), url, opts.headers["If-None-Match"] || null, opts.headers["Prefer"] || null]);
-  const [status, headers, body, delay] = window.__answer(n, url);
+  const [status, headers, body, delay] = window.__answer(n, url, opts.headers);
   if (status === 0) return new Promise((ok, no) => setTimeout(() => no(new TypeError("Failed to fetch")), delay));
   return new Promise(ok => setTimeout(() => ok(new Response(body, {status, headers})), delay));
 };
@@ -212,6 +212,23 @@ def test_after_the_edge_and_the_site_the_404_of_an_unknown_resource_is_refused(b
                      script="setTimeout(() => window.__sub.wake(), 800);")
     assert len(got["sources"]) == 1 and [p[1] for p in got["polls"]] == ["/Poll/inbx"], got
     assert got["states"] == ["edge", "refused"] and len(got["errors"]) == 1, got   # wake() does nothing
+
+
+def test_a_429_over_the_cap_hands_over_to_short_polls_and_long_polls_again_later(browsers):  # noqa: F811
+    # fastpath's --max-held-per-user is reached by other tabs: every hold is refused (429), short
+    # polls are answered (they do not count toward the cap)
+    answers = """(n, url, headers) => headers.Prefer
+        ? [429, {"Retry-After": "1", "Content-Type": "application/json"}, '{"error": "too many held connections"}', 5]
+        : [200, {"ETag": '"a"', "X-Cache": "HIT"}, '{"unread": 1}', 5]"""
+    got = run_client(browsers("page"), 6.3, answers, options='{transports: ["long", "short"]}')
+    polls = got["polls"]
+    # Retry-After (1 s, jittered up to 1.5 s), then short polls: the page gets its answers
+    assert polls[0][3] == "wait=50" and polls[1][3] is None and 990 <= polls[1][0] - polls[0][0] <= 1700, polls
+    assert got["shown"] == [["inbox", {"unread": 1}]], got
+    # the long-poll is tried again 5 s after it failed, on an answer from fastpath (a HIT)
+    assert got["states"][:3] == ["long", "short", "long"], got
+    again = [p[0] for p in polls[1:] if p[3]]
+    assert again and 4900 <= again[0] - polls[0][0] <= 6300, polls
 
 
 # -- streams (docs/contract.md sections 9 and 10) --------------------------------------------------

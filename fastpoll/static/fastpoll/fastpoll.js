@@ -58,7 +58,10 @@
  *   after an answer fastpath held (Preference-Applied) that changed or took QUICK_MS; any other
  *   answer came from Django (fastpath or memcached down), so it waits POLL_MS.  Errors (5xx, no
  *   network) back off from POLL_MS doubling to MAX_BACKOFF_MS, jittered; LONG_FAILURES in a row
- *   hand over to the next transport.  A 429 waits its Retry-After.
+ *   hand over to the next transport.  A 429 (a hold beyond fastpath's --max-held-per-user: other
+ *   tabs of the user hold its share) hands over to short polls after its Retry-After (they do
+ *   not count toward the cap; a stream refused with a 429 fails, as above, down to the
+ *   long-poll's); without "short" in options.transports it waits Retry-After and asks again.
  * - The fastest transport is tried again RETRY_MS after it failed (doubling to MAX_RETRY_MS while
  *   it keeps failing): from a stream at that moment, from a poll once an answer came from
  *   fastpath (X-Cache: HIT).
@@ -188,14 +191,15 @@
     }
 
     // The current transport failed: the next one takes over (after `delay`); the fastest is tried again later.
-    function demote(g, delay, lived) {
+    function demote(g, delay, lived, to) {
       if (g !== gen) return;
       if (lived >= STREAM_PROVEN_MS) retryDelay = RETRY_MS;
       if (level === 0) {
         retryAt = Date.now() + retryDelay;
         retryDelay = Math.min(retryDelay * 2, MAX_RETRY_MS);
       }
-      if (level < ladder.length - 1) go(level + 1, delay || 0);
+      if (to > level) go(to, delay || 0);
+      else if (level < ladder.length - 1) go(level + 1, delay || 0);
       else go(level, delay || nextBackoff());
     }
 
@@ -246,8 +250,12 @@
           if (got.refused) return refused(item);
           failures = 0;
           backoff = POLL_MS;
-          if (got.status === 429) next = got.retryAfter;
-          else next = kind === "long" && got.held && (got.changed || got.took >= QUICK_MS) ? 0 : POLL_MS;
+          if (got.status === 429) {
+            // a hold over the cap (other tabs hold the user's share): short polls do not count toward it
+            const short = ladder.indexOf("short", level + 1);
+            if (kind === "long" && short > level) return demote(g, got.retryAfter, 0, short);
+            next = got.retryAfter;
+          } else next = kind === "long" && got.held && (got.changed || got.took >= QUICK_MS) ? 0 : POLL_MS;
           if (got.hit && level > 0 && Date.now() >= retryAt) return go(0);
         } catch (e) {
           if (g !== gen) return;                     // aborted: closed, or another transport took over
