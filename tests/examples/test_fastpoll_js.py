@@ -284,6 +284,19 @@ def test_a_stream_that_fails_falls_back_to_long_polls_and_comes_back(browsers): 
     assert got["shown"] == [["inbox", {"unread": 1}]], got       # the stream's first event was the poll's
 
 
+def test_a_stream_that_fails_at_the_last_transport_asks_the_site_whose_401_ends_it(browsers):  # noqa: F811
+    # streams only: the stream fails (logged out: its 401, which EventSource does not tell)
+    got = run_client(browsers("page"), 1.5, ANSWERS["logged-out"], STREAMS["fails-all"],
+                     options='{transports: ["stream"]}')
+    assert len(got["sources"]) == 1 and [p[1:] for p in got["polls"]] == [["/Poll/inbox", None, None]], got
+    assert got["states"] == ["stream", "ended"], got
+    # the site answers: the same stream again, after a back-off (1-2 s), not at once
+    got = run_client(browsers("page"), 2.5, ANSWERS["site"], STREAMS["fails-all"], options='{transports: ["stream"]}')
+    sources, polls = got["sources"], got["polls"]
+    assert len(sources) == 2 and len(polls) == 2 and 990 <= sources[1][0] - polls[0][0] <= 2100, got
+    assert got["states"] == ["stream"] and got["shown"] == [["inbox", {"unread": 2}]], got
+
+
 def test_django_one_event_streams_hand_over_to_long_polls(browsers):  # noqa: F811
     got = run_client(browsers("page"), 2.0, ANSWERS["django"], STREAMS["django"])
     assert len(got["sources"]) == 1 and got["states"] == ["stream", "long"], got

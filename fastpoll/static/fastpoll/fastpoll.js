@@ -53,7 +53,9 @@
  *   STREAM_QUICK_MS, i.e. Django's one-event streams while fastpath is down) hands over to the
  *   next transport at once.  On the edge the first such failure is taken for a miss (a 401 there
  *   may only mean the cookie does not reach it: the site's answer decides, and its 401 ends),
- *   a second in a row for a failure.
+ *   a second in a row for a failure.  A stream that fails at the last transport of
+ *   options.transports asks the site too (EventSource does not tell a status: the site's 401,
+ *   403 or 404 ends it), then opens again after a back-off.
  * - A long-poll sends the last ETag as If-None-Match and Prefer: wait.  It asks again at once only
  *   after an answer fastpath held (Preference-Applied) that changed or took QUICK_MS; any other
  *   answer came from Django (fastpath or memcached down), so it waits POLL_MS.  Errors (5xx, no
@@ -200,6 +202,7 @@
       }
       if (to > level) go(to, delay || 0);
       else if (level < ladder.length - 1) go(level + 1, delay || 0);
+      else if (isStream(ladder[level])) askSite(g, null);     // only a fetch reads the site's 401, 403, 404
       else go(level, delay || nextBackoff());
     }
 
@@ -266,10 +269,8 @@
       }
     }
 
-    // A miss: one poll of the site per resource (Django fills the cache), then the same stream again.
-    async function missed(g) {
-      const now = Date.now(), again = now - lastMiss < MISS_AGAIN_MS;
-      lastMiss = now;
+    // One poll of the site per resource, then the same stream again after `delay` (null: a back-off).
+    async function askSite(g, delay) {
       try {
         for (const item of items) {
           const got = await ask(item, 0, g);
@@ -281,7 +282,14 @@
         if (g === gen) go(level, nextBackoff());
         return;
       }
-      go(level, again ? POLL_MS : 0);                 // misses in a row: slow down
+      go(level, delay === null ? nextBackoff() : delay);
+    }
+
+    // A miss: the site is asked (Django fills the cache), then the same stream again.
+    function missed(g) {
+      const now = Date.now(), again = now - lastMiss < MISS_AGAIN_MS;
+      lastMiss = now;
+      askSite(g, again ? POLL_MS : 0);                // misses in a row: slow down
     }
 
     function openStream(kind, g) {
