@@ -31,12 +31,15 @@ FASTPOLL_JS = os.path.join(repo_root(), "fastpoll", "static", "fastpoll", "fastp
 # window.__answer(n, url, headers) -> [status, headers, body or null, delay ms] of the n-th poll (1-based;
 # status 0: the network fails, fetch rejects);
 # every poll's [start ms, url, If-None-Match, Prefer] goes to window.__polls, console.error's lines
-# to window.__errors.
+# to window.__errors; window.__aborted and window.__cleared count abort() and clearTimeout() calls.
 # window.__stream(es, n) plays the n-th EventSource (es.open(), es.emit(type, data, id),
 # es.fail(readyState)); each one's [start ms, url, withCredentials] goes to window.__sources.
 STUBS = """
 window.__polls = []; window.__sources = []; window.__shown = []; window.__states = []; window.__wire = [];
 window.__errors = []; console.error = (...args) => window.__errors.push(args.join(" "));
+window.__aborted = 0; window.__cleared = 0;
+const clear = window.clearTimeout; window.clearTimeout = (id) => { window.__cleared++; clear(id); };
+window.AbortController = class extends AbortController { abort() { window.__aborted++; super.abort(); } };
 const since = () => Math.round(performance.now() - window.__began);
 window.fetch = function (url, opts) {
   const n = window.__polls.length + 1;
@@ -353,6 +356,23 @@ def test_wake_opens_the_stream_again_and_gives_its_first_event_again(browsers): 
     assert 290 <= got["sources"][1][0] <= 500, got
     assert got["shown"] == [["inbox", {"unread": 1}]] * 2, got
     assert got["states"] == ["stream", "closed"], got          # nothing after close(), wake() or not
+
+
+def test_a_finished_poll_keeps_no_abortcontroller_nor_timer(browsers):  # noqa: F811
+    # 20 answers fastpath held (each asked again at once), then 304s fastpath did not hold (2 s
+    # apart); 4.5 s in, wake() ends the transport: it aborts the polls under way (none: the
+    # client waits) and clears its waiting timer, not every one since it began (~43,000 a day)
+    answers = """n => n <= 20 ? [200, {"ETag": `"${n}"`, "Preference-Applied": "wait=25", "X-Cache": "HIT"}, '{}', 5]
+                              : [304, {"ETag": '"20"', "Preference-Applied": "wait=0", "X-Cache": "HIT"}, null, 5]"""
+    driver = browsers("page")
+    got = run_client(driver, 4.8, answers, options='{transports: ["long"]}', script="""
+        setTimeout(() => {
+          const aborted = window.__aborted, cleared = window.__cleared;
+          window.__sub.wake();
+          window.__woken = [window.__aborted - aborted, window.__cleared - cleared];
+        }, 4500);""")
+    assert len(got["polls"]) >= 23 and len(got["shown"]) == 20, got["polls"]
+    assert driver.execute_script("return window.__woken") == [0, 1], got["polls"]
 
 
 def test_on_wire_tells_each_poll(browsers):  # noqa: F811

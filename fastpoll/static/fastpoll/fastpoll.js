@@ -116,7 +116,8 @@
     if (!ladder.length) refuse("no transport of options.transports can run here (\"edge\" needs options.edge)");
 
     const etags = {};                     // resource -> the ETag of the answer given last
-    let level = 0, gen = 0, source = null, timers = [], aborters = [];
+    let level = 0, gen = 0, source = null;
+    const timers = new Set(), aborters = new Set();   // the current transport's, each removed when done
     let backoff = POLL_MS, retryAt = 0, retryDelay = RETRY_MS, lastMiss = -Infinity, edgeRefused = false;
     const handle = { state: null, close: () => { stop(); setState("closed"); }, wake: wake };
 
@@ -147,14 +148,19 @@
       source = null;
       timers.forEach(clearTimeout);
       aborters.forEach((a) => a.abort());
-      timers = [];
-      aborters = [];
+      timers.clear();
+      aborters.clear();
     }
 
     function after(ms, g, fn) {
-      timers.push(setTimeout(() => { if (g === gen) fn(); }, Math.max(0, ms)));
+      const id = setTimeout(() => { timers.delete(id); if (g === gen) fn(); }, Math.max(0, ms));
+      timers.add(id);
     }
-    const sleep = (ms) => new Promise((resolve) => { if (ms > 0) timers.push(setTimeout(resolve, ms)); else resolve(); });
+    const sleep = (ms) => new Promise((resolve) => {
+      if (ms <= 0) return resolve();
+      const id = setTimeout(() => { timers.delete(id); resolve(); }, ms);
+      timers.add(id);
+    });
 
     function nextBackoff() {
       const ms = jitter(backoff);
@@ -213,7 +219,15 @@
       if (sent) headers["If-None-Match"] = sent;
       if (wait > 0) headers.Prefer = "wait=" + wait;
       const aborter = typeof AbortController === "function" ? new AbortController() : null;
-      if (aborter) aborters.push(aborter);
+      if (aborter) aborters.add(aborter);
+      try {
+        return await fetchAnswer(item, sent, headers, aborter, g);
+      } finally {
+        aborters.delete(aborter);                    // done: not kept for the transport's life
+      }
+    }
+
+    async function fetchAnswer(item, sent, headers, aborter, g) {
       const began = Date.now();
       let resp;
       try {
