@@ -17,6 +17,7 @@ Django's and the edge's streams do (sections 9 and 10):
 
 The real stack is tests/examples/test_inbox_stack.py's (test_the_page_*)."""
 import os
+import re
 import time
 
 import pytest
@@ -399,3 +400,20 @@ def test_on_wire_tells_each_stream_its_events_and_its_misses(browsers):  # noqa:
                      options='{edge: "http://edge.test:9"}')
     assert [(w["type"], w.get("transport")) for w in got["wire"]] == [
         ("open", "edge"), ("miss", "edge"), ("poll", None), ("open", "edge"), ("event", "edge")], got
+
+
+# -- the header's usage example (docs/integrate.md section 5) --------------------------------------
+
+def test_the_header_example_is_a_static_file_reading_data_attributes_as_the_docs_show():
+    """An inline <script> dies under the CSP the edge needs (default-src 'self'): the header shows
+    what docs/integrate.md section 5 shows, the page's script a file, the template's data- attributes."""
+    with open(FASTPOLL_JS) as fh:
+        header = fh.read().split("*/", 1)[0]
+    with open(os.path.join(repo_root(), "docs", "integrate.md")) as fh:
+        docs = fh.read()
+    scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", header, re.S)
+    assert len(scripts) == 2 and all("src=" in attrs and not body.strip() for attrs, body in scripts), scripts
+    body = '<body data-edge-url="{{ edge_url }}" data-poll-prefix="{{ fastpoll_prefix }}">'
+    assert body in header and body in docs
+    for use in ("document.body.dataset", "edge: page.edgeUrl, prefix: page.pollPrefix"):
+        assert use in header and use in docs, use

@@ -1,10 +1,16 @@
 /* fastpoll.js: fastpoll's browser client (docs/integrate.md, section 5).  No dependency, no build.
  *
- *   <script src="{% static 'fastpoll/fastpoll.js' %}"></script>
- *   <script>
+ *   {% load static %}<!-- the template hands the page's script what it needs in data- attributes -->
+ *   <body data-edge-url="{{ edge_url }}" data-poll-prefix="{{ fastpoll_prefix }}">
+ *     <script src="{% static 'fastpoll/fastpoll.js' %}"></script>
+ *     <script src="{% static 'myapp/inbox.js' %}"></script>
+ *   </body>
+ *
+ *   // myapp/static/myapp/inbox.js: a static file, not an inline <script>, which the CSP the edge
+ *   // needs (default-src 'self', docs/integrate.md section 7) blocks
+ *   const page = document.body.dataset;            // data-edge-url, data-poll-prefix
  *   const sub = fastpoll.subscribe(["inbox"], (resource, answer) => show(answer),
- *                                  {edge: "{{ edge_url }}", empty: {unread: 0}});
- *   </script>
+ *                                  {edge: page.edgeUrl, prefix: page.pollPrefix, empty: {unread: 0}});
  *
  * fastpoll.subscribe(resources, onAnswer, options) -> {close(), wake(), state}
  *
