@@ -362,6 +362,8 @@ def check_cookie_domain(config):
                 hint=f"Set FASTPOLL['COOKIE_DOMAIN'] to a parent domain of {host} and {edge_host}, or drop "
                      f"{origin} from EDGE_ORIGINS.", id="fastpoll.E018"))
             continue
+        if derived and host not in (edge_host, "localhost"):
+            continue       # edge_url() gives a loopback edge only to pages on its address or localhost
         if bare is not None:
             reaches = _domain_match(edge_host, bare)
         else:       # host-only: the edge on the page's very host (a derived loopback edge: or localhost)

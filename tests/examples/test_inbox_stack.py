@@ -422,6 +422,18 @@ window.fetch = async function (url, opts) {
   window.__fetches.push([String(url), resp.headers.get("X-Cache")]);
   return resp;
 };
+// and the events of the newest stream the page opened (the client opens another after a miss)
+window.__streamEvents = 0;
+const Source = window.EventSource;
+window.EventSource = function (url, init) {
+  const source = new Source(url, init);
+  window.__stream = source;
+  window.__streamEvents = 0;
+  for (const name of ["inbox", "board"])
+    source.addEventListener(name, () => { if (window.__stream === source) window.__streamEvents++; });
+  return source;
+};
+Object.assign(window.EventSource, {CONNECTING: 0, OPEN: 1, CLOSED: 2});
 """
 
 
@@ -482,7 +494,10 @@ def test_the_board_page_streams_its_capability_path_from_the_edge(inbox_stack, b
     driver = browsers("board")
     _page_login(inbox_stack, driver, user)
     driver.get(f"{inbox_stack.base_url}/boards/{board}/")
-    _wait(lambda: _text(driver, "transport") == "edge" and _text(driver, "count") == "0", 10,
+    # the page shows the count Django rendered (0) at once: wait for an event of the edge's stream
+    # (after a miss, of the stream opened again once the site was polled)
+    _wait(lambda: _text(driver, "transport") == "edge" and _text(driver, "count") == "0"
+          and driver.execute_script("return window.__streamEvents") >= 1, 10,
           lambda: f"the edge's first event: {_text(driver, 'transport')!r}, count {_text(driver, 'count')!r}")
     # a board nobody announced on has no key yet: the edge's miss, one poll of the site (Django
     # fills the key), then the edge again
