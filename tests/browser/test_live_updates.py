@@ -673,10 +673,8 @@ def test_the_page_streams_from_the_edge_and_falls_back_when_it_is_gone(private_s
               what=lambda: f"the fall back from the edge: {_datas(reader)}")
         _arrives(stack, reader, writer_token, f"while the edge is gone {time.time():.0f}")
         assert not _by_id(reader, "offline").is_displayed()
-        _wait(lambda: posted_in(down[0], time.time()), timeout=5, what="a plurk posted while fastpath is down")
     finally:
         fastpath.start = start
-        down.append(time.time())
         fastpath.start()
         fastpath.wait_ready()
     _wait(lambda: _data(reader, "transport") == "edge", timeout=30,
