@@ -395,14 +395,19 @@ static void _poll_mode(fp_conn_t *c, uint8_t method, const _target_t *t)
         _conditional(c);
 }
 
-/* Several resources are only ever a stream (a GET that accepts text/event-stream, once): any
- * other request naming them names no resource. */
-static int _several_not_stream(const fp_conn_t *c, uint8_t method, const _target_t *t)
+/* A GET whose one Accept lists text/event-stream: what asks for a stream (section 9). */
+static int _asks_stream(const fp_conn_t *c, uint8_t method)
 {
     const fp_request_t *rq = &c->in->req;
     fp_span_t accept = rq->header[FP_HDR_ACCEPT];
-    return t->n_parts > 1 && !(method == HTTP_GET && rq->have[FP_HDR_ACCEPT] == 1 &&
-                               fp_accept_event_stream(c->in->data + accept.off, accept.len));
+    return method == HTTP_GET && rq->have[FP_HDR_ACCEPT] == 1 &&
+           fp_accept_event_stream(c->in->data + accept.off, accept.len);
+}
+
+/* Several resources are only ever a stream: any other request naming them names no resource. */
+static int _several_not_stream(const fp_conn_t *c, uint8_t method, const _target_t *t)
+{
+    return t->n_parts > 1 && !_asks_stream(c, method);
 }
 
 static void _route_poll(fp_conn_t *c, uint8_t method, const char *url, size_t url_len)
@@ -467,11 +472,9 @@ static void _preflight(fp_conn_t *c, const _target_t *t)
 static void _edge_stream_miss(fp_conn_t *c, uint8_t method)
 {
     fp_request_t *rq = &c->in->req;
-    fp_span_t accept = rq->header[FP_HDR_ACCEPT];
 
     if (rq->action == ACT_RESPOND && rq->answer_cache != NULL && strncmp(rq->answer_cache, "MISS", sizeof("MISS")) == 0 &&
-        method == HTTP_GET && rq->have[FP_HDR_ACCEPT] == 1 &&
-        fp_accept_event_stream(c->in->data + accept.off, accept.len))
+        _asks_stream(c, method))
         rq->stream = 1;
 }
 
