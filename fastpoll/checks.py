@@ -41,6 +41,7 @@ from django.utils.module_loading import import_string
 from fastpath.options import is_loopback, parse_address
 
 from . import commandline, conf, keys
+from .edge import loopback_edge_host
 from .cache import parse_server
 from .notify import parse_udp_destination
 from .secret import SecretFileError, read_secret
@@ -362,12 +363,13 @@ def check_cookie_domain(config):
                 hint=f"Set FASTPOLL['COOKIE_DOMAIN'] to a parent domain of {host} and {edge_host}, or drop "
                      f"{origin} from EDGE_ORIGINS.", id="fastpoll.E018"))
             continue
-        if derived and host not in (edge_host, "localhost"):
-            continue       # edge_url() gives a loopback edge only to pages on its address or localhost
-        if bare is not None:
-            reaches = _domain_match(edge_host, bare)
-        else:       # host-only: the edge on the page's very host (a derived loopback edge: or localhost)
-            reaches = host == edge_host or (derived and host == "localhost")
+        reached = edge_host
+        if derived:
+            reached = loopback_edge_host(edge_host, host)
+            if reached is None:
+                continue       # edge_url() gives that page no loopback edge: no cookie must reach it
+        # host-only: the edge on the page's very host
+        reaches = _domain_match(reached, bare) if bare is not None else host == reached
         if not reaches:
             scope = f"Domain {domain!r}" if bare is not None else "host-only (COOKIE_DOMAIN and SESSION_COOKIE_DOMAIN are None)"
             fix = (f"set FASTPOLL['COOKIE_DOMAIN'] to a parent domain of both, such as '.{_common(host, edge_host)}'"

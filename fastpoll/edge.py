@@ -43,6 +43,16 @@ def _warn_once(what, message, *args):
         logger.warning(message, *args)
 
 
+def loopback_edge_host(edge_host, page_host):
+    """The host by which a page on ``page_host`` reaches a loopback edge on ``edge_host``, or None
+    when it is not given that edge: the page's cookie is its host's, so only a page on the edge's
+    own host, or on ``localhost`` (which names both loopbacks: then by that name), sends it there.
+    The checks (fastpoll.W006) ask it too."""
+    if page_host == "localhost":
+        return page_host
+    return edge_host if page_host == edge_host.lower() else None
+
+
 def edge_url(request=None):
     """The origin of the edge as a page's script must call it, without a trailing slash (a poll
     is ``edge_url() + PATH_PREFIX + resource``), or ``""`` when the page should poll the site.
@@ -83,12 +93,11 @@ def edge_url(request=None):
     if not is_loopback(host):
         return ""              # fastpoll.E016: EDGE_URL is required
     if request is not None:
-        # the page's cookie is its host's: only a page on the edge's own host (or on localhost,
-        # which names both loopbacks) sends it there
         page_host = _request_host(request)
-        if page_host == "localhost":
-            host = page_host
-        elif page_host != host.lower():
+        given = loopback_edge_host(host, page_host)
+        if given is not None:
+            host = given
+        else:
             _warn_once("host", "fastpoll.edge_url(): a page on %s is not given the loopback edge %s: its browser "
                        "has no cookie for that host (pages on it, or on localhost, are); open the page on %s or "
                        "localhost, or set FASTPOLL['EDGE_URL'].", page_host, address, host)
