@@ -27,24 +27,41 @@ def find_binary(name, debian_package=None, extra_dirs=("/usr/sbin", "/usr/local/
     return path
 
 
+# The ports this process handed out lately.  A port is free the moment its probe socket closes,
+# so the kernel may give the next probe the same one: two services of one test then share a port
+# (fastpath refused `--edge` equal to `--listen` with exit 2 in CI).  No port is handed out twice
+# among the last _HANDED_KEPT.
+_HANDED_KEPT = 4096
+_handed = collections.OrderedDict()
+
+
 def free_port(host="127.0.0.1"):
-    """A TCP port that is free on ``host`` right now (for tests)."""
+    """A TCP port that is free on ``host`` right now (for tests), not one handed out lately."""
     return free_ports(1, host)[0]
 
 
 def free_ports(count, host="127.0.0.1"):
-    """``count`` distinct free TCP ports (all bound at once, so none is handed out twice)."""
+    """``count`` distinct free TCP ports, none of them handed out lately by this process."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socks = []
+    socks, ports = [], []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             sock = socket.socket(family, socket.SOCK_STREAM)
-            socks.append(sock)
+            socks.append(sock)              # held open until the end, so the kernel moves on
             sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in socks]
+            port = sock.getsockname()[1]
+            if (host, port) not in _handed:
+                ports.append(port)
+            if len(socks) > count + 256:
+                raise ServiceError(f"no free TCP port on {host}")
     finally:
         for sock in socks:
             sock.close()
+    for port in ports:
+        _handed[(host, port)] = True
+        if len(_handed) > _HANDED_KEPT:
+            _handed.popitem(last=False)
+    return ports
 
 
 def port_in_use(host, port):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from plurksite.services import free_port, wait_for_port
+from plurksite.services import ServiceError, free_port, wait_for_port
 
 SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,6 +84,14 @@ class Fastpath:
         env, cwd = fastpath_env(self.tmp_path, self.preload, self.env)
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_listening()
+        except ServiceError as exc:       # say why: fastpath's last line names it
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+            raise ServiceError(f"{exc}: {lines[-1] if lines else 'it printed nothing'}") from None
+        return self
+
+    def _wait_listening(self):
         if self.unix_path:
             wait_for_port("127.0.0.1", self.admin_port, process=self.proc, name="fastpath's admin")
             assert os.path.exists(self.unix_path), self.unix_path
@@ -91,7 +99,6 @@ class Fastpath:
             wait_for_port("127.0.0.1", self.port, process=self.proc, name="fastpath")
         if self.edge_port:
             wait_for_port("127.0.0.1", self.edge_port, process=self.proc, name="fastpath's edge")
-        return self
 
     @property
     def url(self):
