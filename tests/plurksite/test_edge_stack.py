@@ -5,8 +5,6 @@ answers HIT (docs/contract.md section 10, docs/deploy.md "The edge")."""
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -14,8 +12,8 @@ import pytest
 import requests
 from pymemcache.client.hash import HashClient
 
-from plurksite.config import ROOT, format_hostport
-from tests.support.stack import manage, stack_config
+from plurksite.config import format_hostport
+from tests.support.stack import manage, output_until, stack_config, start_runstack
 
 pytestmark = pytest.mark.slow
 
@@ -27,22 +25,11 @@ def runstack(tmp_path_factory):
     """`manage.py runstack` (what `make run` ends in) on free ports: (config, its output so far)."""
     config = stack_config(tmp_path_factory.mktemp("edge"), PLURK_GUNICORN_WORKERS="1")
     manage(config, "migrate", "--noinput", "-v", "0")
-    env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "manage.py"), "runstack", "--nginx-workers", "1"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    output = []
+    proc = start_runstack(config, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            if line.startswith("Press Ctrl-C"):
-                break
-        assert "The stack is up." in "".join(output), "".join(output)
-        yield config, "".join(output)
+        output = output_until(proc, "Press Ctrl-C", 120)
+        assert "The stack is up." in output, output
+        yield config, output
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=60)
