@@ -92,13 +92,20 @@ def test_a_preflight_from_the_site_is_allowed_and_one_from_elsewhere_is_not(runs
     assert refused.status_code == 403 and "Access-Control-Allow-Origin" not in refused.headers
 
 
-def test_the_edge_answers_with_the_page_cookie_then_a_miss_sends_the_page_to_the_site_once(runstack):
+@pytest.fixture
+def follower(runstack):
+    """(config, the edge's poll URL, a writer's token, the browser session of a reader who
+    follows the writer): both signed up as browsers do."""
     config, _ = runstack
-    origin = config.base_url
-    edge = _edge_url(config) + "/Poll/getUnreadCount"
-    writer_session, writer, writer_token = _browser(config, "w")
+    _, writer, writer_token = _browser(config, "w")
     reader, _, reader_token = _browser(config, "r")
     _follow(config, reader_token, writer)
+    return config, _edge_url(config) + "/Poll/getUnreadCount", writer_token, reader
+
+
+def test_the_edge_answers_with_the_page_cookie_then_a_miss_sends_the_page_to_the_site_once(follower):
+    config, edge, writer_token, reader = follower
+    origin = config.base_url
     _post(config, writer_token, "through the edge")
 
     hit = reader.get(edge, headers={"Origin": origin}, timeout=10)
@@ -130,13 +137,9 @@ def test_the_edge_answers_with_the_page_cookie_then_a_miss_sends_the_page_to_the
     assert anonymous.status_code == 401 and _cors(anonymous, origin) == (origin, "true", "Origin")
 
 
-def test_a_long_poll_held_by_the_edge_wakes_on_a_post(runstack):
-    config, _ = runstack
+def test_a_long_poll_held_by_the_edge_wakes_on_a_post(follower):
+    config, edge, writer_token, reader = follower
     origin = config.base_url
-    edge = _edge_url(config) + "/Poll/getUnreadCount"
-    _, writer, writer_token = _browser(config, "w")
-    reader, _, reader_token = _browser(config, "r")
-    _follow(config, reader_token, writer)
     first = reader.get(edge, headers={"Origin": origin}, timeout=10)
     assert (first.status_code, first.headers.get("X-Cache")) == (204, "HIT"), first.text
     etag = first.headers["ETag"]
