@@ -58,9 +58,11 @@ def held_poll(fp, cache, uid, body):
 class Poll:
     """One raw HTTP/1.1 poll on its own connection: send now, read the answer later."""
 
-    def __init__(self, fp, uid, tag=None, wait=None, resource="getMessages", extra=""):
-        self.sock = socket.create_connection(("127.0.0.1", fp.port), timeout=SLACK + 60)
-        head = f"GET /Poll/{resource} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
+    def __init__(self, fp, uid, tag=None, wait=None, resource="getMessages", extra="", epoch=0, sock=None):
+        """``resource``: the path after /Poll/ (a query too); ``epoch``: the token's; ``sock``: a
+        connection of the caller's to use instead of one to ``fp``'s poll port."""
+        self.sock = sock or socket.create_connection(("127.0.0.1", fp.port), timeout=SLACK + 60)
+        head = f"GET /Poll/{resource} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid, epoch)}\r\n"
         if tag is not None:
             head += f"If-None-Match: {tag}\r\n"
         if wait is not None:
