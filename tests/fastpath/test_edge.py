@@ -15,7 +15,7 @@ from pymemcache.client.base import Client
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
 from fastpoll.http import STREAM_PREFIX
 from tests.fastpath.conftest import token
-from tests.fastpath.test_connections import Reader
+from tests.fastpath.test_connections import Reader, _seconds_until_cut
 from tests.fastpath.test_longpoll import SLACK, etag, held, key, metric, wait_metric
 from tests.fastpath.test_objects import cap, marker_key, object_key
 from tests.fastpath.test_stream import Stream
@@ -666,24 +666,8 @@ def test_a_head_trickled_past_the_header_timeout_is_cut_off(fastpath_factory, me
     resets the idle timeout every time, does not keep the connection."""
     fp = start(fastpath_factory, memcached, "--edge-header-timeout", "2", "--idle-timeout", "30")
     with Conn(fp.edge_port) as conn:
-        started = time.monotonic()
-        cut = None
-        for byte in b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100:
-            try:
-                conn.sock.sendall(bytes([byte]))
-            except (BrokenPipeError, ConnectionResetError):
-                cut = time.monotonic() - started
-                break
-            conn.sock.settimeout(0.3)
-            try:
-                if conn.sock.recv(1) == b"":
-                    cut = time.monotonic() - started
-                    break
-            except socket.timeout:
-                pass
-            except ConnectionResetError:
-                cut = time.monotonic() - started
-                break
+        cut = _seconds_until_cut(conn.sock, b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100,
+                                 every=0.3, within=60)
         assert cut is not None and cut < 2 + 3
 
 
