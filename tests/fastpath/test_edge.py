@@ -492,6 +492,15 @@ def _hold(port, uid, tag=None):
     return conn
 
 
+def _one_leaves_and_the_next_is_held(fp, conns, leaving, uid):
+    """At the cap, the held ``conns[leaving]`` ends: the slot it frees holds ``uid``'s next
+    long-poll on the edge (every one of ``conns`` is held)."""
+    conns.pop(leaving).close()
+    held(fp, len(conns))
+    conns.append(_hold(fp.edge_port, uid))
+    held(fp, len(conns))
+
+
 def test_held_connections_per_address_are_capped_with_429(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--edge-max-per-address", "3", "--max-held-per-user", "0")
     for uid in (10, 11, 12, 13):
@@ -513,10 +522,7 @@ def test_held_connections_per_address_are_capped_with_429(fastpath_factory, memc
         held(fp, 7)
         for conn in extra:
             conn.close()
-        conns.pop().close()                                   # one leaves: a new one is held
-        held(fp, 2)
-        conns.append(_hold(fp.edge_port, 13))
-        held(fp, 3)
+        _one_leaves_and_the_next_is_held(fp, conns, -1, 13)
     finally:
         for conn in conns:
             conn.close()
@@ -535,10 +541,7 @@ def test_held_connections_per_user_are_capped_on_both_listeners(fastpath_factory
             assert headers["retry-after"] == "5"
         conns.append(_hold(fp.port, 2))                       # another user is not affected
         held(fp, 3)
-        conns[0].close()                                      # one of user 1's ends ...
-        held(fp, 2)
-        conns.append(_hold(fp.edge_port, 1))                  # ... and the next is held
-        held(fp, 3)
+        _one_leaves_and_the_next_is_held(fp, conns, 0, 1)    # one of user 1's
     finally:
         for conn in conns:
             conn.close()
