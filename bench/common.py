@@ -130,6 +130,17 @@ def write_result(name, data):
     return path
 
 
+def read_to_close(sock, timeout):
+    """An HTTP answer read from ``sock`` until the server closes it (the request said
+    Connection: close), ``timeout`` seconds at most a read: (head as text, body)."""
+    sock.settimeout(timeout)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.decode(), body
+
+
 def progress(message):
     """One progress line on stderr (benchmarks run for minutes; say what is happening)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import progress, write_result  # noqa: E402
+from bench.common import progress, read_to_close, write_result  # noqa: E402
 
 HOST = "127.0.0.1"
 GOAL_MS = 100
@@ -65,20 +65,11 @@ def _answered(socks):
     answers = {}
     for fd, _ in poller.poll(0):
         try:
-            head = _answer(by_fd[fd], 2.0).split("\r\n", 1)[0] or "closed"
+            head = read_to_close(by_fd[fd], 2.0)[0].split("\r\n", 1)[0] or "closed"
         except OSError as exc:
             head = type(exc).__name__
         answers[head] = answers.get(head, 0) + 1
     return answers
-
-
-def _answer(sock, timeout=10.0):
-    sock.settimeout(timeout)
-    data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
-    head = data.partition(b"\r\n\r\n")[0].decode()
-    return head
 
 
 def _poll(port, token):
@@ -151,7 +142,7 @@ def phase(name, stack, port, token, other, count, polls):
     for _ in range(REFUSALS):
         t0 = time.monotonic()
         try:
-            head = _answer(_hold(port, token, etag), 5.0)
+            head = read_to_close(_hold(port, token, etag), 5.0)[0]
         except TimeoutError:
             head = "held"
         times.append(time.monotonic() - t0)

@@ -173,18 +173,31 @@ def _testhelper_name_greater(bytes a, bytes b):
     return bool(fp.fp_node_name_greater(&na, &nb))
 
 
+cdef str _testhelper_check(bytes secret, bytes cred, long long now, fp.fp_token_t *t, fp.fp_cap_t *c):
+    """Checks ``cred`` with ``secret`` as a token into ``t``, or (``t`` NULL) as a capability into
+    ``c``: None when valid, else fp_token_strerror's text."""
+    cdef fp.fp_hmac_key_t hmac
+    cdef fp.fp_token_result_t r
+    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
+        raise FastpathError("cannot prepare the HMAC key")
+    if t != NULL:
+        r = fp.fp_token_check(&hmac, cred, len(cred), now, t)
+    else:
+        r = fp.fp_cap_check(&hmac, cred, len(cred), now, c)
+    if r != fp.FP_TOKEN_OK:
+        return fp.fp_token_strerror(r).decode("ascii")
+    return None
+
+
 def _testhelper_token(bytes secret, bytes token, long long now, str resource="getMessages",
                       str key_prefix="p1"):
     """(uid, epoch, expires, key) for a valid token (uid as text), else the error string."""
     cdef fp.fp_token_t t
-    cdef fp.fp_hmac_key_t hmac
     cdef char key[256]
     cdef bytes res = resource.encode("ascii"), prefix = key_prefix.encode("ascii")
-    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
-        raise FastpathError("cannot prepare the HMAC key")
-    r = fp.fp_token_check(&hmac, token, len(token), now, &t)
-    if r != fp.FP_TOKEN_OK:
-        return fp.fp_token_strerror(r).decode("ascii")
+    error = _testhelper_check(secret, token, now, &t, NULL)
+    if error is not None:
+        return error
     n = fp.fp_make_key(key, sizeof(key), prefix, len(prefix), res, len(res), &t)
     return (t.uid_str[:t.uid_len].decode("ascii"), t.epoch, t.expires, key[:n].decode("ascii"))
 
@@ -192,14 +205,11 @@ def _testhelper_token(bytes secret, bytes token, long long now, str resource="ge
 def _testhelper_capability(bytes secret, bytes cap, long long now, str key_prefix="p1"):
     """(resource, object, uid, expires, object key) for a valid capability, else the error string."""
     cdef fp.fp_cap_t c
-    cdef fp.fp_hmac_key_t hmac
     cdef char key[256]
     cdef bytes prefix = key_prefix.encode("ascii")
-    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
-        raise FastpathError("cannot prepare the HMAC key")
-    r = fp.fp_cap_check(&hmac, cap, len(cap), now, &c)
-    if r != fp.FP_TOKEN_OK:
-        return fp.fp_token_strerror(r).decode("ascii")
+    error = _testhelper_check(secret, cap, now, NULL, &c)
+    if error is not None:
+        return error
     n = fp.fp_make_object_key(key, sizeof(key), prefix, len(prefix), c.res, c.res_len, c.obj, c.obj_len)
     return (c.res[:c.res_len].decode("ascii"), c.obj[:c.obj_len].decode("ascii"),
             c.uid[:c.uid_len].decode("ascii"), c.expires, key[:n].decode("ascii"))
@@ -208,14 +218,11 @@ def _testhelper_capability(bytes secret, bytes cap, long long now, str key_prefi
 def _testhelper_marker_key(bytes secret, bytes token, long long now, str key_prefix="p1"):
     """The epoch marker key of a valid token's user, else the error string."""
     cdef fp.fp_token_t t
-    cdef fp.fp_hmac_key_t hmac
     cdef char key[256]
     cdef bytes prefix = key_prefix.encode("ascii")
-    if fp.fp_hmac_prepare(&hmac, <const unsigned char *><char *>secret, len(secret)) != 0:
-        raise FastpathError("cannot prepare the HMAC key")
-    r = fp.fp_token_check(&hmac, token, len(token), now, &t)
-    if r != fp.FP_TOKEN_OK:
-        return fp.fp_token_strerror(r).decode("ascii")
+    error = _testhelper_check(secret, token, now, &t, NULL)
+    if error is not None:
+        return error
     n = fp.fp_make_marker_key(key, sizeof(key), prefix, len(prefix), &t)
     return key[:n].decode("ascii")
 

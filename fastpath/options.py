@@ -23,6 +23,7 @@ DEFAULT_RESOURCES = ("getMessages", "getUnreadCount")
 BACKENDS = ("epoll", "poll", "select")
 _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
+_SECRET_WRONG_LENGTH = "secret file {path} must hold {low}..{high} bytes, has {length}"
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 # an origin as a browser serializes it (lower case, no path): scheme "://" host [":" port]
 _ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)(https?)://([a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
@@ -314,17 +315,24 @@ def check_admin_apart(listen_addr, admin_addr, listen, admin, flag="--admin", ot
                                  f"give {flag} another port")
 
 
-def read_secret(path):
-    """The key bytes of docs/contract.md section 1."""
+def secret_key(raw, path, error=FastpathError, wrong_length=_SECRET_WRONG_LENGTH):
+    """The key bytes of docs/contract.md section 1 in a secret file's bytes ``raw``: stripped
+    of " \t\r\n", 32..1024 of them, else ``error`` with ``wrong_length`` (a str.format of
+    ``path``, ``low``, ``high``, ``length``).  fastpoll reads the same file through it."""
+    key = raw.strip(b" \t\r\n")
+    if not _SECRET_MIN <= len(key) <= _SECRET_MAX:
+        raise error(wrong_length.format(path=path, low=_SECRET_MIN, high=_SECRET_MAX, length=len(key)))
+    return key
+
+
+def read_secret(path, error=FastpathError, wrong_length=_SECRET_WRONG_LENGTH):
+    """The key bytes of the secret file at ``path`` (``secret_key``; ``error`` when unreadable)."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(_SECRET_MAX + 64)
     except OSError as exc:
-        raise FastpathError(f"cannot read secret file {path}: {exc.strerror}") from None
-    key = raw.strip(b" \t\r\n")
-    if not _SECRET_MIN <= len(key) <= _SECRET_MAX:
-        raise FastpathError(f"secret file {path} must hold {_SECRET_MIN}..{_SECRET_MAX} bytes, has {len(key)}")
-    return key
+        raise error(f"cannot read secret file {path}: {exc.strerror}") from None
+    return secret_key(raw, path, error, wrong_length)
 
 
 def is_loopback(host):

@@ -78,6 +78,19 @@ def _is_positive_int(value):
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _each_must_be(config, names, valid, what, check_id, above=None):
+    """One error ``check_id`` per setting of ``names`` whose value ``valid`` refuses ("must be
+    ``what``, got" the value); ``above`` = (name, limit, message) adds ``message`` when that
+    setting is valid and above ``limit``."""
+    errors = [checks.Error(f"FASTPOLL['{name}'] must be {what}, got {config[name]!r}.", id=check_id)
+              for name in names if not valid(config[name])]
+    if above is not None:
+        name, limit, message = above
+        if valid(config[name]) and config[name] > limit:
+            errors.append(message)
+    return errors
+
+
 def check_type(app_configs=None, **kwargs):
     if _malformed():
         return [checks.Error("FASTPOLL must be a dict.", hint="See DEFAULTS in fastpoll/conf.py.",
@@ -104,32 +117,24 @@ def check_memcached_servers(config):
 
 @_of_config
 def check_durations(config):
-    errors = [checks.Error(f"FASTPOLL['{name}'] must be a positive number of seconds, got "
-                           f"{config[name]!r}.", id="fastpoll.E003")
-              for name in DURATIONS if not _is_positive_number(config[name])]
-    if _is_positive_number(config["MEMCACHED_TIMEOUT"]) and config["MEMCACHED_TIMEOUT"] > 1:
-        errors.append(checks.Warning(
-            "FASTPOLL['MEMCACHED_TIMEOUT'] is above one second: a dead memcached server will "
-            "slow every write down by that much.", id="fastpoll.W002"))
-    return errors
+    return _each_must_be(config, DURATIONS, _is_positive_number, "a positive number of seconds",
+                         "fastpoll.E003", above=("MEMCACHED_TIMEOUT", 1, checks.Warning(
+                             "FASTPOLL['MEMCACHED_TIMEOUT'] is above one second: a dead memcached "
+                             "server will slow every write down by that much.", id="fastpoll.W002")))
 
 
 @_of_config
 def check_counts(config):
-    errors = [checks.Error(f"FASTPOLL['{name}'] must be a positive integer, got {config[name]!r}.",
-                           id="fastpoll.E004")
-              for name in COUNTS if not _is_positive_int(config[name])]
-    if _is_positive_int(config["CACHE_TTL"]) and config["CACHE_TTL"] > MAX_CACHE_TTL:
-        errors.append(checks.Error(
-            "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger values as a "
-            "Unix timestamp).", id="fastpoll.E008"))
-    return errors
+    return _each_must_be(config, COUNTS, _is_positive_int, "a positive integer", "fastpoll.E004",
+                         above=("CACHE_TTL", MAX_CACHE_TTL, checks.Error(
+                             "FASTPOLL['CACHE_TTL'] must be at most 30 days (memcached reads larger "
+                             "values as a Unix timestamp).", id="fastpoll.E008")))
 
 
 @_of_config
 def check_switches(config):
-    return [checks.Error(f"FASTPOLL['{name}'] must be True or False, got {config[name]!r}.", id="fastpoll.E014")
-            for name in SWITCHES if not isinstance(config[name], bool)]
+    return _each_must_be(config, SWITCHES, lambda value: isinstance(value, bool), "True or False",
+                         "fastpoll.E014")
 
 
 @_of_config

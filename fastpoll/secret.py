@@ -1,11 +1,13 @@
-"""Reading (and creating) the shared secret file (docs/contract.md, section 1)."""
+"""Reading (and creating) the shared secret file (docs/contract.md, section 1).  It is read as
+fastpath reads it (fastpath.options.secret_key), with this module's error and fix."""
 import contextlib
 import os
 import secrets
 
-MIN_LENGTH = 32
-MAX_LENGTH = 1024
-_WHITESPACE = b" \t\r\n"
+from fastpath.options import read_secret as _read_secret, secret_key
+
+_WRONG_LENGTH = ("{path}: the secret must be {low}..{high} bytes, found {length}; "
+                 "`manage.py fastpoll_secret --force` writes a new one")
 
 
 class SecretFileError(Exception):
@@ -13,22 +15,11 @@ class SecretFileError(Exception):
 
 
 def parse_secret(raw, path="<secret>"):
-    key = raw.strip(_WHITESPACE)
-    if not MIN_LENGTH <= len(key) <= MAX_LENGTH:
-        raise SecretFileError(
-            f"{path}: the secret must be {MIN_LENGTH}..{MAX_LENGTH} bytes, found {len(key)}; "
-            f"`manage.py fastpoll_secret --force` writes a new one"
-        )
-    return key
+    return secret_key(raw, path, SecretFileError, _WRONG_LENGTH)
 
 
 def read_secret(path):
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_LENGTH + 64)
-    except OSError as exc:
-        raise SecretFileError(f"cannot read secret file {path}: {exc.strerror}") from None
-    return parse_secret(raw, path)
+    return _read_secret(path, SecretFileError, _WRONG_LENGTH)
 
 
 def new_secret():

@@ -595,29 +595,42 @@ class _Plurker(FastHttpUser):
         self.count = count
         return count, held, status == 304 and time.monotonic() - started < LONGPOLL_QUICK_S, status
 
-    def _long_poll_loop(self):
+    def _poll_loop(self, what, step):
+        """Calls ``step`` (after any due mark-read) for ever: it returns the seconds to wait
+        before the next call (0: at once), or None on a failure, after which the wait doubles, up
+        to MAX_BACKOFF_S, until a call succeeds.  ``what`` names the step in the log."""
         backoff = POLL_WAIT
         while True:
             try:
                 self._mark_read_if_due()
-                started = time.time()
-                answer = self._long_poll()
-                if answer is not None:
-                    count, held, quick, status = answer
-                    if status == 304 and count == self.known:
-                        self._polled(started)             # unchanged since the last answer handled
-                    elif not self._read(started, count, (None, time.time())):
-                        held = False                      # messages behind the count: ask again soon
+                pause = step()
             except Exception:             # a bug here must not stop this user's polling in silence
-                log.exception("long-poll of %s", self.username)
-                answer = None
-            if answer is None:
+                log.exception("%s of %s", what, self.username)
+                pause = None
+            if pause is None:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 gevent.sleep(random.uniform(0.5, 1.0) * backoff)
                 continue
             backoff = POLL_WAIT
-            if not held or quick:         # Django answered, or fastpath did not hold: poll wait
-                gevent.sleep(random.uniform(0.75, 1.25) * POLL_WAIT)
+            gevent.sleep(pause)
+
+    def _long_poll_loop(self):
+        self._poll_loop("long-poll", self._long_poll_step)
+
+    def _long_poll_step(self):
+        """One long-poll, its answer handled: the seconds to wait before the next, or None."""
+        started = time.time()
+        answer = self._long_poll()
+        if answer is None:
+            return None
+        count, held, quick, status = answer
+        if status == 304 and count == self.known:
+            self._polled(started)                 # unchanged since the last answer handled
+        elif not self._read(started, count, (None, time.time())):
+            held = False                          # messages behind the count: ask again soon
+        if not held or quick:             # Django answered, or fastpath did not hold: poll wait
+            return random.uniform(0.75, 1.25) * POLL_WAIT
+        return 0
 
     # -- streams (Server-Sent Events) ----------------------------------------------------------------
 
@@ -642,20 +655,7 @@ class _Plurker(FastHttpUser):
         self._mark_read_if_due()
 
     def _stream_loop(self):
-        backoff = POLL_WAIT
-        while True:
-            try:
-                self._mark_read_if_due()
-                pause = self._stream()
-            except Exception:             # a bug here must not stop this user's stream in silence
-                log.exception("stream of %s", self.username)
-                pause = None
-            if pause is None:
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                gevent.sleep(random.uniform(0.5, 1.0) * backoff)
-                continue
-            backoff = POLL_WAIT
-            gevent.sleep(pause)
+        self._poll_loop("stream", self._stream)
 
     def _stream(self):
         """One stream, until it ends: the seconds to wait before the next one (Django's

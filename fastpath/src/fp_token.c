@@ -160,37 +160,47 @@ static fp_token_result_t _check_sig(const fp_hmac_key_t *key, const char *payloa
     return CRYPTO_memcmp(mac_hex, sig, 64) == 0 ? FP_TOKEN_OK : FP_TOKEN_BAD_SIGNATURE;
 }
 
+/* The tail a token and a capability share, from s[pos]: expires "." sig, where sig signs
+ * s[0..the dot), then the expiry against now.  The fields before it are the caller's. */
+static fp_token_result_t _check_expiring_tail(const fp_hmac_key_t *key, const char *s, size_t len,
+                                              size_t pos, int64_t now, uint64_t *expires)
+{
+    size_t payload_len, n_expires;
+    const char *expires_str;
+
+    if (_parse_decimal(s, len, &pos, 0, expires, &expires_str, &n_expires) < 0)
+        return FP_TOKEN_MALFORMED;
+    payload_len = pos;
+    if (_expect_dot(s, len, &pos) < 0)
+        return FP_TOKEN_MALFORMED;
+    fp_token_result_t r = _check_sig(key, s, payload_len, s + pos, len - pos);
+    if (r != FP_TOKEN_OK)
+        return r;
+    if (now < 0 || (uint64_t)now >= *expires)
+        return FP_TOKEN_EXPIRED;
+    return FP_TOKEN_OK;
+}
+
 fp_token_result_t fp_token_check(const fp_hmac_key_t *key, const char *tok, size_t len,
                                  int64_t now, fp_token_t *out)
 {
-    size_t pos = 3, payload_len, n_expires;
-    const char *expires_str;
+    size_t pos = 3;
 
     if (len < 3 || len > FP_TOKEN_MAX_LEN || memcmp(tok, "v1.", 3) != 0)
         return FP_TOKEN_MALFORMED;
     if (_parse_span(tok, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->uid_str, &out->uid_len) < 0 ||
         _expect_dot(tok, len, &pos) < 0 ||
         _parse_decimal(tok, len, &pos, 1, &out->epoch, &out->epoch_str, &out->epoch_len) < 0 ||
-        _expect_dot(tok, len, &pos) < 0 ||
-        _parse_decimal(tok, len, &pos, 0, &out->expires, &expires_str, &n_expires) < 0)
+        _expect_dot(tok, len, &pos) < 0)
         return FP_TOKEN_MALFORMED;
-    payload_len = pos;
-    if (_expect_dot(tok, len, &pos) < 0)
-        return FP_TOKEN_MALFORMED;
-    fp_token_result_t r = _check_sig(key, tok, payload_len, tok + pos, len - pos);
-    if (r != FP_TOKEN_OK)
-        return r;
-    if (now < 0 || (uint64_t)now >= out->expires)
-        return FP_TOKEN_EXPIRED;
-    return FP_TOKEN_OK;
+    return _check_expiring_tail(key, tok, len, pos, now, &out->expires);
 }
 
 /* capability = "c1." resource "." object "." uid "." expires "." sig (docs/contract.md s. 8) */
 fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t len, int64_t now,
                                fp_cap_t *out)
 {
-    size_t pos = 3, payload_len, n_expires;
-    const char *expires_str;
+    size_t pos = 3;
 
     if (len < 3 || len > FP_CAP_MAX_LEN || memcmp(cap, "c1.", 3) != 0)
         return FP_TOKEN_MALFORMED;
@@ -199,18 +209,9 @@ fp_token_result_t fp_cap_check(const fp_hmac_key_t *key, const char *cap, size_t
         _parse_span(cap, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->obj, &out->obj_len) < 0 ||
         _expect_dot(cap, len, &pos) < 0 ||
         _parse_span(cap, len, &pos, _is_uid_char, FP_UID_MAX_LEN, &out->uid, &out->uid_len) < 0 ||
-        _expect_dot(cap, len, &pos) < 0 ||
-        _parse_decimal(cap, len, &pos, 0, &out->expires, &expires_str, &n_expires) < 0)
+        _expect_dot(cap, len, &pos) < 0)
         return FP_TOKEN_MALFORMED;
-    payload_len = pos;
-    if (_expect_dot(cap, len, &pos) < 0)
-        return FP_TOKEN_MALFORMED;
-    fp_token_result_t r = _check_sig(key, cap, payload_len, cap + pos, len - pos);
-    if (r != FP_TOKEN_OK)
-        return r;
-    if (now < 0 || (uint64_t)now >= out->expires)
-        return FP_TOKEN_EXPIRED;
-    return FP_TOKEN_OK;
+    return _check_expiring_tail(key, cap, len, pos, now, &out->expires);
 }
 
 const char *fp_token_strerror(fp_token_result_t r)

@@ -24,6 +24,7 @@ from pymemcache.client.hash import HashClient
 from plurksite.cluster import topology
 from plurksite.cluster.harness import Cluster
 from plurksite.config import StackConfig
+from tests.support.sse import open_held_stream, read_event
 
 pytestmark = pytest.mark.slow
 
@@ -115,41 +116,23 @@ def test_the_api_a_poll_and_a_long_poll_woken_by_a_plurk(cluster, tokens):
         cluster, tokens["alice"], "GET", "/Poll/getUnreadCount", timeout=60, headers=headers))
 
 
+def _streamed_plurk(cluster, tokens, resp, content):
+    """bob plurks ``content``: alice's stream ``resp`` carries her new count within 5 s."""
+    _plurk(cluster, tokens["bob"], content)
+    posted = time.monotonic()
+    got = read_event(resp.readline)
+    assert got["event"] == "getUnreadCount" and "count" in json.loads(got["data"]), got
+    assert time.monotonic() - posted < 5
+
+
 def test_a_stream_delivers_an_event_through_https(cluster, tokens):
-    deadline = time.monotonic() + 20
-    last_id = None
-    while True:          # as EventSource: Django's one event and retry: until fastpath holds the stream
-        conn = http.client.HTTPSConnection(LB, 443, timeout=30, context=cluster.ssl_context())
-        headers = {"Authorization": f"Bearer {tokens['alice']}", "Accept": "text/event-stream"}
-        if last_id:
-            headers["Last-Event-ID"] = last_id
-        conn.request("GET", "/Poll/getUnreadCount", headers=headers)
-        resp = conn.getresponse()
-        assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
-        if resp.getheader("X-Cache") == "HIT":
-            break
-        text = resp.read().decode()
-        conn.close()
-        last_id = text.split("id: ", 1)[1].split("\n", 1)[0] if "id: " in text else last_id
-        assert time.monotonic() < deadline, "fastpath never held the stream"
-        time.sleep(1.0)
+    conn, resp, last_id = open_held_stream(
+        lambda: http.client.HTTPSConnection(LB, 443, timeout=30, context=cluster.ssl_context()),
+        tokens["alice"], within=20)
     try:
-        def event():
-            fields = {}
-            while True:
-                line = resp.readline().decode()
-                if line in ("\n", "") and fields:
-                    return fields
-                if ":" in line and not line.startswith((":", "retry:")):    # retry: opens the stream
-                    key, _, value = line.rstrip("\n").partition(": ")
-                    fields[key] = value
         if last_id is None:
-            event()                                  # fastpath's answer is the first event
-        _plurk(cluster, tokens["bob"], "streamed over TLS")
-        posted = time.monotonic()
-        got = event()
-        assert got["event"] == "getUnreadCount" and "count" in json.loads(got["data"]), got
-        assert time.monotonic() - posted < 5
+            read_event(resp.readline)                # fastpath's answer is the first event
+        _streamed_plurk(cluster, tokens, resp, "streamed over TLS")
     finally:
         conn.close()
 
@@ -258,23 +241,7 @@ def test_a_stream_on_the_edge_over_tls_delivers_an_event(cluster, tokens):
             "Authorization": f"Bearer {tokens['alice']}", "Accept": "text/event-stream", "Origin": SITE})
         resp = conn.getresponse()
         assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
-
-        def event():
-            fields = {}
-            while True:
-                line = resp.readline().decode()
-                assert line, f"the stream ended: {fields}"
-                if line == "\n" and fields:
-                    return fields
-                if ":" in line and not line.startswith((":", "retry:")):    # retry: opens the stream
-                    key, _, value = line.rstrip("\n").partition(": ")
-                    fields[key] = value
-
-        assert event()["event"] == "getUnreadCount"         # the answer it starts with
-        _plurk(cluster, tokens["bob"], "streamed to the edge over TLS")
-        posted = time.monotonic()
-        got = event()
-        assert got["event"] == "getUnreadCount" and "count" in json.loads(got["data"]), got
-        assert time.monotonic() - posted < 5
+        assert read_event(resp.readline)["event"] == "getUnreadCount"         # the answer it starts with
+        _streamed_plurk(cluster, tokens, resp, "streamed to the edge over TLS")
     finally:
         conn.close()

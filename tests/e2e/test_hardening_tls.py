@@ -27,6 +27,7 @@ from plurksite.cluster import tls
 from plurksite.config import StackConfig, format_hostport
 from plurksite.services import free_port
 from plurksite.stack import Stack
+from tests.support.sse import open_held_stream, read_event
 from tests.support.stack import TestStack, stack_config
 
 pytestmark = pytest.mark.slow
@@ -318,61 +319,22 @@ def test_a_long_poll_is_held_over_tls_until_a_plurk_wakes_it(site):
     assert arrived < 1.5, f"woken {arrived:.2f} s after the plurk: by the notice, not the wait's end?"
 
 
-def _open_stream(site, token, within=10):
-    """A stream over https that fastpath holds (Django's one-event answer to a miss is read and
-    asked again, as EventSource does): the response, its first line not read yet."""
-    deadline = time.monotonic() + within
-    last_id = None
-    while True:
-        conn = http.client.HTTPSConnection(*site.https, timeout=10, context=site.context)
-        headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
-        if last_id:
-            headers["Last-Event-ID"] = last_id
-        conn.request("GET", "/Poll/getUnreadCount", headers=headers)
-        resp = conn.getresponse()
-        assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
-        if resp.getheader("X-Cache") == "HIT":
-            return conn, resp
-        text = resp.read().decode()
-        conn.close()
-        if "id: " in text:
-            last_id = text.split("id: ", 1)[1].split("\n", 1)[0]
-        assert time.monotonic() < deadline, "fastpath never held the stream"
-        time.sleep(1.0)
-
-
-def _event(resp):
-    """The next event's fields (comments, the heartbeat's, and the stream's first retry: line
-    skipped)."""
-    fields = {}
-    while True:
-        line = resp.readline()
-        assert line, "the stream ended"
-        line = line.decode().rstrip("\n")
-        if not line:
-            if fields:
-                return fields
-            continue
-        if not line.startswith((":", "retry:")):
-            name, _, value = line.partition(": ")
-            fields[name] = value
-
-
 def test_a_stream_over_tls_is_not_buffered(site):
     writer, reader = _pair(site)
     _warm_etag(site, reader)
-    conn, resp = _open_stream(site, reader)
+    conn, resp, _ = open_held_stream(
+        lambda: http.client.HTTPSConnection(*site.https, timeout=10, context=site.context), reader)
     try:
         conn.sock.settimeout(5)           # the first event comes at once, not when a buffer fills
         began = time.monotonic()
         try:
-            first = _event(resp)
+            first = read_event(resp.readline)
         except (socket.timeout, TimeoutError):
             raise AssertionError("no first event within 5 s: the balancer holds it back (buffered)") from None
         assert first["event"] == "getUnreadCount" and time.monotonic() - began < 3, first
         posted = time.monotonic()
         assert site.request("POST", "/api/plurks", writer, json={"content": "an event"}).status_code == 201
-        second = _event(resp)
+        second = read_event(resp.readline)
         arrived = time.monotonic() - posted
         assert second["event"] == "getUnreadCount" and second["data"] == '{"count":1}', second
         assert second["id"] != first["id"]
@@ -431,25 +393,14 @@ def test_a_stream_over_http2_is_not_buffered(site):
         assert time.monotonic() < deadline, f"fastpath never held the stream: {head}"
         time.sleep(1.0)
 
-    def event():
-        fields = {}
-        while True:
-            line = curl.stdout.readline()
-            assert line, "the stream ended"
-            line = line.decode().rstrip("\n")
-            if not line and fields:
-                return fields
-            if line and not line.startswith((":", "retry:")):     # the stream's first line is retry:
-                name, _, value = line.partition(": ")
-                fields[name] = value
     try:
         assert "content-type: text/event-stream" in head, head
         began = time.monotonic()
-        first = event()                               # fastpath's answer, at once
+        first = read_event(curl.stdout.readline)      # fastpath's answer, at once
         assert first["event"] == "getUnreadCount" and time.monotonic() - began < 3, first
         posted = time.monotonic()
         assert site.request("POST", "/api/plurks", writer, json={"content": "an event over HTTP/2"}).status_code == 201
-        second = event()
+        second = read_event(curl.stdout.readline)
         arrived = time.monotonic() - posted
         assert second["data"] == '{"count":1}' and second["id"] != first["id"], second
         assert arrived < 1.5, f"the event took {arrived:.2f} s through the balancer over HTTP/2"

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from bench.common import read_to_close
 from tests.support.stack import TestStack, stack_config
 
 BALANCER = "127.0.0.2"
@@ -283,15 +284,6 @@ def _hold(stack, token, etag, source="127.0.0.1", client=None):
     return sock
 
 
-def _answer(sock, timeout=5.0):
-    sock.settimeout(timeout)
-    data = b""
-    while chunk := sock.recv(4096):
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    return head.decode(), body
-
-
 @pytest.mark.slow
 def test_one_user_cannot_take_everyones_slots(public):
     _, token_a = _signup(public)
@@ -305,7 +297,7 @@ def test_one_user_cannot_take_everyones_slots(public):
         assert select.select(held, [], [], 0)[0] == [], "a long-poll under the caps was answered, not held"
         # the user's next one: fastpath's 429 at once, not queued
         began = time.monotonic()
-        head, body = _answer(_hold(public, token_a, etags[token_a], client=CLIENT))
+        head, body = read_to_close(_hold(public, token_a, etags[token_a], client=CLIENT), 5.0)
         assert head.startswith("HTTP/1.1 429 "), head
         assert re.search(r"(?im)^retry-after: \d+\r?$", head), head
         assert json.loads(body)["error"].startswith("too many held connections")
@@ -314,7 +306,7 @@ def test_one_user_cannot_take_everyones_slots(public):
         held += [_hold(public, token_b, etags[token_b], client=CLIENT) for _ in range(PER_ADDRESS - PER_USER)]
         time.sleep(1.0)
         assert select.select(held, [], [], 0)[0] == [], "a long-poll under the caps was answered, not held"
-        head, body = _answer(_hold(public, token_b, etags[token_b], client=CLIENT))
+        head, body = read_to_close(_hold(public, token_b, etags[token_b], client=CLIENT), 5.0)
         assert head.startswith("HTTP/1.1 429 "), head
         assert re.search(r"(?im)^retry-after: 5\r?$", head) and b"too many held connections" in body
         assert re.search(r"(?im)^content-type: application/json", head), head

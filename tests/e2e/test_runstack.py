@@ -3,7 +3,6 @@ leaves no process behind on SIGTERM."""
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -11,18 +10,9 @@ import pytest
 import requests
 
 from plurksite import services
-from plurksite.config import ROOT
-from tests.support.stack import manage, stack_config
+from tests.support.stack import manage, output_until, stack_config, start_runstack
 
 pytestmark = pytest.mark.slow
-
-
-def _runstack(config, extra_env=None):
-    env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
-    env.update(extra_env or {})
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "manage.py"), "runstack",
-                             "--nginx-workers", "1"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _descendants(pid):
@@ -57,7 +47,7 @@ def test_refuses_a_port_in_use(tmp_path):
     with socket.socket() as holder:
         holder.bind(config.http)
         holder.listen()
-        proc = _runstack(config)
+        proc = start_runstack(config)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1
     lines = [ln for ln in out.splitlines() if "in use" in ln]
@@ -66,7 +56,7 @@ def test_refuses_a_port_in_use(tmp_path):
 
 def test_refuses_invalid_config(tmp_path):
     config = stack_config(tmp_path)
-    proc = _runstack(config, {"PLURK_HTTP": "nonsense"})
+    proc = start_runstack(config, extra_env={"PLURK_HTTP": "nonsense"})
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "PLURK_HTTP='nonsense'" in out and "host:port" in out
@@ -76,7 +66,7 @@ def test_refuses_missing_binary(tmp_path):
     config = stack_config(tmp_path)
     manage(config, "migrate", "--noinput", "-v", "0")
     bindir = os.path.dirname(sys.executable)
-    proc = _runstack(config, {"PATH": bindir})   # memcached (/usr/bin) is not on this PATH
+    proc = start_runstack(config, extra_env={"PATH": bindir})   # memcached (/usr/bin) is not on this PATH
     out, _ = proc.communicate(timeout=60)
     # nginx is still found in /usr/sbin (find_binary looks there too); memcached is not
     assert proc.returncode == 1, out
@@ -86,18 +76,10 @@ def test_refuses_missing_binary(tmp_path):
 def test_serves_then_stops_everything_on_sigterm(tmp_path):
     config = stack_config(tmp_path)
     manage(config, "migrate", "--noinput", "-v", "0")
-    proc = _runstack(config)
+    proc = start_runstack(config)
     try:
-        lines = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "The stack is up" in line:
-                break
-        assert any("The stack is up" in ln for ln in lines), "".join(lines)
+        output = output_until(proc, "The stack is up", 60)
+        assert "The stack is up" in output, output
         resp = requests.get(config.base_url + "/Poll/getUnreadCount", timeout=5)
         assert resp.status_code == 401
         children = _descendants(proc.pid)
@@ -140,7 +122,7 @@ def test_refuses_a_socket_nginx_workers_cannot_reach(tmp_path):
     if os.geteuid() != 0:
         os.chmod(closed, 0o600)                                 # closed to the invoking user too
     config = stack_config(tmp_path, PLURK_FASTPATH=f"unix:{closed}/fp.sock")
-    proc = _runstack(config)
+    proc = start_runstack(config)
     try:
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 1, out

@@ -16,7 +16,7 @@ import fastpath._server  # noqa: F401  (a build that does not import fails here,
 from fastpath import activation
 from fastpath.errors import ConfigurationError
 from plurksite.services import free_port, wait_for_port
-from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, token
+from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env
 from tests.fastpath.test_longpoll import SLACK, Poll, etag, held, key
 
 # python -c: pass the sockets whose descriptors are argv[1] (comma list) from 3 on, LISTEN_PID
@@ -102,17 +102,9 @@ def connect(address):
     return socket.create_connection(address, timeout=SLACK + 60)
 
 
-class PollOn(Poll):
+def poll_on(address, uid, tag=None, wait=None):
     """test_longpoll's raw poll, on a unix socket or a TCP port."""
-
-    def __init__(self, address, uid, tag=None, wait=None):
-        self.sock = connect(address)
-        head = f"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid)}\r\n"
-        if tag is not None:
-            head += f"If-None-Match: {tag}\r\n"
-        if wait is not None:
-            head += f"Prefer: wait={wait}\r\n"
-        self.sock.sendall((head + "\r\n").encode())
+    return Poll(None, uid, tag, wait, sock=connect(address))
 
 
 def listen_pair(tmp_path, kind):
@@ -137,7 +129,7 @@ def test_a_passed_socket_is_used_and_outlives_fastpath(tmp_path, activated, cach
         fp = activated(sock, listen, workers=2)
         for uid in range(1, 5):
             cache.set(key(uid), b'{"mine":%d}' % uid)
-            status, _, body = PollOn(address, uid).answer()
+            status, _, body = poll_on(address, uid).answer()
             assert (status, body) == (200, b'{"mine":%d}' % uid)
         assert fp.stop() == 0
         assert "using the socket passed by the supervisor (descriptor 3, LISTEN_FDS)" in fp.output()
@@ -207,7 +199,7 @@ def test_sockets_passed_to_another_process_are_ignored(tmp_path, memcached, cach
         try:
             wait_for_port_file(path, proc)
             cache.set(key(7), b'{"mine":7}')
-            assert PollOn(("unix", path), 7).answer()[2] == b'{"mine":7}'
+            assert poll_on(("unix", path), 7).answer()[2] == b'{"mine":7}'
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=SLACK) == 0
         finally:
@@ -268,10 +260,10 @@ class PageClient:
 
     def _run(self):
         try:
-            poll = PollOn(self.address, self.uid, self.tag, wait=50)
+            poll = poll_on(self.address, self.uid, self.tag, wait=50)
             self.first = poll.answer(timeout=SLACK + 60)
             poll.close()
-            repoll = PollOn(self.address, self.uid, self.tag, wait=50)
+            repoll = poll_on(self.address, self.uid, self.tag, wait=50)
             self.repolled.set()
             self.second = repoll.answer(timeout=SLACK + 60)
             repoll.close()
@@ -303,7 +295,7 @@ def test_a_restart_on_the_passed_socket_drops_no_held_poll(tmp_path, activated, 
             status, headers, _ = c.first
             assert (status, headers["etag"], headers["connection"]) == (304, etag(old), "close")
             assert headers["preference-applied"] == "wait=50"
-        late = [PollOn(address, uid, etag(old), wait=50) for uid in (21, 22, 23)]   # no fastpath runs
+        late = [poll_on(address, uid, etag(old), wait=50) for uid in (21, 22, 23)]   # no fastpath runs
         assert not any(c.done.is_set() for c in clients) and not any(p.ready() for p in late)
 
         b = activated(sock, listen, "--max-wait", "40", "--reread-interval", "1", "--timeout-ms", "2000",

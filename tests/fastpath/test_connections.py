@@ -61,6 +61,26 @@ def _closed_by_peer(sock, timeout=3.0):
         return True
 
 
+def _seconds_until_cut(sock, data, every, within):
+    """``data`` sent a byte at a time, each followed by a wait of up to ``every`` seconds for
+    the peer to close: the seconds until it closed (or reset) the connection, or None when it
+    was still open after ``within`` seconds or all of ``data``."""
+    started = time.monotonic()
+    for byte in data:
+        if time.monotonic() - started >= within:
+            break
+        try:
+            sock.sendall(bytes([byte]))
+            sock.settimeout(every)
+            if sock.recv(1) == b"":
+                return time.monotonic() - started
+        except socket.timeout:
+            pass
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - started
+    return None
+
+
 @pytest.fixture
 def cache(memcached):
     client = HashClient([memcached.spec], default_noreply=False)

@@ -15,7 +15,7 @@ from pymemcache.client.base import Client
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
 from fastpoll.http import STREAM_PREFIX
 from tests.fastpath.conftest import token
-from tests.fastpath.test_connections import Reader
+from tests.fastpath.test_connections import Reader, _seconds_until_cut
 from tests.fastpath.test_longpoll import SLACK, etag, held, key, metric, wait_metric
 from tests.fastpath.test_objects import cap, marker_key, object_key
 from tests.fastpath.test_stream import Stream
@@ -83,23 +83,23 @@ class Conn:
     def close(self):
         self.sock.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def edge(fp, data=None, **kwargs):
     """One request on its own edge connection: (status, headers, body)."""
-    conn = Conn(fp.edge_port)
-    try:
+    with Conn(fp.edge_port) as conn:
         return conn.ask(data, **kwargs)
-    finally:
-        conn.close()
 
 
 def poll(fp, data=None, **kwargs):
     """The same on the poll listener (nginx's)."""
-    conn = Conn(fp.port)
-    try:
+    with Conn(fp.port) as conn:
         return conn.ask(data, **kwargs)
-    finally:
-        conn.close()
 
 
 def edge_stream(fp, **kwargs):
@@ -132,13 +132,10 @@ def test_edge_answers_a_short_poll_as_the_poll_listener_does(fp):
 
 
 def test_edge_keeps_the_connection_between_polls(fp):
-    conn = Conn(fp.edge_port)
-    try:
+    with Conn(fp.edge_port) as conn:
         for uid in (1, 2, 1):
             status, headers, body = conn.ask(uid=uid)
             assert (status, body) == (200, b'{"mine":%d}' % uid) and "connection" not in headers
-    finally:
-        conn.close()
 
 
 def _head_lines(raw):
@@ -152,8 +149,7 @@ def test_edge_answers_head_without_a_body(fp, version):
     with the head a GET gets (Connection included: the connection is kept alike), without
     the content."""
     keep = [("Connection", "keep-alive")] if version == "1.0" else []
-    conn = Conn(fp.edge_port)
-    try:
+    with Conn(fp.edge_port) as conn:
         conn.sock.settimeout(SLACK)
         heads = []
         for method in ("GET", "HEAD"):
@@ -169,28 +165,20 @@ def test_edge_answers_head_without_a_body(fp, version):
         assert b"ETag: " + etag(b'{"mine":1}').encode() in head
         assert _head_lines(head) == _head_lines(heads[0]) and b"Connection: close" not in head
         assert conn.ask(version=version, headers=keep)[2] == b'{"mine":1}'    # still open after it
-    finally:
-        conn.close()
-    conn = Conn(fp.port)
-    try:
+    with Conn(fp.port) as conn:
         conn.sock.sendall(request(method="HEAD"))
         status, headers, _ = conn.reader.response(True)
         assert (status, headers["x-cache"]) == (404, "MISS")        # the poll listener's: Django's
-    finally:
-        conn.close()
 
 
 def test_edge_holds_a_long_poll_and_answers_the_change(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--reread-interval", "1")
-    conn = Conn(fp.edge_port)
-    try:
+    with Conn(fp.edge_port) as conn:
         conn.sock.sendall(request(uid=1, headers=[("If-None-Match", etag(b'{"mine":1}')), ("Prefer", "wait=30")]))
         held(fp, 1)
         cache.set(key(1), b'{"mine":"new"}')
         status, headers, body = conn.answer()
         assert (status, body) == (200, b'{"mine":"new"}') and headers["preference-applied"] == "wait=30"
-    finally:
-        conn.close()
 
 
 def test_an_escaped_comma_opens_the_same_stream_on_the_edge_as_through_nginx(fp, cache):
@@ -504,6 +492,15 @@ def _hold(port, uid, tag=None):
     return conn
 
 
+def _one_leaves_and_the_next_is_held(fp, conns, leaving, uid):
+    """At the cap, the held ``conns[leaving]`` ends: the slot it frees holds ``uid``'s next
+    long-poll on the edge (every one of ``conns`` is held)."""
+    conns.pop(leaving).close()
+    held(fp, len(conns))
+    conns.append(_hold(fp.edge_port, uid))
+    held(fp, len(conns))
+
+
 def test_held_connections_per_address_are_capped_with_429(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--edge-max-per-address", "3", "--max-held-per-user", "0")
     for uid in (10, 11, 12, 13):
@@ -525,10 +522,7 @@ def test_held_connections_per_address_are_capped_with_429(fastpath_factory, memc
         held(fp, 7)
         for conn in extra:
             conn.close()
-        conns.pop().close()                                   # one leaves: a new one is held
-        held(fp, 2)
-        conns.append(_hold(fp.edge_port, 13))
-        held(fp, 3)
+        _one_leaves_and_the_next_is_held(fp, conns, -1, 13)
     finally:
         for conn in conns:
             conn.close()
@@ -547,10 +541,7 @@ def test_held_connections_per_user_are_capped_on_both_listeners(fastpath_factory
             assert headers["retry-after"] == "5"
         conns.append(_hold(fp.port, 2))                       # another user is not affected
         held(fp, 3)
-        conns[0].close()                                      # one of user 1's ends ...
-        held(fp, 2)
-        conns.append(_hold(fp.edge_port, 1))                  # ... and the next is held
-        held(fp, 3)
+        _one_leaves_and_the_next_is_held(fp, conns, 0, 1)    # one of user 1's
     finally:
         for conn in conns:
             conn.close()
@@ -559,30 +550,24 @@ def test_held_connections_per_user_are_capped_on_both_listeners(fastpath_factory
 def test_a_page_can_read_the_back_off_of_a_429(fastpath_factory, memcached, cache):
     """A 429's Retry-After is among the headers CORS lets the page's script read."""
     fp = start(fastpath_factory, memcached, "--max-held-per-user", "1")
-    conn = _hold(fp.edge_port, 1)
-    try:
+    with _hold(fp.edge_port, 1) as conn:
         held(fp, 1)
         status, headers, _ = edge(fp, uid=1, headers=[("If-None-Match", etag(b'{"mine":1}')),
                                                       ("Prefer", "wait=50"), ("Origin", SITE)])
         assert (status, headers["retry-after"]) == (429, "5")
         _assert_cors(headers)
         assert "Retry-After" in headers["access-control-expose-headers"].split(", ")
-    finally:
-        conn.close()
 
 
 def test_an_answered_hold_no_longer_counts(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--max-held-per-user", "1", "--reread-interval", "1")
-    conn = _hold(fp.edge_port, 1)
-    try:
+    with _hold(fp.edge_port, 1) as conn:
         held(fp, 1)
         cache.set(key(1), b'{"mine":"changed"}')
         assert conn.answer()[0] == 200
         conn.sock.sendall(request(uid=1, headers=[("If-None-Match", etag(b'{"mine":"changed"}')),
                                                   ("Prefer", "wait=50")]))
         held(fp, 1)                                           # the same connection holds again
-    finally:
-        conn.close()
 
 
 def test_streams_count_per_user(fastpath_factory, memcached, cache):
@@ -683,53 +668,28 @@ def test_a_head_trickled_past_the_header_timeout_is_cut_off(fastpath_factory, me
     """--edge-header-timeout counts from a request's first byte: a byte every 0.3 s, which
     resets the idle timeout every time, does not keep the connection."""
     fp = start(fastpath_factory, memcached, "--edge-header-timeout", "2", "--idle-timeout", "30")
-    conn = Conn(fp.edge_port)
-    try:
-        started = time.monotonic()
-        cut = None
-        for byte in b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100:
-            try:
-                conn.sock.sendall(bytes([byte]))
-            except (BrokenPipeError, ConnectionResetError):
-                cut = time.monotonic() - started
-                break
-            conn.sock.settimeout(0.3)
-            try:
-                if conn.sock.recv(1) == b"":
-                    cut = time.monotonic() - started
-                    break
-            except socket.timeout:
-                pass
-            except ConnectionResetError:
-                cut = time.monotonic() - started
-                break
+    with Conn(fp.edge_port) as conn:
+        cut = _seconds_until_cut(conn.sock, b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100,
+                                 every=0.3, within=60)
         assert cut is not None and cut < 2 + 3
-    finally:
-        conn.close()
 
 
 def test_the_header_timeout_starts_at_the_requests_first_byte(fastpath_factory, memcached, cache):
     """A keep-alive connection idle for longer than the header timeout (but not the idle one)
     still gets its next request answered."""
     fp = start(fastpath_factory, memcached, "--edge-header-timeout", "1", "--idle-timeout", "30")
-    conn = Conn(fp.edge_port)
-    try:
+    with Conn(fp.edge_port) as conn:
         assert conn.ask()[0] == 200
         time.sleep(2.2)
         assert conn.ask()[0] == 200
-    finally:
-        conn.close()
 
 
 def test_an_idle_edge_connection_is_closed(fastpath_factory, memcached, cache):
     fp = start(fastpath_factory, memcached, "--idle-timeout", "1")
-    conn = Conn(fp.edge_port)
-    try:
+    with Conn(fp.edge_port) as conn:
         assert conn.ask()[0] == 200
         started = time.monotonic()
         assert conn.closed(timeout=SLACK) and time.monotonic() - started < 1 + 3
-    finally:
-        conn.close()
 
 
 # ---- 5. the hardening probes, against the edge ---------------------------------------------

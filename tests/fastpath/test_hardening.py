@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from tests.fastpath.conftest import token
-from tests.fastpath.test_connections import Reader, _closed_by_peer, _connect, _read_response, _req
+from tests.fastpath.test_connections import Reader, _closed_by_peer, _connect, _read_response, _req, _seconds_until_cut
 
 
 @pytest.fixture
@@ -35,24 +35,7 @@ def test_lingering_close_is_bounded_however_the_client_trickles(fp):
         sock.sendall(_req(extra=b"Connection: close\r\n"))
         status, headers, _ = _read_response(sock)
         assert status == 200 and headers["connection"] == "close"
-        started = time.monotonic()
-        closed_after = None
-        while time.monotonic() - started < 8:
-            try:
-                sock.send(b"x")
-            except (BrokenPipeError, ConnectionResetError):
-                closed_after = time.monotonic() - started
-                break
-            sock.settimeout(0.5)
-            try:
-                if sock.recv(1) == b"":
-                    closed_after = time.monotonic() - started
-                    break
-            except socket.timeout:
-                pass
-            except ConnectionResetError:
-                closed_after = time.monotonic() - started
-                break
+        closed_after = _seconds_until_cut(sock, b"x" * 100, every=0.5, within=8)
         assert closed_after is not None, "still open after 8 s of trickled bytes"
         assert closed_after < 4.0     # documented: 2 s; slack for a loaded machine
 

@@ -1,6 +1,5 @@
 """Per-object polls (docs/contract.md, section 8): GET /Poll/<resource>/<object>?cap=<capability>
 with the user's token, served from the object's key only while the user's epoch marker is there."""
-import socket
 import time
 
 import pytest
@@ -10,7 +9,7 @@ from pymemcache.client.base import Client
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
 from fastpoll import tokens
 from tests.fastpath.conftest import SECRET, token
-from tests.fastpath.test_longpoll import SLACK, Notifier, Poll, etag, held, metric
+from tests.fastpath.test_longpoll import Notifier, Poll, etag, held, metric
 
 UUID = "3f2a9c1e-7b4d-4e8a-9c0f-5d6e7f8a9b0c"
 
@@ -29,24 +28,11 @@ def marker_key(uid, epoch=0, prefix="p1"):
 
 def ask(fp, path, uid, epoch=0, tag=None, wait=None):
     """One raw poll of path (after /Poll/) as uid: (status, headers, body)."""
-    poll = _Poll(fp, path, uid, epoch, tag, wait)
+    poll = Poll(fp, uid, tag, wait, resource=path, epoch=epoch)
     try:
         return poll.answer()
     finally:
         poll.close()
-
-
-class _Poll(Poll):
-    """test_longpoll's raw poll, of any path after /Poll/ and any token epoch."""
-
-    def __init__(self, fp, path, uid, epoch=0, tag=None, wait=None):
-        self.sock = socket.create_connection(("127.0.0.1", fp.port), timeout=SLACK + 60)
-        head = f"GET /Poll/{path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token(uid, epoch)}\r\n"
-        if tag is not None:
-            head += f"If-None-Match: {tag}\r\n"
-        if wait is not None:
-            head += f"Prefer: wait={wait}\r\n"
-        self.sock.sendall((head + "\r\n").encode())
 
 
 @pytest.fixture
@@ -159,7 +145,7 @@ def test_held_object_poll_is_woken_by_the_object_key_notice(fp, cache, tmp_path)
     cache.set(marker_key(42), b"")
     cache.set(marker_key(43), b"")
     cache.set(object_key("thread", "t-1"), b'{"n":1}')
-    polls = [_Poll(fp, f"thread/t-1?cap={cap('thread', 't-1', uid)}", uid, tag=etag(b'{"n":1}'), wait=50)
+    polls = [Poll(fp, uid, etag(b'{"n":1}'), 50, resource=f"thread/t-1?cap={cap('thread', 't-1', uid)}")
              for uid in (42, 43)]
     held(fp, 2)                      # two polls (each waits on the object and its marker: one hold)
     cache.set(object_key("thread", "t-1"), b'{"n":2}')
@@ -177,7 +163,7 @@ def test_revoked_epoch_ends_a_held_object_poll(fp, cache, tmp_path):
     notifier = Notifier(tmp_path / "notify")
     cache.set(marker_key(42), b"")
     cache.set(object_key("thread", "t-1"), b'{"n":1}')
-    poll = _Poll(fp, f"thread/t-1?cap={cap('thread', 't-1', 42)}", 42, tag=etag(b'{"n":1}'), wait=50)
+    poll = Poll(fp, 42, etag(b'{"n":1}'), 50, resource=f"thread/t-1?cap={cap('thread', 't-1', 42)}")
     held(fp, 1)
     assert metric(fp, "fastpath_holds_total") == 1
     cache.delete(marker_key(42))

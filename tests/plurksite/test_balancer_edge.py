@@ -12,32 +12,13 @@ import time
 import pytest
 
 from plurksite import nginxconf, services
-from plurksite.cluster import tls
 from plurksite.config import ConfigError, StackConfig
 from plurksite.services import ServiceError, fastpath_command, free_port
 from plurksite.stack import Stack
+from tests.plurksite.test_balancer_tls import (HOST, _client, _config, _with_certificate, ca,  # noqa: F401 (ca: the fixture)
+                                              tls_balancer)
 from tests.plurksite.test_roles import _Recorder, _web_addresses
-from tests.support.stack import nginx_in_front_of, stack_config
-
-HOST = "127.0.0.10"
-
-
-def _config(var_dir, web_hosts, edges):
-    return StackConfig.from_env({
-        "PLURK_ROLES": "balancer", "PLURK_HTTP": f"{HOST}:{free_port(HOST)}",
-        "PLURK_WEB_HOSTS": ",".join(f"{h}:{p}" for h, p in web_hosts),
-        "PLURK_WEB_EDGES": ",".join(f"{h}:{p}" for h, p in edges),
-        "PLURK_VAR_DIR": str(var_dir), "PLURK_SECRET_FILE": os.path.join(var_dir, "secret.key")})
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("ca"))
-
-
-def _with_certificate(var_dir, ca_dir):
-    return tls.ensure_site(os.path.join(var_dir, nginxconf.TLS_DIR), ca_dir, [f"IP:{HOST}", "DNS:plurk.test"])
-
+from tests.support.stack import stack_config
 
 class Edge(_Recorder):
     """A stand-in web host's edge: records who answered; /stream sends two events, the second
@@ -77,19 +58,8 @@ def balancer(tmp_path_factory, ca):
     edges = _web_addresses(2)
     config = _config(var_dir, web, edges)
     edge_port = free_port(HOST)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nginxconf, "HTTPS_PORT", free_port(HOST))
-        mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
-        with nginx_in_front_of(config, {web[0]: _Recorder, edges[0]: Edge, edges[1]: Edge}):
-            services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
-            yield config, edge_port, edges
-
-
-def _client(ca, **versions):
-    context = ssl.create_default_context(cafile=os.path.join(ca, "ca.crt"))
-    for key, value in versions.items():
-        setattr(context, key, value)
-    return context
+    with tls_balancer(config, {web[0]: _Recorder, edges[0]: Edge, edges[1]: Edge}, edge_port):
+        yield config, edge_port, edges
 
 
 def _get(port, context, path="/Poll/getUnreadCount", source=None):
@@ -209,40 +179,36 @@ def test_connections_per_client_address_are_capped_on_the_tls_edge(tmp_path, ca)
                                        source_address=(source, 0) if source else None)
         return _client(ca).wrap_socket(raw, server_hostname=HOST)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nginxconf, "HTTPS_PORT", free_port(HOST))
-        mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
-        with nginx_in_front_of(config, {web[0]: _Recorder, edges[0]: Edge}):
-            services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
-            time.sleep(0.2)                 # wait_for_port's own connection is gone
-            held = [handshake("127.0.0.61") for _ in range(3)]
-            try:
-                for _ in range(3):          # one over the cap: closed, every time
-                    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-                        handshake("127.0.0.61").close()
-                # another address is served at once: a poll, and a stream's first event
-                data, _, _ = _get(edge_port, _client(ca), source="127.0.0.62")
-                assert data.startswith(b"HTTP/1.1 200 "), data
-                Edge.first_read.clear()
-                with handshake("127.0.0.62") as sock:
-                    sock.sendall(f"GET /Poll/stream HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
-                    got = b""
-                    while b"data: 1\n\n" not in got:
-                        chunk = sock.recv(4096)
-                        assert chunk, got
-                        got += chunk
-                    Edge.first_read.set()
-                # the balancer's own address is not capped
-                local = [handshake() for _ in range(5)]
-                for sock in local:
-                    sock.close()
-            finally:
-                for sock in held:
-                    sock.close()
-            # once the held ones close, the address is served again
-            time.sleep(0.3)
-            data, _, _ = _get(edge_port, _client(ca), source="127.0.0.61")
+    with tls_balancer(config, {web[0]: _Recorder, edges[0]: Edge}, edge_port):
+        time.sleep(0.2)                 # wait_for_port's own connection is gone
+        held = [handshake("127.0.0.61") for _ in range(3)]
+        try:
+            for _ in range(3):          # one over the cap: closed, every time
+                with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+                    handshake("127.0.0.61").close()
+            # another address is served at once: a poll, and a stream's first event
+            data, _, _ = _get(edge_port, _client(ca), source="127.0.0.62")
             assert data.startswith(b"HTTP/1.1 200 "), data
+            Edge.first_read.clear()
+            with handshake("127.0.0.62") as sock:
+                sock.sendall(f"GET /Poll/stream HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+                got = b""
+                while b"data: 1\n\n" not in got:
+                    chunk = sock.recv(4096)
+                    assert chunk, got
+                    got += chunk
+                Edge.first_read.set()
+            # the balancer's own address is not capped
+            local = [handshake() for _ in range(5)]
+            for sock in local:
+                sock.close()
+        finally:
+            for sock in held:
+                sock.close()
+        # once the held ones close, the address is served again
+        time.sleep(0.3)
+        data, _, _ = _get(edge_port, _client(ca), source="127.0.0.61")
+        assert data.startswith(b"HTTP/1.1 200 "), data
 
 
 def test_the_runner_rotates_the_edge_log_and_nginx_goes_on_logging_there(tmp_path, ca):

@@ -2,6 +2,7 @@
 settings only, and plain HTTP redirects.  A real nginx on loopback with a stand-in web host and a
 certificate of a CA made here (plurksite.cluster.tls, as `make cluster` makes them); the whole
 site over https is tests/cluster/test_tls.py."""
+import contextlib
 import http.client
 import json
 import os
@@ -25,11 +26,14 @@ from tests.support.stack import manage, nginx_in_front_of
 HOST = "127.0.0.10"
 
 
-def _config(var_dir, web_hosts):
-    return StackConfig.from_env({
-        "PLURK_ROLES": "balancer", "PLURK_HTTP": f"{HOST}:{free_port(HOST)}",
-        "PLURK_WEB_HOSTS": ",".join(f"{h}:{p}" for h, p in web_hosts), "PLURK_VAR_DIR": str(var_dir),
-        "PLURK_SECRET_FILE": os.path.join(var_dir, "secret.key")})
+def _config(var_dir, web_hosts, edges=None):
+    """A balancer on HOST before ``web_hosts`` (and their ``edges``: PLURK_WEB_EDGES)."""
+    env = {"PLURK_ROLES": "balancer", "PLURK_HTTP": f"{HOST}:{free_port(HOST)}",
+           "PLURK_WEB_HOSTS": ",".join(f"{h}:{p}" for h, p in web_hosts), "PLURK_VAR_DIR": str(var_dir),
+           "PLURK_SECRET_FILE": os.path.join(var_dir, "secret.key")}
+    if edges is not None:
+        env["PLURK_WEB_EDGES"] = ",".join(f"{h}:{p}" for h, p in edges)
+    return StackConfig.from_env(env)
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +90,27 @@ def balancer(tmp_path_factory, ca):
     _with_certificate(str(var_dir), ca)
     hosts = _web_addresses(1)
     config = _config(var_dir, hosts)
+    with tls_balancer(config, {hosts[0]: Web}) as https_port:
+        yield config, https_port
+
+
+@contextlib.contextmanager
+def tls_balancer(config, handlers, edge_port=None):
+    """nginx as ``config``'s balancer before the stand-ins ``handlers`` ({address: handler
+    class}), its https on a free port of HOST standing for 443, and its TLS edge (with
+    ``edge_port``) there standing for 8443: the https port, once nginx accepts (on the edge's
+    port, with one)."""
     https_port = free_port(HOST)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nginxconf, "HTTPS_PORT", https_port)
-        with nginx_in_front_of(config, {hosts[0]: Web}):
-            services.wait_for_port(HOST, https_port, name="nginx https")
-            yield config, https_port
+        if edge_port is not None:
+            mp.setattr(nginxconf, "EDGE_TLS_PORT", edge_port)
+        with nginx_in_front_of(config, handlers):
+            if edge_port is None:
+                services.wait_for_port(HOST, https_port, name="nginx https")
+            else:
+                services.wait_for_port(HOST, edge_port, name="nginx's TLS edge")
+            yield https_port
 
 
 def _client(ca, **versions):

@@ -8,8 +8,6 @@ import ssl
 import subprocess
 import threading
 
-import pytest
-
 from plurksite import nginxconf
 from plurksite.cluster import tls
 from plurksite.config import StackConfig
@@ -121,27 +119,20 @@ def _pair(tls_dir, days):
 def test_checkcert_alerts_on_the_certificate_nginx_still_serves(tmp_path):
     """Renewed on disk but never reloaded (a failed deploy hook): nginx serves the old one to its
     expiry, and the file alone would say all is well."""
-    from plurksite import services
-    from plurksite.services import free_port
-    from tests.plurksite.test_balancer_tls import HOST, Web, _config as balancer_config
+    from tests.plurksite.test_balancer_tls import HOST, Web, _config as balancer_config, tls_balancer
     from tests.plurksite.test_roles import _web_addresses
-    from tests.support.stack import nginx_in_front_of
 
     var_dir = tmp_path / "var"
     tls_dir = os.path.join(var_dir, nginxconf.TLS_DIR)
     _pair(tls_dir, 2)                                    # nginx starts with a certificate 2 days from expiry
     hosts = _web_addresses(1)
     config = balancer_config(var_dir, hosts)
-    https_port = free_port(HOST)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nginxconf, "HTTPS_PORT", https_port)
-        with nginx_in_front_of(config, {hosts[0]: Web}):
-            services.wait_for_port(HOST, https_port, name="nginx https")
-            _pair(tls_dir, 90)                           # renewed on disk; nginx not reloaded
-            served = ssl.get_server_certificate((HOST, https_port))
-            served_path = tmp_path / "served.pem"
-            served_path.write_text(served)
-            assert manage(config, "checkcert", "--days", "21", str(served_path), check=False).returncode == 1
-            done = manage(config, "checkcert", "--days", "21", "--served", f"{HOST}:{https_port}", check=False)
+    with tls_balancer(config, {hosts[0]: Web}) as https_port:
+        _pair(tls_dir, 90)                           # renewed on disk; nginx not reloaded
+        served = ssl.get_server_certificate((HOST, https_port))
+        served_path = tmp_path / "served.pem"
+        served_path.write_text(served)
+        assert manage(config, "checkcert", "--days", "21", str(served_path), check=False).returncode == 1
+        done = manage(config, "checkcert", "--days", "21", "--served", f"{HOST}:{https_port}", check=False)
     assert done.returncode == 1, done.stdout         # nginx serves one 2 days from expiry: alert
     assert f"the certificate served at {HOST}:{https_port} expires on " in done.stderr

@@ -3,14 +3,11 @@ writer stores the demo's answers instead of logging a WARNING about a memcached 
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from plurksite.config import ROOT
-from tests.support.stack import manage, stack_config
+from tests.support.stack import manage, output_until, stack_config, start_runstack
 
 
 def _recipe(target):
@@ -33,21 +30,9 @@ def test_the_first_run_seeds_into_the_running_memcached_without_a_warning(tmp_pa
 
     config = stack_config(tmp_path, PLURK_GUNICORN_WORKERS="1")
     manage(config, "migrate", "--noinput", "-v", "0")
-    env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "manage.py"), "runstack", "--demo",
-                             "--nginx-workers", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    output = []
+    proc = start_runstack(config, "--demo", start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            if line.startswith("Press Ctrl-C"):
-                break
-        text = "".join(output)
+        text = output_until(proc, "Press Ctrl-C", 120)
         assert "The stack is up." in text, text
         assert "demo logins: alice, bob, carol, dave" in text
         assert "WARNING" not in text and "failed" not in text, text

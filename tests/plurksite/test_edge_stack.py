@@ -5,8 +5,6 @@ answers HIT (docs/contract.md section 10, docs/deploy.md "The edge")."""
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -14,8 +12,8 @@ import pytest
 import requests
 from pymemcache.client.hash import HashClient
 
-from plurksite.config import ROOT, format_hostport
-from tests.support.stack import manage, stack_config
+from plurksite.config import format_hostport
+from tests.support.stack import manage, output_until, stack_config, start_runstack
 
 pytestmark = pytest.mark.slow
 
@@ -27,22 +25,11 @@ def runstack(tmp_path_factory):
     """`manage.py runstack` (what `make run` ends in) on free ports: (config, its output so far)."""
     config = stack_config(tmp_path_factory.mktemp("edge"), PLURK_GUNICORN_WORKERS="1")
     manage(config, "migrate", "--noinput", "-v", "0")
-    env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "manage.py"), "runstack", "--nginx-workers", "1"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    output = []
+    proc = start_runstack(config, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            if line.startswith("Press Ctrl-C"):
-                break
-        assert "The stack is up." in "".join(output), "".join(output)
-        yield config, "".join(output)
+        output = output_until(proc, "Press Ctrl-C", 120)
+        assert "The stack is up." in output, output
+        yield config, output
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=60)
@@ -105,13 +92,20 @@ def test_a_preflight_from_the_site_is_allowed_and_one_from_elsewhere_is_not(runs
     assert refused.status_code == 403 and "Access-Control-Allow-Origin" not in refused.headers
 
 
-def test_the_edge_answers_with_the_page_cookie_then_a_miss_sends_the_page_to_the_site_once(runstack):
+@pytest.fixture
+def follower(runstack):
+    """(config, the edge's poll URL, a writer's token, the browser session of a reader who
+    follows the writer): both signed up as browsers do."""
     config, _ = runstack
-    origin = config.base_url
-    edge = _edge_url(config) + "/Poll/getUnreadCount"
-    writer_session, writer, writer_token = _browser(config, "w")
+    _, writer, writer_token = _browser(config, "w")
     reader, _, reader_token = _browser(config, "r")
     _follow(config, reader_token, writer)
+    return config, _edge_url(config) + "/Poll/getUnreadCount", writer_token, reader
+
+
+def test_the_edge_answers_with_the_page_cookie_then_a_miss_sends_the_page_to_the_site_once(follower):
+    config, edge, writer_token, reader = follower
+    origin = config.base_url
     _post(config, writer_token, "through the edge")
 
     hit = reader.get(edge, headers={"Origin": origin}, timeout=10)
@@ -143,13 +137,9 @@ def test_the_edge_answers_with_the_page_cookie_then_a_miss_sends_the_page_to_the
     assert anonymous.status_code == 401 and _cors(anonymous, origin) == (origin, "true", "Origin")
 
 
-def test_a_long_poll_held_by_the_edge_wakes_on_a_post(runstack):
-    config, _ = runstack
+def test_a_long_poll_held_by_the_edge_wakes_on_a_post(follower):
+    config, edge, writer_token, reader = follower
     origin = config.base_url
-    edge = _edge_url(config) + "/Poll/getUnreadCount"
-    _, writer, writer_token = _browser(config, "w")
-    reader, _, reader_token = _browser(config, "r")
-    _follow(config, reader_token, writer)
     first = reader.get(edge, headers={"Origin": origin}, timeout=10)
     assert (first.status_code, first.headers.get("X-Cache")) == (204, "HIT"), first.text
     etag = first.headers["ETag"]

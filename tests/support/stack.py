@@ -4,6 +4,7 @@ import os
 import subprocess
 import threading
 import sys
+import time
 import uuid
 
 import requests
@@ -41,6 +42,31 @@ def manage(config, *args, check=True, timeout=120):
     env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
     return subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), *args], env=env,
                           cwd=ROOT, check=check, capture_output=True, text=True, timeout=timeout)
+
+
+def start_runstack(config, *args, extra_env=None, **popen):
+    """`manage.py runstack --nginx-workers 1 *args` (what `make run` ends in) for ``config``, with
+    ``extra_env`` over its PLURK_* variables; its output, stderr too, as text on ``proc.stdout``.
+    ``popen``: more Popen arguments (``start_new_session=True`` to stop it with its children)."""
+    env = dict(os.environ, **config.to_env(), DJANGO_SETTINGS_MODULE="plurksite.settings")
+    env.update(extra_env or {})
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "manage.py"), "runstack", "--nginx-workers", "1",
+                             *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
+
+
+def output_until(proc, marker, timeout):
+    """What ``proc`` prints up to its first line holding ``marker`` (that line included), or
+    until its output ends or ``timeout`` seconds have passed."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            break
+    return "".join(lines)
 
 
 class TestStack(Stack):
