@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from plurksite.services import ServiceError, free_port, wait_for_port
+from plurksite.services import ServiceError, free_ports, wait_for_port
 
 SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,25 +62,42 @@ def asan_reports(tmp_path):
 
 class Fastpath:
     def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None, edge=False, unix=False):
-        self.port = free_port()
         self.unix_path = str(tmp_path / "fastpath.sock") if unix else None   # --listen unix:
-        self.admin_port = free_port()
-        self.edge_port = free_port() if edge else None     # --edge (docs/contract.md section 10)
+        self.servers, self.workers, self.extra, self.edge = servers, workers, tuple(extra), edge
         self.secret_file = tmp_path / "secret.key"
         self.secret_file.write_bytes(SECRET + b"\n")
-        listen = f"unix:{self.unix_path}" if unix else f"127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-m", "fastpath", "--listen", listen,
-                     "--admin", f"127.0.0.1:{self.admin_port}",
-                     "--memcached", ",".join(s.spec for s in servers),
-                     "--secret-file", str(self.secret_file), "--workers", str(workers), *extra]
-        if edge:
-            self.argv += ["--edge", f"127.0.0.1:{self.edge_port}"]
         self.log = tmp_path / "fastpath.log"
         self.tmp_path = tmp_path
         self.preload, self.env = preload, env
         self.proc = None
+        self._choose_ports()
+
+    def _choose_ports(self):
+        self.port, self.admin_port, self.edge_port = free_ports(3)
+        if not self.edge:
+            self.edge_port = None                          # --edge (docs/contract.md section 10)
+        listen = f"unix:{self.unix_path}" if self.unix_path else f"127.0.0.1:{self.port}"
+        self.argv = [sys.executable, "-m", "fastpath", "--listen", listen,
+                     "--admin", f"127.0.0.1:{self.admin_port}",
+                     "--memcached", ",".join(s.spec for s in self.servers),
+                     "--secret-file", str(self.secret_file), "--workers", str(self.workers), *self.extra]
+        if self.edge_port:
+            self.argv += ["--edge", f"127.0.0.1:{self.edge_port}"]
 
     def start(self):
+        # A first start may find a port taken since it was chosen (another process's connection
+        # got it as its source port): it chooses again.  A restart keeps its ports.
+        for attempt in range(3 if self.proc is None else 1):
+            if attempt:
+                self._choose_ports()
+            try:
+                return self._start()
+            except ServiceError as exc:
+                if "is already in use" not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self):
         env, cwd = fastpath_env(self.tmp_path, self.preload, self.env)
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
