@@ -2,9 +2,6 @@
 more than FANOUT_IN_REQUEST users and exits at once (found adopting fastpoll: the daemon thread
 died with the interpreter, and the answers stayed stale until a repair pass).  For real: a
 separate Django process, its answers read from memcached once it has exited."""
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -51,18 +48,9 @@ print(PendingChange.objects.count())
 
 
 @pytest.fixture
-def manage(tmp_path, memcached):
-    from plurksite.config import ROOT
-
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="plurksite.settings", PLURK_VAR_DIR=str(tmp_path),
-               PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/plurk.sqlite3", PLURK_MEMCACHED=memcached.spec,
-               PLURK_SECRET_FILE=str(tmp_path / "secret.key"), PLURK_MEMCACHED_TIMEOUT_MS="1000")
-
-    def run(*argv):
-        return subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), *argv], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-
-    assert run("migrate", "-v0").returncode == 0
+def manage(memcached, manage_py):
+    """``manage_py`` with USERS users whose answers are not cached; ``.answers()`` reads them."""
+    run = manage_py
     setup = run("shell", "-c", _SETUP)
     answer_keys = [line.split()[1] for line in setup.stdout.splitlines() if line.startswith("key ")]
     assert len(answer_keys) == USERS, setup.stdout + setup.stderr
