@@ -44,7 +44,7 @@ def submit(job):
     global _thread
     with _lock:
         if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_run, name="plurkcore-fanout", daemon=True)
+            _thread = threading.Thread(target=_run, name="fastpoll-fanout", daemon=True)
             _thread.start()
         stats["submitted"] += 1
     _jobs.put(job)
