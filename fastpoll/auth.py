@@ -34,14 +34,22 @@ class AuthError(Exception):
     """The request carries no valid poll token; the message says why (fastpath's words)."""
 
 
-def _pk(user):
-    return user.pk if hasattr(user, "_meta") else user
+def user_id(user, caller):
+    """The primary key of ``user``, an instance or its primary key; ValueError naming ``caller``
+    for an anonymous or unsaved user (its token or capability would be nobody's)."""
+    if getattr(user, "is_anonymous", False) is True or user is None:
+        raise ValueError(f"{caller} needs a saved user, got {type(user).__name__}")
+    if hasattr(user, "_meta"):
+        if user.pk is None or user._state.adding:
+            raise ValueError(f"{caller} needs a saved user, got an unsaved {type(user).__name__}")
+        return user.pk
+    return user
 
 
 def state_of(user):
     """The user's poll state, created at epoch 0 when the user has none (users who existed
     before fastpoll was installed)."""
-    state, _ = UserState.objects.get_or_create(user_id=_pk(user))
+    state, _ = UserState.objects.get_or_create(user_id=user_id(user, "a poll state"))
     return state
 
 
@@ -54,7 +62,7 @@ def sign(uid, epoch, now=None):
 def issue_token(user, response=None, request=None):
     """A poll token for ``user`` (an instance or its primary key) at its current epoch.  With
     ``response``, also set as the poll cookie (``Secure`` when ``request`` is over HTTPS)."""
-    state = state_of(user)
+    state = state_of(user_id(user, "issue_token"))
     token = sign(state.user_id, state.epoch)
     _put_marker(state.user_id, state.epoch)
     if response is not None:
@@ -73,9 +81,10 @@ def _put_marker(uid, epoch):
 def revoke(user, response=None):
     """Revoke every poll token of ``user``: its epoch moves on, and the old epoch's cached
     answers are deleted after the commit.  With ``response``, the cookie is deleted too."""
+    uid = user_id(user, "revoke")
     with transaction.atomic(using=router.db_for_write(UserState)):
         # lock the row: the keys to retire are those of the epoch this update replaces
-        state, _ = UserState.objects.select_for_update().get_or_create(user_id=_pk(user))
+        state, _ = UserState.objects.select_for_update().get_or_create(user_id=uid)
         state.epoch += 1
         state.save(update_fields=["epoch"])
     if response is not None:

@@ -10,10 +10,17 @@ pass, as a process killed after its commit always did (docs/consistency.md).
 Jobs run one at a time, in the order submitted.  Every write reads the database afresh and stores
 with ``cas``, so a later change written in a request meanwhile cannot be overwritten by this
 thread's older view (the write protocol of docs/consistency.md holds between any two writers).
+
+A process that exits (a management command, a cron job that touched many users, a worker told to
+stop) first lets the thread finish, for at most :data:`EXIT_DRAIN_SECONDS`: the thread is a
+daemon, and its jobs would otherwise die with the interpreter, their answers stale until a repair
+pass.  What is not done by then is logged and left to the repair pass.
 """
+import atexit
 import logging
 import queue
 import threading
+import time
 
 from django.db import close_old_connections
 
@@ -21,6 +28,10 @@ logger = logging.getLogger("fastpoll.background")
 
 #: Counters since process start: jobs submitted, finished, raised.
 stats = {"submitted": 0, "done": 0, "errors": 0}
+
+#: Longest wait of an exiting process for its writer thread's jobs, seconds (a fan-out to 100,000
+#: followers takes about 3 s); the rest is written by the repair pass.
+EXIT_DRAIN_SECONDS = 30.0
 
 _jobs = queue.Queue()
 _lock = threading.Lock()
@@ -33,15 +44,36 @@ def submit(job):
     global _thread
     with _lock:
         if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_run, name="plurkcore-fanout", daemon=True)
+            _thread = threading.Thread(target=_run, name="fastpoll-fanout", daemon=True)
             _thread.start()
         stats["submitted"] += 1
     _jobs.put(job)
 
 
-def wait():
-    """Block until every job submitted so far is done (tests, and a clean shutdown)."""
-    _jobs.join()
+def wait(timeout=None):
+    """Block until every job submitted so far is done, or for at most ``timeout`` seconds: True
+    if they are done (tests, and a clean shutdown)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _jobs.all_tasks_done:
+        while _jobs.unfinished_tasks:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            _jobs.all_tasks_done.wait(left)
+    return True
+
+
+@atexit.register
+def _drain():
+    """At interpreter exit: let the thread finish, for at most :data:`EXIT_DRAIN_SECONDS`."""
+    if not _jobs.unfinished_tasks:
+        return
+    alive = _thread is not None and _thread.is_alive()      # not in a forked child of the submitter
+    if alive and wait(EXIT_DRAIN_SECONDS):
+        return
+    logger.warning("exiting with %d background fan-out(s) not written%s; their outbox rows are left to "
+                   "the repair pass (manage.py repaircache)", _jobs.unfinished_tasks,
+                   f" after {EXIT_DRAIN_SECONDS:g} s" if alive else "")
 
 
 def _run():

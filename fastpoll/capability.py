@@ -8,8 +8,8 @@ serves it to a request whose poll token is valid and which carries a capability 
 """
 import time
 
-from . import conf, keys, tokens
-from .auth import signing_key
+from . import conf, keys, resources, tokens
+from .auth import signing_key, user_id
 
 
 class CapabilityError(Exception):
@@ -20,8 +20,9 @@ def grant(user, resource, obj, now=None):
     """A capability for ``user`` to poll ``resource``'s answer of the object ``obj`` (an instance
     or its id), valid for ``CAPABILITY_TTL`` seconds."""
     now = int(time.time() if now is None else now)
+    _check_resource(resource)
+    uid = user_id(user, "a capability")
     ident = obj.pk if hasattr(obj, "_meta") else obj
-    uid = user.pk if hasattr(user, "_meta") else user
     return tokens.sign_capability(signing_key(), resource, keys.id_text(ident), keys.id_text(uid),
                                   now + conf.get_config()["CAPABILITY_TTL"])
 
@@ -29,7 +30,22 @@ def grant(user, resource, obj, now=None):
 def url(user, resource, obj, now=None):
     """The poll URL of ``resource``'s answer of ``obj`` for ``user``, capability included."""
     ident = obj.pk if hasattr(obj, "_meta") else obj
-    return f"{conf.get_config()['PATH_PREFIX']}{resource}/{keys.id_text(ident)}?cap={grant(user, resource, ident, now)}"
+    cap = grant(user, resource, ident, now)
+    return f"{conf.get_config()['PATH_PREFIX']}{resource}/{keys.id_text(ident)}?cap={cap}"
+
+
+def _check_resource(name):
+    """ValueError unless ``name`` is a registered per-object resource: a capability for anything
+    else signs a URL that no poll answers."""
+    found = resources.get(name)
+    if found is not None and found.per == "object":
+        return
+    known = ", ".join(sorted(resources.names(per="object"))) or "none"
+    if found is None:
+        raise ValueError(f"a capability needs a registered per-object resource, got unknown {name!r}; "
+                         f"per-object resources: {known}")
+    raise ValueError(f"{name!r} is a per-user resource: its poll needs no capability (poll "
+                     f"{conf.get_config()['PATH_PREFIX']}{name}); per-object resources: {known}")
 
 
 def check(cap, resource, obj, user, now=None):

@@ -137,11 +137,15 @@ def touch(name_or_names, *, users=None, objects=None, using=None):
     ``objects`` (object ids).  Through the outbox: a crash after the commit does not lose it; a
     large set is written by the process's background writer.  What signals miss (``update()``,
     ``bulk_create()``, raw SQL) is reported this way.  Naming neither ``users`` nor ``objects``
-    is an error (an empty set of either is not: nothing to do)."""
+    is an error (an empty set of either is not: nothing to do), and so is a named resource
+    whose kind's argument is missing (``objects=`` for a per-object one, ``users=`` for a
+    per-user one): each name is touched, or the call fails."""
     if users is None and objects is None:
         raise TypeError("touch() needs users= (ids, users or an audience's members) or objects= (for a "
                         "per-object resource): whose answers changed?")
     names = _names(name_or_names)
+    for name in names or ():
+        _check_argument(name, users, objects)
     user_ids, members = split_users(users)
     object_refs = set()
     for name in (names if names is not None else ()):
@@ -155,6 +159,18 @@ def touch(name_or_names, *, users=None, objects=None, using=None):
     if not (user_ids or members or object_refs):
         return
     record(outbox.make(user_names, user_ids, object_refs, members), using)
+
+
+def _check_argument(name, users, objects):
+    """Each named resource is touched through its kind's argument: a per-object name without
+    ``objects=`` (or a per-user one without ``users=``) would be dropped without a word."""
+    if resources.get(name).per == "object":
+        if objects is None:
+            raise ValueError(f"touch(): {name!r} is a per-object resource: it needs objects= (the ids of "
+                             f"the objects whose answers changed)")
+    elif users is None:
+        raise ValueError(f"touch(): {name!r} is a per-user resource: it needs users= (user ids, users or "
+                         f"an audience's members)")
 
 
 def _names(name_or_names):

@@ -1,16 +1,22 @@
 """HTTP plumbing of the poll view: JSON errors (``{"error": "..."}``), bodiless answers, ETags,
 and the one-event stream (docs/contract.md section 9)."""
 import hashlib
-import json
 import re
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils.http import parse_etags
 
 
+#: compact, non-ASCII as itself; Django's encoder adds what a model's fields hold (UUID, datetime,
+#: date, time, timedelta, Decimal, lazy text) as Django's own JSON responses write them
+_ENCODER = DjangoJSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def dumps(obj):
-    """The one JSON encoding of the contract (docs/contract.md, section 5): compact, UTF-8."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """The one JSON encoding of the contract (docs/contract.md, section 5): compact, UTF-8, with
+    Django's ``DjangoJSONEncoder`` for UUIDs, datetimes and Decimals (a UUID user id in an answer)."""
+    return _ENCODER.encode(obj).encode("utf-8")
 
 
 def json_response(obj, status=200, headers=None):

@@ -9,6 +9,7 @@ or delete of that instance changes (:mod:`fastpoll.watch` connects the signals).
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Mapping
 
 from . import keys
 
@@ -112,6 +113,12 @@ def resource(name, *, per="user", watch=None):
         raise ValueError(f"invalid poll resource name {name!r}: 1-32 of A-Z a-z 0-9 _")
     if per not in PER:
         raise ValueError(f"per must be 'user' or 'object', got {per!r}")
+    if watch is not None and not isinstance(watch, Mapping):
+        first = next(iter(watch), None) if _iterable(watch) else watch
+        model = first.__name__ if isinstance(first, type) else "Model"
+        got = f"the class {watch.__name__}" if isinstance(watch, type) else f"a {type(watch).__name__}"
+        raise TypeError(f"resource {name!r}: watch maps a model class to a function of an instance: "
+                        f"{{{model}: lambda {model[0].lower()}: [...]}}, got {got}")
     watched = tuple((watch or {}).items())
     for model, function in watched:
         if not hasattr(model, "_meta") or not callable(function):
@@ -123,6 +130,10 @@ def resource(name, *, per="user", watch=None):
         return compute
 
     return decorator
+
+
+def _iterable(value):
+    return not isinstance(value, (str, bytes)) and hasattr(value, "__iter__")
 
 
 _round = threading.local()

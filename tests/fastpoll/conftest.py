@@ -1,6 +1,11 @@
 """fastpoll's tests use plurkcore's fixtures (a dead-but-fast cache by default, real memcached
 on request, API clients): the Plurk store is fastpoll's first user, and its models make changes."""
 import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
 
 from tests.plurkcore.conftest import _isolated_plurkcore, api, cache1, cache3, client_factory, hooks, signup  # noqa: F401
 
@@ -48,3 +53,22 @@ def subscriptions(topic_field, alias="default"):
         audiences._registry.pop("test_topic_readers", None)
         with connections[alias].schema_editor() as editor:
             editor.delete_model(Subscription)
+
+
+@pytest.fixture
+def manage_py(tmp_path, memcached):
+    """The demo site's ``manage.py`` in a process of its own, on this test's SQLite file and
+    memcached, migrated: ``manage_py("shell", "-c", code)`` -> CompletedProcess (text)."""
+    from plurksite.config import ROOT
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="plurksite.settings", PLURK_VAR_DIR=str(tmp_path),
+               PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/plurk.sqlite3", PLURK_MEMCACHED=memcached.spec,
+               PLURK_SECRET_FILE=str(tmp_path / "secret.key"), PLURK_MEMCACHED_TIMEOUT_MS="1000")
+
+    def manage(*argv):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), *argv], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    migrated = manage("migrate", "-v0")
+    assert migrated.returncode == 0, migrated.stderr
+    return manage

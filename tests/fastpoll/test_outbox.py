@@ -286,24 +286,10 @@ print(repair.repair()["replayed"])
 """
 
 
-def test_a_django_process_killed_after_its_commit_leaves_its_answers_to_the_repairer(tmp_path, memcached):
-    import os
-    import subprocess
-    import sys
-
-    from plurksite.config import ROOT
-
+def test_a_django_process_killed_after_its_commit_leaves_its_answers_to_the_repairer(memcached, manage_py):
     from tests.plurkcore.helpers import server_client
 
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="plurksite.settings", PLURK_VAR_DIR=str(tmp_path),
-               PLURK_DATABASE_URL=f"sqlite:///{tmp_path}/plurk.sqlite3", PLURK_MEMCACHED=memcached.spec,
-               PLURK_SECRET_FILE=str(tmp_path / "secret.key"), PLURK_MEMCACHED_TIMEOUT_MS="1000")
-
-    def manage(*argv):
-        return subprocess.run([sys.executable, os.path.join(ROOT, "manage.py"), *argv], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-
-    assert manage("migrate", "-v0").returncode == 0
+    manage = manage_py
     setup = manage("shell", "-c", _SETUP)
     key = setup.stdout.split()[-1]
     client = server_client(memcached.spec)

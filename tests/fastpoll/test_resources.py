@@ -108,3 +108,11 @@ def test_a_new_password_revokes_the_poll_tokens(signup, cache1):
     with pytest.raises(auth.AuthError, match="token revoked"):
         auth.authenticate_token(a.token)
     assert server_client(cache1.spec).get(keys.marker_key(user.pk, 0)) is None
+
+
+@pytest.mark.parametrize("watch", [[StaleKey], StaleKey, (StaleKey, lambda key: [])])
+def test_watch_that_is_not_a_dict_says_what_it_maps(watch):
+    with pytest.raises(TypeError, match=r"^resource 'testWatch': watch maps a model class to a function of an "
+                                        r"instance: \{StaleKey: lambda s: \[\.\.\.\]\}"):
+        fastpoll.resource("testWatch", watch=watch)
+    assert resources.get("testWatch") is None

@@ -1,0 +1,42 @@
+"""fastpoll.dumps: the contract's one JSON encoding (docs/contract.md section 5), which also takes
+what a model's fields hold (found adopting fastpoll: a UUID-user project putting
+``task.assignee_id`` in an answer got TypeError in compute, and its polls answered 500)."""
+import datetime
+import decimal
+import json
+import uuid
+
+import pytest
+
+import fastpoll
+
+
+def _before(obj):
+    """The encoding as it was: every type that encoded then must give the same bytes now."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("obj", [
+    {"count": 3, "items": [{"id": 1, "content": "héllo \u2028 \"q\" \\ \n\t", "emoji": "\U0001f600"}]},
+    [None, True, False, 0, -1, 2 ** 70, 1.5, 1e100, float("inf"), float("nan"), "", [], {}],
+    {"ünï": ["\x00\x1f", "</script>", "a\u00a0b"], "1": {"2": [3]}},
+    ("a", "tuple"),
+    "text",
+    12,
+])
+def test_what_encoded_before_gives_the_same_bytes(obj):
+    assert fastpoll.dumps(obj) == _before(obj)
+
+
+def test_uuids_datetimes_and_decimals_are_encoded_as_django_encodes_them():
+    uid = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    when = datetime.datetime(2026, 11, 27, 12, 30, 45, 123456, tzinfo=datetime.timezone.utc)
+    assert fastpoll.dumps({"assignee": uid, "at": when, "day": when.date(), "time": datetime.time(9, 5),
+                           "price": decimal.Decimal("1.10")}) == (
+        b'{"assignee":"12345678-1234-5678-1234-567812345678","at":"2026-11-27T12:30:45.123Z",'
+        b'"day":"2026-11-27","time":"09:05:00","price":"1.10"}')
+
+
+def test_what_json_cannot_say_is_still_a_type_error():
+    with pytest.raises(TypeError):
+        fastpoll.dumps({"x": object()})
