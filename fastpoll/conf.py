@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-#: Every key plurkcore reads, with its default.  Documented in docs/api.md ("Settings").
+#: Every key of FASTPOLL, with its default.  Documented in docs/integrate.md and docs/api.md ("Settings").
 DEFAULTS = {
     # memcached servers as "host:port" / "[v6]:port"; the order does not matter (rendezvous hash).
     "MEMCACHED_SERVERS": ["127.0.0.1:11211"],
