@@ -1,4 +1,4 @@
-"""Management commands: checkcache, repaircache, seeddemo."""
+"""Management commands: checkcache, repaircache, warmcache (and the demo's seeddemo, over plurkcore's models)."""
 import io
 import os
 import signal

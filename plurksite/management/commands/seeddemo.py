@@ -1,3 +1,5 @@
+"""``manage.py seeddemo``: the demo's users and plurks.  The demo's, not the library's: it creates
+users with a published password, so it lives in plurksite, which no distribution installs."""
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, transaction
