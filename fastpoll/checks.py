@@ -13,7 +13,7 @@
 | E005 | SECRET_FILE is not set |
 | E006 | SECRET_FILE cannot be read as a secret |
 | E012 | COOKIE_NAME, KEY_PREFIX or PATH_PREFIX is not one fastpath can take |
-| W010 | a running fastpath does not serve a registered per-user resource (`check --deploy`; fastpoll/checks_fastpath.py) |
+| W010 | a running fastpath does not serve a registered resource, per-user or per-object (`check --deploy`; fastpoll/checks_fastpath.py) |
 | E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |

@@ -1,11 +1,13 @@
 """fastpoll.W010: the running fastpath does not serve a resource of the registry.
 
-A per-user resource missing from fastpath's ``--resources`` is no error anywhere: fastpath
-answers its polls 404 and nginx hands every one of them to Django.  fastpath's stats listener
-(``--admin``, ``GET /metrics``) does not report the list, so the check asks the poll listener
-(``FASTPATH_ADDRESS``) the way nginx does, once per registered per-user resource, without a
-token: fastpath answers 401 for a resource it serves and ``404`` with ``X-Cache: MISS`` for one
-it does not (docs/fastpath.md).  Anything else (nothing listening, another server, a timeout)
+A resource missing from fastpath's ``--resources`` (per-user) or ``--object-resources``
+(per-object) is no error anywhere: fastpath answers its polls 404 and nginx hands every one of
+them to Django.  fastpath's stats listener (``--admin``, ``GET /metrics``) does not report the
+lists, so the check asks the poll listener (``FASTPATH_ADDRESS``) the way nginx does, once per
+registered resource, without a token: ``<PATH_PREFIX><name>`` for a per-user one,
+``<PATH_PREFIX><name>/<PROBE_OBJECT>`` for a per-object one.  fastpath reads the path before
+the credentials (fastpath/src/fp_route.c): it answers 401 for a resource it serves (no token)
+and ``404`` with ``X-Cache: MISS`` for one it does not (docs/contract.md, sections 6 and 8).  Anything else (nothing listening, another server, a timeout)
 says nothing and warns of nothing: the check is about a fastpath that runs.
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
@@ -19,6 +21,9 @@ from . import conf, resources
 
 TAG = "fastpoll"
 PROBE_TIMEOUT_S = 0.5
+#: the object id of a per-object probe: any id fastpath can read (1-64 of A-Z a-z 0-9 - _); a
+#: probe carries no token, so fastpath never reads the object's key
+PROBE_OBJECT = "0"
 _MAX_HEAD = 16384
 
 
@@ -64,15 +69,18 @@ def probe(address, path, timeout=PROBE_TIMEOUT_S):
     return None
 
 
-def unserved(config, names, timeout=PROBE_TIMEOUT_S):
-    """The names of ``names`` that the fastpath at ``config['FASTPATH_ADDRESS']`` answers as
-    unknown; [] when no fastpath answers there."""
+def unserved(config, names, object_names=(), timeout=PROBE_TIMEOUT_S):
+    """The names of ``names`` (per-user) and ``object_names`` (per-object), in that order, that
+    the fastpath at ``config['FASTPATH_ADDRESS']`` answers as unknown; [] when no fastpath
+    answers there."""
     address, prefix = config["FASTPATH_ADDRESS"], config["PATH_PREFIX"]
     if not isinstance(address, str) or not isinstance(prefix, str):
         return []                      # fastpoll.E0xx say what is wrong with them
     missing = []
-    for name in names:
-        answer = probe(address, prefix + name, timeout)
+    paths = [(name, prefix + name) for name in names] + [(name, f"{prefix}{name}/{PROBE_OBJECT}")
+                                                          for name in object_names]
+    for name, path in paths:
+        answer = probe(address, path, timeout)
         if answer is None:
             return []
         if answer is False:
@@ -84,14 +92,14 @@ def check_running_fastpath(app_configs=None, **kwargs):
     if not isinstance(getattr(settings, "FASTPOLL", {}), dict):
         return []                      # fastpoll.E001
     config = conf.get_config()
-    missing = unserved(config, sorted(resources.names(per="user")))
+    missing = unserved(config, sorted(resources.names(per="user")), sorted(resources.names(per="object")))
     if not missing:
         return []
     return [checks.Warning(
         f"fastpath at {config['FASTPATH_ADDRESS']} does not serve the poll resource(s) "
         f"{', '.join(missing)}: nginx sends every poll of them to Django.",
         hint="Restart fastpath with the command line `manage.py fastpoll_fastpath` prints "
-             "(its --resources, and its path prefix must be PATH_PREFIX).",
+             "(its --resources and --object-resources, and its path prefix must be PATH_PREFIX).",
         id="fastpoll.W010")]
 
 

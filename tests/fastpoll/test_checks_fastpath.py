@@ -1,6 +1,6 @@
 """fastpoll.W010 (fastpoll/checks_fastpath.py): a real fastpath, started from the command line
-fastpoll renders, that lacks a registered resource is named; one that serves them all, or no
-fastpath at all, says nothing."""
+fastpoll renders, that lacks a registered resource (per-user or per-object) is named; one that
+serves them all, or no fastpath at all, says nothing."""
 import contextlib
 import os
 import signal
@@ -21,18 +21,21 @@ SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 @pytest.fixture
 def start_fastpath(tmp_path, settings, memcached):
-    """start(resources, listen) -> a fastpath run with ``python -m fastpath`` as
-    fastpoll.commandline renders it for these settings; stopped after the test."""
+    """start(resources, listen, object_resources=None) -> a fastpath run with ``python -m fastpath``
+    as fastpoll.commandline renders it for these settings (object_resources None: the registry's
+    per-object resources); stopped after the test."""
     secret = tmp_path / "secret.key"
     secret.write_bytes(SECRET)
     started = []
 
-    def start(resources, listen):
+    def start(resources, listen, object_resources=None):
         settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(secret), MEMCACHED_SERVERS=[memcached.spec],
                                  FASTPATH_ADDRESS=listen, FASTPATH_WORKERS=1, NOTIFY_DIRS=[],
                                  FASTPATH_ADMIN=f"127.0.0.1:{free_port()}",
                                  EDGE_ADDRESS=None)     # not make run's ports: it may be up meanwhile
-        argv = commandline.fastpath_argv(None, resources)
+        if object_resources is None:
+            object_resources = sorted(registry.names(per="object"))
+        argv = commandline.fastpath_argv(None, resources, object_resources)
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=open(tmp_path / "fastpath.log", "ab"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
         started.append(proc)
@@ -77,6 +80,19 @@ def test_a_registered_resource_the_running_fastpath_lacks_is_a_warning(start_fas
     assert found[0].msg == (f"fastpath at {listen} does not serve the poll resource(s) {', '.join(users[1:])}: "
                             f"nginx sends every poll of them to Django.")
     assert "manage.py fastpoll_fastpath" in found[0].hint
+
+
+def test_a_registered_per_object_resource_the_running_fastpath_lacks_is_a_warning(start_fastpath):
+    """A per-object resource is probed at ``<PATH_PREFIX><name>/<object>``: without
+    --object-resources fastpath answers it 404 MISS, and every poll of it goes to Django."""
+    users, objects = sorted(registry.names(per="user")), sorted(registry.names(per="object"))
+    assert objects
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(users, listen, object_resources=[])
+    [found] = w010()
+    assert found.msg == (f"fastpath at {listen} does not serve the poll resource(s) {', '.join(objects)}: "
+                         f"nginx sends every poll of them to Django.")
+    assert "--object-resources" in found.hint
 
 
 def test_a_fastpath_that_serves_the_registry_is_no_warning(start_fastpath):
