@@ -14,6 +14,9 @@
 | E006 | SECRET_FILE cannot be read as a secret |
 | E012 | COOKIE_NAME, KEY_PREFIX or PATH_PREFIX is not one fastpath can take |
 | W010 | a running fastpath does not serve a registered resource, per-user or per-object (`check --deploy`; fastpoll/checks_fastpath.py) |
+| W011 | a running fastpath refuses a token signed with SECRET_FILE's secret (401 bad signature: another --secret-file; `check --deploy`) |
+| W012 | a running fastpath does not read the cookie COOKIE_NAME (401 authentication required: another --cookie-name; `check --deploy`) |
+| W013 | a running fastpath does not serve an answer Django wrote (404 MISS: another --key-prefix or --memcached; `check --deploy`) |
 | E009 | NOTIFY_DIRS is not a list of non-empty directory paths |
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |

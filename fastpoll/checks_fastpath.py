@@ -1,4 +1,5 @@
-"""fastpoll.W010: the running fastpath does not serve a resource of the registry.
+"""fastpoll.W010-W013: the running fastpath does not serve a resource of the registry (W010), or
+does not agree with Django's settings (W011-W013).
 
 A resource missing from fastpath's ``--resources`` (per-user) or ``--object-resources``
 (per-object) is no error anywhere: fastpath answers its polls 404 and nginx hands every one of
@@ -7,24 +8,47 @@ lists, so the check asks the poll listener (``FASTPATH_ADDRESS``) the way nginx 
 registered resource, without a token: ``<PATH_PREFIX><name>`` for a per-user one,
 ``<PATH_PREFIX><name>/<PROBE_OBJECT>`` for a per-object one.  fastpath reads the path before
 the credentials (fastpath/src/fp_route.c): it answers 401 for a resource it serves (no token)
-and ``404`` with ``X-Cache: MISS`` for one it does not (docs/contract.md, sections 6 and 8).  Anything else (nothing listening, another server, a timeout)
-says nothing and warns of nothing: the check is about a fastpath that runs.
+and ``404`` with ``X-Cache: MISS`` for one it does not (docs/contract.md, sections 6 and 8).
+Anything else (nothing listening, another server, a timeout) says nothing and warns of nothing:
+the check is about a fastpath that runs.
+
+Then one poll end to end (:func:`end_to_end`) of a per-user resource fastpath serves: Django
+writes the answer of a synthetic user (:data:`PROBE_UID` at :data:`PROBE_EPOCH`, a key no
+user's) to memcached and polls it with a token signed with SECRET_FILE's secret, in the cookie
+COOKIE_NAME; fastpath must answer 200 with that body.  A fastpath that was started with other
+settings says which by its answer: 401 ``bad signature`` (another secret, W011), 401
+``authentication required`` (another cookie name, W012), 404 MISS (another key prefix or other
+memcached servers, W013).  The key is deleted after.
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
 """
+import contextlib
+import json
+import secrets
 import socket
+import time
 
 from django.conf import settings
 from django.core import checks
 
-from . import conf, resources
+from . import conf, keys, resources, tokens
+from .cache import CacheUnavailable, get_cache
+from .checks import _COOKIE_RE
+from .secret import SecretFileError, read_secret
 
 TAG = "fastpoll"
 PROBE_TIMEOUT_S = 0.5
 #: the object id of a per-object probe: any id fastpath can read (1-64 of A-Z a-z 0-9 - _); a
 #: probe carries no token, so fastpath never reads the object's key
 PROBE_OBJECT = "0"
-_MAX_HEAD = 16384
+#: the user of the end-to-end probe's token and answer key: text that no integer or UUID
+#: primary key's str() is (a leading "-"), at an epoch no user reaches (an epoch grows by one
+#: per revocation, from 0), so the key is never a real user's answer; deleted after the probe
+PROBE_UID = "-fastpoll-check"
+PROBE_EPOCH = tokens.MAX_INT
+#: seconds the probe's token and key live, should the delete not reach memcached
+PROBE_TTL_S = 60
+_MAX_ANSWER = 65536
 
 
 def _connect(address, timeout):
@@ -42,68 +66,174 @@ def _connect(address, timeout):
     return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
 
 
-def probe(address, path, timeout=PROBE_TIMEOUT_S):
-    """True: fastpath at ``address`` serves ``path`` (401 without a token); False: it does not
-    (404 with ``X-Cache: MISS``); None: no answer from a fastpath (refused, timed out, other)."""
+def _get(address, path, extra="", timeout=PROBE_TIMEOUT_S):
+    """``GET path`` of the server at ``address`` (``extra``: header lines, each ending CRLF):
+    (status, {lower-case header name: value}, body), or None when no HTTP/1 server answers."""
     try:
         with _connect(address, timeout) as sock:
-            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: fastpoll-check\r\nConnection: close\r\n\r\n".encode())
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < _MAX_HEAD:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: fastpoll-check\r\n{extra}Connection: close\r\n\r\n"
+                         .encode("latin-1"))
+            data = b""
+            while len(data) < _MAX_ANSWER:
                 chunk = sock.recv(4096)
                 if not chunk:
                     break
-                head += chunk
+                data += chunk
     except (OSError, ValueError):
         return None
-    lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
     status = lines[0].split(" ")
     if len(status) < 2 or not status[0].startswith("HTTP/1."):
         return None
     headers = {name.strip().lower(): value.strip() for name, sep, value in (line.partition(":") for line in lines[1:])
                if sep}
-    if status[1] == "401":
+    return status[1], headers, body
+
+
+def probe(address, path, timeout=PROBE_TIMEOUT_S):
+    """True: fastpath at ``address`` serves ``path`` (401 without a token); False: it does not
+    (404 with ``X-Cache: MISS``); None: no answer from a fastpath (refused, timed out, other)."""
+    answer = _get(address, path, timeout=timeout)
+    if answer is None:
+        return None
+    status, headers, _ = answer
+    if status == "401":
         return True
-    if status[1] == "404" and headers.get("x-cache") == "MISS":
+    if status == "404" and headers.get("x-cache") == "MISS":
         return False
     return None
 
 
-def unserved(config, names, object_names=(), timeout=PROBE_TIMEOUT_S):
-    """The names of ``names`` (per-user) and ``object_names`` (per-object), in that order, that
-    the fastpath at ``config['FASTPATH_ADDRESS']`` answers as unknown; [] when no fastpath
-    answers there."""
+def _unserved(config, names, object_names, timeout):
+    """As :func:`unserved`, but None when no fastpath answers."""
     address, prefix = config["FASTPATH_ADDRESS"], config["PATH_PREFIX"]
     if not isinstance(address, str) or not isinstance(prefix, str):
-        return []                      # fastpoll.E0xx say what is wrong with them
+        return None                    # fastpoll.E0xx say what is wrong with them
     missing = []
     paths = [(name, prefix + name) for name in names] + [(name, f"{prefix}{name}/{PROBE_OBJECT}")
                                                           for name in object_names]
     for name, path in paths:
         answer = probe(address, path, timeout)
         if answer is None:
-            return []
+            return None
         if answer is False:
             missing.append(name)
     return missing
 
 
+def unserved(config, names, object_names=(), timeout=PROBE_TIMEOUT_S):
+    """The names of ``names`` (per-user) and ``object_names`` (per-object), in that order, that
+    the fastpath at ``config['FASTPATH_ADDRESS']`` answers as unknown; [] when no fastpath
+    answers there."""
+    return _unserved(config, names, object_names, timeout) or []
+
+
+def _usable(config):
+    """The secret, when the settings the end-to-end probe uses are ones fastpath can take
+    (fastpoll.E005/E006/E012 say what is wrong otherwise), else None."""
+    if not (isinstance(config["COOKIE_NAME"], str) and _COOKIE_RE.match(config["COOKIE_NAME"])
+            and isinstance(config["KEY_PREFIX"], str) and keys.PREFIX_RE.match(config["KEY_PREFIX"])):
+        return None
+    try:
+        return read_secret(config["SECRET_FILE"])
+    except (SecretFileError, TypeError, ValueError):
+        return None
+
+
+def end_to_end(config, name, timeout=PROBE_TIMEOUT_S):
+    """Poll the per-user resource ``name`` (one fastpath serves) as a browser would: the answer
+    of a synthetic user written to memcached by Django, a token signed with SECRET_FILE's
+    secret in the cookie COOKIE_NAME.  Returns (status, X-Cache, error or None, the key) of a
+    poll fastpath did not answer with that very answer, or None: it did, or the probe could not
+    be made (no secret, memcached unreachable from Django, no fastpath)."""
+    secret = _usable(config)
+    if secret is None:
+        return None
+    key = keys.answer_key(name, PROBE_UID, PROBE_EPOCH)
+    body = b'{"fastpoll":"check","probe":"%s"}' % secrets.token_hex(8).encode("ascii")
+    token = tokens.sign(secret, PROBE_UID, PROBE_EPOCH, int(time.time()) + PROBE_TTL_S)
+    store = get_cache()
+    node = store.node_for(key)
+    try:
+        if store.store_many(node, [(b"set", key, body, None)], PROBE_TTL_S).get(key) != b"STORED":
+            return None
+    except CacheUnavailable:
+        return None                    # Django cannot write its answers either: its logs say so
+    try:
+        answer = _get(config["FASTPATH_ADDRESS"], config["PATH_PREFIX"] + name,
+                      f"Cookie: {config['COOKIE_NAME']}={token}\r\n", timeout)
+    finally:
+        with contextlib.suppress(CacheUnavailable):
+            store.delete_many(node, [key])
+    if answer is None:
+        return None
+    status, headers, got = answer
+    if status == "200" and got == body:
+        return None
+    error = None
+    if status == "401":
+        with contextlib.suppress(ValueError, AttributeError):
+            error = json.loads(got).get("error")
+    return status, headers.get("x-cache"), error, key
+
+
+def _drift(config, outcome):
+    """The warning of a poll fastpath did not answer with Django's answer (:func:`end_to_end`)."""
+    status, cache_status, error, key = outcome
+    where = f"fastpath at {config['FASTPATH_ADDRESS']}"
+    restart = "Restart fastpath with the command line `manage.py fastpoll_fastpath` prints"
+    if status == "401" and error == "bad signature":
+        return checks.Warning(
+            f"{where} refuses a poll token signed with FASTPOLL['SECRET_FILE'] ({config['SECRET_FILE']}): 401 bad "
+            f"signature, so it answers every poll 401: fastpath's --secret-file is not SECRET_FILE's secret.",
+            hint=f"{restart} (--secret-file {config['SECRET_FILE']}); after `manage.py fastpoll_secret --force`, "
+                 f"restart fastpath and every Django process.", id="fastpoll.W011")
+    if status == "401" and error == "authentication required":
+        return checks.Warning(
+            f"{where} does not read the poll cookie FASTPOLL['COOKIE_NAME'] ({config['COOKIE_NAME']!r}): 401 "
+            f"authentication required, so it answers every browser's poll 401: its --cookie-name differs.",
+            hint=f"{restart} (--cookie-name {config['COOKIE_NAME']}).", id="fastpoll.W012")
+    if status == "404" and cache_status == "MISS":
+        return checks.Warning(
+            f"{where} does not find the answers Django writes (the probe's key {key}): 404 MISS, so nginx sends "
+            f"every poll to Django: its --key-prefix is not FASTPOLL['KEY_PREFIX'] ({config['KEY_PREFIX']!r}) or "
+            f"its --memcached servers are not MEMCACHED_SERVERS.",
+            hint=f"{restart} (--key-prefix {config['KEY_PREFIX']} --memcached "
+                 f"{','.join(config['MEMCACHED_SERVERS'])}).", id="fastpoll.W013")
+    said = f"{status} {error}" if error else f"{status}" + (f" (X-Cache: {cache_status})" if cache_status else "")
+    return checks.Warning(
+        f"{where} does not answer a poll with the answer Django wrote for it (the probe's key {key}): it "
+        f"answered {said}.", hint=f"{restart}, and compare its log with Django's settings.", id="fastpoll.W013")
+
+
 def check_running_fastpath(app_configs=None, **kwargs):
+    """W010, then (when fastpath serves a per-user resource) W011-W013 of one end-to-end poll."""
     if not isinstance(getattr(settings, "FASTPOLL", {}), dict):
         return []                      # fastpoll.E001
     config = conf.get_config()
-    missing = unserved(config, sorted(resources.names(per="user")), sorted(resources.names(per="object")))
-    if not missing:
-        return []
-    return [checks.Warning(
-        f"fastpath at {config['FASTPATH_ADDRESS']} does not serve the poll resource(s) "
-        f"{', '.join(missing)}: nginx sends every poll of them to Django.",
-        hint="Restart fastpath with the command line `manage.py fastpoll_fastpath` prints "
-             "(its --resources and --object-resources, and its path prefix must be PATH_PREFIX).",
-        id="fastpoll.W010")]
+    users = sorted(resources.names(per="user"))
+    missing = _unserved(config, users, sorted(resources.names(per="object")), PROBE_TIMEOUT_S)
+    if missing is None:
+        return []                      # no fastpath answers: the check is about one that runs
+    found = []
+    if missing:
+        found.append(checks.Warning(
+            f"fastpath at {config['FASTPATH_ADDRESS']} does not serve the poll resource(s) "
+            f"{', '.join(missing)}: nginx sends every poll of them to Django.",
+            hint="Restart fastpath with the command line `manage.py fastpoll_fastpath` prints "
+                 "(its --resources and --object-resources, and its path prefix must be PATH_PREFIX).",
+            id="fastpoll.W010"))
+    served = [name for name in users if name not in missing]
+    if served:
+        outcome = end_to_end(config, served[0])
+        if outcome is not None:
+            found.append(_drift(config, outcome))
+    return found
 
 
 def register_checks():
-    """Register W010 (``FastpollConfig.ready()`` calls this once).  A deployment check
-    (``manage.py check --deploy``): it asks the running fastpath over the network."""
+    """Register W010-W013 (``FastpollConfig.ready()`` calls this once).  A deployment check
+    (``manage.py check --deploy``): it asks the running fastpath over the network, and writes
+    (then deletes) one key in memcached."""
     checks.register(check_running_fastpath, TAG, deploy=True)

@@ -1,6 +1,8 @@
-"""fastpoll.W010 (fastpoll/checks_fastpath.py): a real fastpath, started from the command line
-fastpoll renders, that lacks a registered resource (per-user or per-object) is named; one that
-serves them all, or no fastpath at all, says nothing."""
+"""fastpoll.W010-W013 (fastpoll/checks_fastpath.py): a real fastpath, started from the command line
+fastpoll renders, that lacks a registered resource (per-user or per-object) is named (W010); one
+whose secret, cookie name, key prefix or memcached servers are no longer Django's is found by
+one poll of an answer Django writes (W011-W013); one that serves them all and agrees, or no
+fastpath at all, says nothing."""
 import contextlib
 import os
 import signal
@@ -11,9 +13,12 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core import checks
 
+from pymemcache.client.base import Client
+
 from fastpoll import checks_fastpath, commandline
 from fastpoll import resources as registry
 from plurksite.services import free_port, wait_for_port
+from tests.support.servers import memcached_servers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRET = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -64,6 +69,16 @@ def w010():
             if m.id == "fastpoll.W010"]
 
 
+def deploy():
+    """(id, message, hint) of everything the running-fastpath check says under ``check --deploy``."""
+    return [(m.id, m.msg, m.hint) for m in checks.run_checks(tags=[checks_fastpath.TAG], include_deployment_checks=True)
+            if m.id in ("fastpoll.W010", "fastpoll.W011", "fastpoll.W012", "fastpoll.W013")]
+
+
+def probe_key(settings):
+    return f"{settings.FASTPOLL['KEY_PREFIX']}:{sorted(registry.names(per='user'))[0]}:-fastpoll-check:{2**63 - 1}"
+
+
 def test_w010_is_a_deployment_check_only():
     assert checks_fastpath.check_running_fastpath in checks.registry.registry.deployment_checks
     assert checks_fastpath.check_running_fastpath not in checks.registry.registry.registered_checks
@@ -95,9 +110,55 @@ def test_a_registered_per_object_resource_the_running_fastpath_lacks_is_a_warnin
     assert "--object-resources" in found.hint
 
 
-def test_a_fastpath_that_serves_the_registry_is_no_warning(start_fastpath):
+def test_a_fastpath_that_serves_the_registry_is_no_warning(start_fastpath, settings, memcached):
     start_fastpath(sorted(registry.names(per="user")), f"127.0.0.1:{free_port()}")
-    assert w010() == []
+    assert deploy() == []
+    # the end-to-end probe's key was written, polled and deleted
+    assert Client((memcached.host, memcached.port)).get(probe_key(settings)) is None
+
+
+def test_a_fastpath_with_another_secret_is_named_with_the_restart(start_fastpath, settings, tmp_path):
+    """`fastpoll_secret --force` without a restart of fastpath: fastpath answers every token
+    Django signs with 401 bad signature."""
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(sorted(registry.names(per="user")), listen)
+    newer = tmp_path / "newer.key"
+    newer.write_bytes(SECRET[::-1])
+    settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(newer))
+    [(check_id, msg, hint)] = deploy()
+    assert check_id == "fastpoll.W011"
+    assert msg == (f"fastpath at {listen} refuses a poll token signed with FASTPOLL['SECRET_FILE'] ({newer}): 401 bad "
+                   f"signature, so it answers every poll 401: fastpath's --secret-file is not SECRET_FILE's secret.")
+    assert hint.endswith("after `manage.py fastpoll_secret --force`, restart fastpath and every Django process.")
+
+
+def test_a_fastpath_with_another_cookie_name_is_named(start_fastpath, settings):
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(sorted(registry.names(per="user")), listen)
+    settings.FASTPOLL = dict(settings.FASTPOLL, COOKIE_NAME="site_poll")
+    [(check_id, msg, hint)] = deploy()
+    assert check_id == "fastpoll.W012"
+    assert msg == (f"fastpath at {listen} does not read the poll cookie FASTPOLL['COOKIE_NAME'] ('site_poll'): 401 "
+                   f"authentication required, so it answers every browser's poll 401: its --cookie-name differs.")
+    assert "--cookie-name site_poll" in hint
+
+
+def test_a_fastpath_with_another_key_prefix_or_memcached_is_named(start_fastpath, settings, memcached):
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(sorted(registry.names(per="user")), listen)
+    started = dict(settings.FASTPOLL)
+    settings.FASTPOLL = dict(started, KEY_PREFIX="other")
+    [(check_id, msg, _)] = deploy()
+    assert check_id == "fastpoll.W013"
+    assert msg == (f"fastpath at {listen} does not find the answers Django writes (the probe's key "
+                   f"{probe_key(settings)}): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not "
+                   f"FASTPOLL['KEY_PREFIX'] ('other') or its --memcached servers are not MEMCACHED_SERVERS.")
+    with memcached_servers(1) as [another]:
+        settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[another.spec])
+        assert [i for i, _, _ in deploy()] == ["fastpoll.W013"]
+        assert Client((another.host, another.port)).get(probe_key(settings)) is None
+    settings.FASTPOLL = started
+    assert deploy() == []
 
 
 def test_a_path_prefix_fastpath_does_not_serve_names_every_resource(start_fastpath, settings):

@@ -59,7 +59,10 @@ def test_refuses_to_overwrite_without_force(tmp_path):
                                  f"signed with it stops working)")
     assert path.read_bytes() == b"k" * 40 + b"\n"
     with secret_settings(str(path)):
-        command("--force")
+        out = command("--force")
+    assert out == (f"replaced the secret in {path} (mode 0600): restart fastpath and every Django process now "
+                   f"(each read the old secret once at start; until they restart, polls answer 401 bad signature); "
+                   f"every poll token issued before stops working\n")
     assert len(read_secret(str(path))) == 64 and mode(path) == "0o600"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fastpoll.key"]      # no temporary file left
 
