@@ -11,10 +11,11 @@ class FastpollConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, checks_fastpath, middleware, notify, signals, watch
+        from . import checks, checks_fastpath, checks_site, middleware, notify, signals, watch
 
         checks.register()
         checks_fastpath.register_checks()
+        checks_site.register_checks()
         watch.install()
         middleware.install()
         signals.answers_stored.connect(notify.keys_stored, dispatch_uid="fastpoll.notify")

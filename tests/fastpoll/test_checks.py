@@ -8,8 +8,13 @@ from django.core import checks
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+from django.contrib import admin
+from django.http import HttpResponse
+from django.urls import include, path, re_path
+
 from fastpoll import checks as fastpoll_checks
-from fastpoll import commandline
+from fastpoll import checks_site, commandline, views
+from fastpoll import resources as registry
 from plurkcore import checks as plurk_checks
 
 #: what a project's settings name besides the test settings' FASTPOLL (W003 wants a KEY_PREFIX)
@@ -50,7 +55,6 @@ def run(plurkcore=None, **overrides):
     ({"REVOKE_ON_LOGOUT": False}, []),
     ({"REVOKE_ON_LOGOUT": "no"},
      [("fastpoll.E014", "FASTPOLL['REVOKE_ON_LOGOUT'] must be True or False, got 'no'.")]),
-    ({"COOKIE_NAME": "tok", "KEY_PREFIX": "k2", "PATH_PREFIX": "/poll/v2/"}, []),
     ({"COOKIE_NAME": "to k"},
      [("fastpoll.E012", "FASTPOLL['COOKIE_NAME'] must be 1-64 cookie-name characters (RFC 6265), got 'to k'.")]),
     ({"KEY_PREFIX": "p:1", "PATH_PREFIX": "Poll/"},
@@ -84,6 +88,70 @@ def run(plurkcore=None, **overrides):
 ])
 def test_each_problem_has_its_id_and_message(overrides, expected):
     assert run({**settings.FASTPOLL, **GOOD_SERVERS, **overrides}) == expected
+
+
+class PollsAtV2:
+    """A project's URLconf that mounts fastpoll's poll view itself, at PATH_PREFIX /poll/v2/ (the
+    test settings' URLconf mounts fastpoll.urls, read at /Poll/ when it was imported)."""
+    urlpatterns = [re_path(r"^poll/v2/(?P<resource>[A-Za-z0-9_]{1,32})\Z", views.poll),
+                   re_path(r"^poll/v2/(?P<resource>[A-Za-z0-9_]{1,32})/(?P<obj>[A-Za-z0-9_-]{1,64})\Z", views.poll)]
+
+
+def test_other_names_are_no_problem():
+    assert run({**settings.FASTPOLL, **GOOD_SERVERS, "COOKIE_NAME": "tok", "KEY_PREFIX": "k2",
+                "PATH_PREFIX": "/poll/v2/"}, ROOT_URLCONF=PollsAtV2) == []
+
+
+def not_the_poll(request, **kwargs):
+    return HttpResponse("the site's page")
+
+
+class NoPolls:
+    urlpatterns = [path("admin/", admin.site.urls)]
+
+
+class PollsUnderApi:
+    """The reviewer's project: fastpoll.urls under api/, so /api/Poll/<name> while polls ask /Poll/<name>."""
+    urlpatterns = [path("admin/", admin.site.urls), path("api/", include("fastpoll.urls"))]
+
+
+class SiteFirst:
+    """A catch-all of the site's before fastpoll.urls: /Poll/<name> is the site's page."""
+    urlpatterns = [re_path(r"^(?P<page>.*)$", not_the_poll), path("", include("fastpoll.urls"))]
+
+
+@pytest.mark.parametrize("urlconf, found", [
+    (NoPolls, "does not resolve"),
+    (PollsUnderApi, "does not resolve"),
+    (SiteFirst, "resolves to tests.fastpoll.test_checks.not_the_poll"),
+], ids=["not-included", "under-api", "site-first"])
+def test_a_urlconf_that_does_not_route_polls_to_fastpoll_is_an_error(urlconf, found):
+    name = sorted(registry.names(per="user"))[0]
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS}, ROOT_URLCONF=urlconf):
+        [error] = checks.run_checks(tags=[fastpoll_checks.TAG])
+    assert error.id == "fastpoll.E019" and error.level == checks.ERROR
+    assert error.msg == (f"The poll path /Poll/{name} {found} in ROOT_URLCONF ({urlconf}), not to fastpoll's poll "
+                         f"view: every poll fastpath misses gets the site's 404 page and fastpoll.js stops polling.")
+    assert error.hint.startswith(f'Add path("", include("fastpoll.urls")) to {urlconf}\'s urlpatterns')
+
+
+def test_a_urlconf_that_routes_only_per_user_polls_is_an_error():
+    """A per-object poll is a path of its own (``<PATH_PREFIX><name>/<object>``)."""
+    class UsersOnly:
+        urlpatterns = PollsAtV2.urlpatterns[:1]
+
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "PATH_PREFIX": "/poll/v2/"},
+                           ROOT_URLCONF=UsersOnly):
+        [error] = checks.run_checks(tags=[fastpoll_checks.TAG])
+    assert error.id == "fastpoll.E019"
+    assert error.msg.startswith(f"The poll path /poll/v2/{sorted(registry.names(per='object'))[0]}/0 does not resolve")
+
+
+def test_no_urlconf_is_no_url_error():
+    """A project's library tests may run without any URLconf: nothing to route then."""
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS}):
+        del settings.ROOT_URLCONF
+        assert checks.run_checks(tags=[fastpoll_checks.TAG]) == []
 
 
 def test_a_missing_key_prefix_is_warned_of_with_the_fix():
@@ -186,6 +254,7 @@ def test_csrf_middleware_missing():
 def test_every_check_is_registered():
     registered = checks.registry.registry.get_checks()
     assert all(check in registered for check in fastpoll_checks.CHECKS)
+    assert all(check in registered for check in checks_site.CHECKS)
     # a plain `manage.py check` (no tags) runs them
     with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "MEMCACHED_TIMEOUT": -1}):
         assert "fastpoll.E003" in {e.id for e in checks.run_checks()}
