@@ -22,6 +22,7 @@
 | E010 | NOTIFY_BACKEND is not the dotted path of an importable class |
 | E011 | NOTIFY_UDP is not a list of host:port strings |
 | E013 | PollTokenMiddleware is listed before AuthenticationMiddleware, or without it or SessionMiddleware |
+| W007 | sessions and AuthenticationMiddleware without PollTokenMiddleware: session users get no poll cookie (silence it on a site that hands out tokens itself; fastpoll/checks_site.py) |
 | E014 | a switch (REVOKE_ON_LOGOUT) is not True or False |
 | E015 | a setting fastpoll_nginx or fastpoll_fastpath cannot render (FASTPATH_*, LONGPOLL_MAX_WAIT, DJANGO_UPSTREAM, NGINX_*, ...; fastpoll/commandline.py RENDERED_SETTINGS) |
 | E016 | an edge setting (EDGE_ADDRESS, EDGE_URL, EDGE_ORIGINS, EDGE_MAX_*, MAX_HELD_PER_USER, EDGE_HEADER_TIMEOUT) is not valid, alone or with the others (fastpoll_fastpath refuses it with the same line) |

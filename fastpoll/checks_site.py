@@ -4,16 +4,22 @@
 - E019: ``<PATH_PREFIX><resource>`` does not resolve to fastpoll's poll view in ROOT_URLCONF
   (``fastpoll.urls`` not included, or included under another prefix): every poll fastpath
   misses gets the site's HTML 404, and fastpoll.js gives up ("refused").
+- W007: the site logs users in with Django's sessions (``django.contrib.sessions`` installed,
+  AuthenticationMiddleware in MIDDLEWARE) but MIDDLEWARE lacks PollTokenMiddleware: no session
+  user gets a poll cookie, so each of their polls is 401.  A site whose clients poll with tokens
+  of its own (``fastpoll.issue_token``, ``Authorization: Bearer``) silences it.
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
 """
 import inspect
 
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.urls import Resolver404, resolve
 
 from . import commandline, conf, resources, views
+from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
 
 TAG = "fastpoll"
 #: the object id of the per-object path E019 resolves (fastpoll.urls takes any object id)
@@ -58,9 +64,26 @@ def check_urls(app_configs=None, **kwargs):
     return []
 
 
-CHECKS = (check_urls,)
+def check_poll_middleware(app_configs=None, **kwargs):
+    """Session users get the poll cookie only from PollTokenMiddleware (E013 judges its place)."""
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    if not apps.is_installed("django.contrib.sessions") or _position(middleware, AUTH_MIDDLEWARE) is None:
+        return []
+    if _position(middleware, POLL_MIDDLEWARE) is not None:
+        return []
+    return [checks.Warning(
+        f"MIDDLEWARE has AuthenticationMiddleware (with django.contrib.sessions) but not {POLL_MIDDLEWARE}: a "
+        f"user logged in with Django's sessions gets no poll cookie, so every poll of theirs is 401.",
+        hint=f"Add '{POLL_MIDDLEWARE}' to MIDDLEWARE after '{AUTH_MIDDLEWARE}'; a site whose clients poll only "
+             f"with tokens it hands out itself (fastpoll.issue_token) silences this: "
+             f"SILENCED_SYSTEM_CHECKS = [\"fastpoll.W007\"].",
+        id="fastpoll.W007")]
+
+
+CHECKS = (check_urls, check_poll_middleware)
 
 
 def register_checks():
     """Register the checks above (``FastpollConfig.ready()`` calls this once)."""
     checks.register(check_urls, TAG, checks.Tags.urls)
+    checks.register(check_poll_middleware, TAG, checks.Tags.compatibility)

@@ -139,6 +139,9 @@ STATIC_ROOT = os.path.join(STACK.var_dir, "static")
 # the runner starts fastpath and renders nginx from the same dict (plurksite.services), so that
 # manage.py fastpoll_fastpath / fastpoll_nginx print what the stack runs
 FASTPOLL = fastpoll_settings(STACK)
+# the site's pages poll with the token its API's login hands out (plurkcore.api, fastpoll.issue_token);
+# Django's sessions are the admin's only: no PollTokenMiddleware, and its warning acknowledged
+SILENCED_SYSTEM_CHECKS = ["fastpoll.W007"]
 # Django's own cap on form bodies, the same limit (nginx enforces it first)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STACK.max_body_bytes
 

@@ -49,7 +49,7 @@ def parse(argv):
 
 def found(fastpoll_settings, **edge):
     with override_settings(FASTPOLL=dict(fastpoll_settings, **edge)):
-        return [(e.id, e.msg) for e in checks.run_checks(tags=[fastpoll_checks.TAG])]
+        return [(e.id, e.msg) for e in checks.run_checks(tags=[fastpoll_checks.TAG]) if not e.is_silenced()]
 
 
 # ---- rendering ----
