@@ -8,10 +8,15 @@
   AuthenticationMiddleware in MIDDLEWARE) but MIDDLEWARE lacks PollTokenMiddleware: no session
   user gets a poll cookie, so each of their polls is 401.  A site whose clients poll with tokens
   of its own (``fastpoll.issue_token``, ``Authorization: Bearer``) silences it.
+- W008: a MEMCACHED_SERVERS server is the LOCATION of a memcached cache of CACHES: fastpoll's
+  repair flushes a server that was away (``flush_all``, fastpoll/repair.py), which empties the
+  site's cache (and its sessions, when they live there) with it.
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
 """
 import inspect
+import os
+import re
 
 from django.apps import apps
 from django.conf import settings
@@ -19,6 +24,7 @@ from django.core import checks
 from django.urls import Resolver404, resolve
 
 from . import commandline, conf, resources, views
+from .cache import parse_server
 from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
 
 TAG = "fastpoll"
@@ -80,10 +86,79 @@ def check_poll_middleware(app_configs=None, **kwargs):
         id="fastpoll.W007")]
 
 
-CHECKS = (check_urls, check_poll_middleware)
+#: memcached's port when a LOCATION names none (pymemcache's and libmemcached's default)
+MEMCACHED_PORT = 11211
+_LOOPBACK = ("localhost", "::1")
+_SESSION_ENGINES = ("django.contrib.sessions.backends.cache", "django.contrib.sessions.backends.cached_db")
+
+
+def _server(spec):
+    """A memcached address, normalised: ("unix", path) or (host, port), the loopback names one host."""
+    spec = spec.strip()
+    for scheme in ("unix://", "unix:"):
+        if spec.startswith(scheme):
+            return "unix", os.path.normpath(spec[len(scheme):])
+    if spec.startswith("/"):
+        return "unix", os.path.normpath(spec)
+    try:
+        host, port = parse_server(spec)
+    except ValueError:
+        host, port = spec, MEMCACHED_PORT
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK or re.fullmatch(r"127(\.[0-9]{1,3}){3}", host):
+        host = "loopback"
+    return host, port
+
+
+def _is_memcached(backend):
+    """Django's memcached backends, or one of a module named after memcached (django_pylibmc's, ...)."""
+    if not isinstance(backend, str):
+        return False
+    module, _, name = backend.rpartition(".")
+    return "memcache" in module.lower() or name in ("PyMemcacheCache", "PyLibMCCache", "MemcachedCache")
+
+
+def _locations(location):
+    """The servers of a cache's LOCATION: a list, or a string of them split at ';' or ',' (Django's reading)."""
+    if isinstance(location, str):
+        location = re.split(r"[;,]", location)
+    if not isinstance(location, (list, tuple)):
+        return []
+    return [entry for entry in location if isinstance(entry, str) and entry.strip()]
+
+
+def check_shared_memcached(app_configs=None, **kwargs):
+    """fastpoll's memcached servers are its own: its repair empties one that was away."""
+    config = _config()
+    servers = config["MEMCACHED_SERVERS"] if config is not None else None
+    if not isinstance(servers, (list, tuple)):
+        return []                      # E001 / E002
+    ours = {_server(spec): spec for spec in servers if isinstance(spec, str)}
+    caches = getattr(settings, "CACHES", None)
+    warnings = []
+    for alias, cache in (caches.items() if isinstance(caches, dict) else ()):
+        backend = cache.get("BACKEND") if isinstance(cache, dict) else None
+        if not _is_memcached(backend):
+            continue
+        shared = sorted({ours[_server(spec)] for spec in _locations(cache.get("LOCATION")) if _server(spec) in ours})
+        if not shared:
+            continue
+        sessions = (getattr(settings, "SESSION_ENGINE", "") in _SESSION_ENGINES
+                    and getattr(settings, "SESSION_CACHE_ALIAS", "default") == alias)
+        warnings.append(checks.Warning(
+            f"FASTPOLL['MEMCACHED_SERVERS'] shares {', '.join(shared)} with CACHES[{alias!r}]: fastpoll's repair "
+            f"empties a memcached server that was away (flush_all), and with it this cache"
+            f"{' and the sessions it holds (everyone logged out)' if sessions else ''}.",
+            hint="Give fastpoll memcached servers of its own (another port or host); KEY_PREFIX does not keep a "
+                 "flush_all off other keys.", id="fastpoll.W008"))
+    return warnings
+
+
+CHECKS = (check_urls, check_poll_middleware, check_shared_memcached)
 
 
 def register_checks():
     """Register the checks above (``FastpollConfig.ready()`` calls this once)."""
     checks.register(check_urls, TAG, checks.Tags.urls)
     checks.register(check_poll_middleware, TAG, checks.Tags.compatibility)
+    checks.register(check_shared_memcached, TAG, checks.Tags.caches)

@@ -160,6 +160,37 @@ def test_no_urlconf_is_no_url_error():
         assert reported() == []
 
 
+PYMEMCACHE = "django.core.cache.backends.memcached.PyMemcacheCache"
+SHARED_MSG = ("FASTPOLL['MEMCACHED_SERVERS'] shares 127.0.0.1:11211 with CACHES['default']: fastpoll's repair empties "
+              "a memcached server that was away (flush_all), and with it this cache{}.")
+
+
+@pytest.mark.parametrize("caches, sessions, message", [
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11211"}, False, SHARED_MSG.format("")),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11211"}, True,
+     SHARED_MSG.format(" and the sessions it holds (everyone logged out)")),
+    ({"BACKEND": "django.core.cache.backends.memcached.PyLibMCCache", "LOCATION": "localhost:11211"}, False,
+     SHARED_MSG.format("")),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1"}, False, SHARED_MSG.format("")),     # memcached's port
+    ({"BACKEND": PYMEMCACHE, "LOCATION": ["10.0.0.7:11211", "[::1]:11211"]}, False, SHARED_MSG.format("")),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "10.0.0.7:11211;127.0.0.1:11211"}, False, SHARED_MSG.format("")),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11212"}, True, None),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "unix:/run/memcached.sock"}, False, None),
+    ({"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "127.0.0.1:11211"}, False, None),
+], ids=["same", "sessions", "localhost", "no-port", "list", "string-list", "other-port", "unix", "not-memcached"])
+def test_a_memcached_shared_with_the_sites_cache_is_warned_of(caches, sessions, message):
+    """fastpoll's repair flushes a server that was away: a cache (or the sessions) on it go too."""
+    engine = "django.contrib.sessions.backends.cache" if sessions else "django.contrib.sessions.backends.db"
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS}, CACHES={"default": caches},
+                           SESSION_ENGINE=engine):
+        found = [(e.id, e.msg, e.hint) for e in reported()]
+    if message is None:
+        assert found == []
+    else:
+        assert found == [("fastpoll.W008", message, "Give fastpoll memcached servers of its own (another port or "
+                                                    "host); KEY_PREFIX does not keep a flush_all off other keys.")]
+
+
 def test_a_missing_key_prefix_is_warned_of_with_the_fix():
     """The default prefix is every site's: two sites (or a site and its tests) on one memcached
     would serve each other's answers.  Setting it, even to the default's value, is a choice."""
