@@ -11,21 +11,31 @@
 - W008: a MEMCACHED_SERVERS server is the LOCATION of a memcached cache of CACHES: fastpoll's
   repair flushes a server that was away (``flush_all``, fastpoll/repair.py), which empties the
   site's cache (and its sessions, when they live there) with it.
+- W009 (``check --deploy --database <alias>``: it queries, Django's ``databases`` convention):
+  outbox rows older than OUTBOX_AGE_GRACES x OUTBOX_GRACE, or stale keys older than
+  STALE_AGE_INTERVALS x REPAIR_INTERVAL: no repair pass has paid them, so their answers stay
+  stale until CACHE_TTL (docs/consistency.md: ``repaircache --loop`` is required).
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
 """
+import datetime
 import inspect
+import numbers
 import os
 import re
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
+from django.db import DatabaseError, router
+from django.db.models.functions import Now
 from django.urls import Resolver404, resolve
+from django.utils import timezone
 
 from . import commandline, conf, resources, views
 from .cache import parse_server
 from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
+from .models import PendingChange, StaleKey
 
 TAG = "fastpoll"
 #: the object id of the per-object path E019 resolves (fastpoll.urls takes any object id)
@@ -154,6 +164,48 @@ def check_shared_memcached(app_configs=None, **kwargs):
     return warnings
 
 
+#: an outbox row is the repair service's once OUTBOX_GRACE old (its writer died or failed), and
+#: paid by its next pass, every REPAIR_INTERVAL: one this many graces old has outlived them all
+OUTBOX_AGE_GRACES = 10
+#: a stale key is paid by the next pass (the service's, or a publish's quick one)
+STALE_AGE_INTERVALS = 20
+
+
+def _age(seconds):
+    return f"{seconds:g} s"
+
+
+def check_repairer(app_configs=None, databases=None, **kwargs):
+    """Debts no repair pass pays: ``manage.py repaircache --loop`` is not running (or cannot)."""
+    config = _config()
+    if not databases or config is None:
+        return []                      # it queries: only when asked to (check --database)
+    grace, interval = config["OUTBOX_GRACE"], config["REPAIR_INTERVAL"]
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 for v in (grace, interval)):
+        return []                      # E003
+    owed = []
+    try:
+        if router.db_for_write(PendingChange) in databases:
+            age = OUTBOX_AGE_GRACES * grace
+            count = PendingChange.objects.filter(created__lt=Now() - datetime.timedelta(seconds=age)).count()
+            if count:
+                owed.append(f"{count} outbox change(s) older than {_age(age)} ({OUTBOX_AGE_GRACES} x OUTBOX_GRACE)")
+        if router.db_for_write(StaleKey) in databases:
+            age = STALE_AGE_INTERVALS * interval
+            count = StaleKey.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
+            if count:
+                owed.append(f"{count} stale key(s) older than {_age(age)} ({STALE_AGE_INTERVALS} x REPAIR_INTERVAL)")
+    except DatabaseError:
+        return []                      # fastpoll's tables are not migrated yet: migrate says so
+    if not owed:
+        return []
+    return [checks.Warning(
+        f"The database holds {' and '.join(owed)}: no repair pass has written their answers, so polls get stale "
+        f"answers until CACHE_TTL. Is `manage.py repaircache --loop` running?",
+        hint="Run `manage.py repaircache --loop` as a service beside Django (docs/consistency.md); if it runs, "
+             "its log says what it cannot pay (a memcached server away).", id="fastpoll.W009")]
+
+
 CHECKS = (check_urls, check_poll_middleware, check_shared_memcached)
 
 
@@ -162,3 +214,4 @@ def register_checks():
     checks.register(check_urls, TAG, checks.Tags.urls)
     checks.register(check_poll_middleware, TAG, checks.Tags.compatibility)
     checks.register(check_shared_memcached, TAG, checks.Tags.caches)
+    checks.register(check_repairer, TAG, checks.Tags.database, deploy=True)

@@ -1,20 +1,22 @@
 """System checks for settings.FASTPOLL: each problem has its own id, through the registry."""
+import datetime
 import io
 
 import pytest
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core import checks
 from django.core.management import CommandError, call_command
-from django.test import override_settings
-
-from django.contrib import admin
 from django.http import HttpResponse
+from django.test import override_settings
 from django.urls import include, path, re_path
+from django.utils import timezone
 
 from fastpoll import checks as fastpoll_checks
 from fastpoll import checks_site, commandline, views
 from fastpoll import resources as registry
+from fastpoll.models import PendingChange, StaleKey
 from plurkcore import checks as plurk_checks
 
 #: what a project's settings name besides the test settings' FASTPOLL (W003 wants a KEY_PREFIX)
@@ -189,6 +191,38 @@ def test_a_memcached_shared_with_the_sites_cache_is_warned_of(caches, sessions, 
     else:
         assert found == [("fastpoll.W008", message, "Give fastpoll memcached servers of its own (another port or "
                                                     "host); KEY_PREFIX does not keep a flush_all off other keys.")]
+
+
+def w009(databases=("default",)):
+    return [e for e in checks.run_checks(tags=[fastpoll_checks.TAG], include_deployment_checks=True,
+                                         databases=databases) if e.id == "fastpoll.W009"]
+
+
+@pytest.mark.django_db
+def test_debts_no_repair_pass_paid_ask_whether_the_repairer_runs():
+    """The outbox's rows older than 10 graces and stale keys older than 20 repair intervals are
+    what a running ``repaircache --loop`` would have paid; fresh ones are its next pass's."""
+    now = timezone.now()
+    with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS, "OUTBOX_GRACE": 3, "REPAIR_INTERVAL": 2}):
+        PendingChange.objects.create(change="{}")
+        StaleKey.objects.create(key="checks:getMessages:1:0", since=now - datetime.timedelta(seconds=39))
+        assert w009() == []                                  # young debts: the next pass pays them
+        old = PendingChange.objects.create(change="{}")
+        PendingChange.objects.filter(pk=old.pk).update(created=now - datetime.timedelta(seconds=31))
+        [warning] = w009()
+        assert warning.level == checks.WARNING
+        assert warning.msg == ("The database holds 1 outbox change(s) older than 30 s (10 x OUTBOX_GRACE): no repair "
+                               "pass has written their answers, so polls get stale answers until CACHE_TTL. Is "
+                               "`manage.py repaircache --loop` running?")
+        assert "`manage.py repaircache --loop` as a service" in warning.hint
+        StaleKey.objects.create(key="checks:getMessages:2:0", since=now - datetime.timedelta(seconds=41))
+        [warning] = w009()
+        assert warning.msg.startswith("The database holds 1 outbox change(s) older than 30 s (10 x OUTBOX_GRACE) and "
+                                      "1 stale key(s) older than 40 s (20 x REPAIR_INTERVAL): ")
+        # it queries: only `check --database <alias>` runs it, and only a deployment check
+        assert w009(databases=None) == []
+        assert [e for e in checks.run_checks(tags=[fastpoll_checks.TAG], databases=["default"])
+                if e.id == "fastpoll.W009"] == []
 
 
 def test_a_missing_key_prefix_is_warned_of_with_the_fix():
