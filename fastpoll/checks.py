@@ -1,4 +1,6 @@
-"""System checks for ``settings.FASTPOLL``: one function per concern, one id per problem.
+"""System checks for ``settings.FASTPOLL``: one function per concern, one id per problem.  The
+table lists every fastpoll id, those of fastpoll/checks_site.py (the URLconf, MIDDLEWARE, CACHES
+and the repairer) and fastpoll/checks_fastpath.py (the running fastpath) too.
 
 | id | problem |
 |---|---|
