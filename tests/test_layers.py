@@ -17,13 +17,14 @@ constant-string ``import_module``/``__import__``/``import_string``/``include``/`
 docstring names ``fastpoll.urls`` and ``fastpoll.middleware.PollTokenMiddleware`` for URLconfs and
 settings: a public-API-only layer may ``include``/``import_string`` those two paths),
 ``apps.get_model``/``get_app_config`` by label (any object's: ``django.apps.apps``, a migration's
-``apps``), ``fastpoll.<name>`` and ``getattr(fastpoll, "<name>")`` after ``import fastpoll`` (a
+``apps``), a relation to ``"app.Model"`` (``ForeignKey``, ``OneToOneField``, ``ManyToManyField``,
+``to=``), the apps a migration's ``dependencies`` name, ``fastpoll.<name>`` and ``getattr(fastpoll, "<name>")`` after ``import fastpoll`` (a
 submodule reached through the package object is not public), and the import/cimport lines of
 ``.pyx``/``.pxd`` files.  An app label is its package's name (no AppConfig here sets ``label``).
 
-Migrations: a migration of a public-API-only layer may look fastpoll's models up by label
-(``apps.get_model("fastpoll", "UserState")``) when it declares a dependency on a fastpoll
-migration.  That ``apps`` is the historical registry: the model is fastpoll's table as of that
+Migrations: a migration of a public-API-only layer may name fastpoll's models by label
+(``apps.get_model("fastpoll", "UserState")``, a relation's ``"fastpoll.X"``) when it declares a
+dependency on a fastpoll migration.  That ``apps`` is the historical registry: the model is fastpoll's table as of that
 declared migration, not fastpoll's code, and moving rows into fastpoll's tables (plurkcore's
 0006) cannot be written with the public API; the dependency is the contract, so it is required.
 Anywhere else, a fastpoll model by label is reaching past the public API.
@@ -207,6 +208,12 @@ BREAKS = {
         {"fastpoll/zz_dyn.py": "import importlib\n\n\ndef f():\n    importlib.import_module('plurkcore.models')\n"}, "plurkcore.models"),
     "fastpoll looks a Plurk model up": (
         {"fastpoll/zz_dyn.py": "import django.apps\n\n\ndef f():\n    django.apps.apps.get_model('plurkcore', 'Plurk')\n"}, "model plurkcore"),
+    "a fastpoll model relates to a Plurk model": (
+        {"fastpoll/zz_models.py": "from django.db import models\nx = models.ForeignKey('plurkcore.Plurk', models.CASCADE)\n"},
+        "model plurkcore"),
+    "a fastpoll migration depends on plurkcore": (
+        {"fastpoll/migrations/9999_zz.py": "class Migration:\n    dependencies = [('plurkcore', '0006_fastpoll_tables')]\n"},
+        "model plurkcore"),
     "fastpoll includes plurkcore's URLs": (
         {"fastpoll/zz_urls.py": "from django.urls import include\ninclude('plurkcore.urls')\n"}, "plurkcore.urls"),
     "fastpoll imports the test rig": ({"fastpoll/zz_rig.py": "from tests.support import servers\n"}, "tests.support"),

@@ -3,7 +3,8 @@
 A *use* is one place where a module names another: an ``import``/``from`` statement anywhere
 (in a function too), a constant-string dynamic import (``importlib.import_module``,
 ``__import__``, ``import_string``, ``include``, ``runpy.run_module``), a model or app looked up by
-label (``apps.get_model``, ``apps.get_app_config``), an attribute of a module bound by ``import``
+label (``apps.get_model``, ``apps.get_app_config``, a relation's ``"app.Model"``, a migration's
+``dependencies``), an attribute of a module bound by ``import``
 (``fastpoll.conf`` after ``import fastpoll``, ``getattr(fastpoll, "conf")`` too), and the
 ``import``/``cimport``/``from`` lines of Cython files (``.pyx``/``.pxd``/``.pxi``, read with
 patterns: Cython is not Python's grammar; an included ``.pxi`` is checked as a module of its own).
@@ -23,6 +24,7 @@ Module = namedtuple("Module", "name path source kind package")
 
 DYNAMIC = {"import_module", "__import__", "import_string", "include", "run_module"}
 REGISTRY = {"get_model", "get_app_config"}
+RELATIONS = {"ForeignKey", "OneToOneField", "ManyToManyField"}
 
 
 def _constant(node):
@@ -85,10 +87,19 @@ def _python_uses(module):
                     level = len(target) - len(target.lstrip("."))
                     target = _resolve(target.lstrip("."), level, anchor)
                 uses.append(Use(node.lineno, target, "call", (), top))
+            elif func in RELATIONS:
+                to = ([_constant(k.value) for k in node.keywords if k.arg == "to"] or args or [None])[0]
+                if to and "." in to:
+                    label, _, name = to.partition(".")
+                    uses.append(Use(node.lineno, label, "model", (name,), top))
             elif func in REGISTRY and args and args[0]:
                 label, _, name = args[0].partition(".")
                 name = name or (args[1] if len(args) > 1 else "") or ""
                 uses.append(Use(node.lineno, label, "model", (name,) if name else (), top))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "dependencies" for t in node.targets):
+            for item in ast.walk(node.value):          # a migration's ("app", "0001_initial")
+                if isinstance(item, ast.Tuple) and len(item.elts) == 2 and _constant(item.elts[0]):
+                    uses.append(Use(item.lineno, _constant(item.elts[0]), "model", (), top))
     return uses
 
 
