@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import time
 import venv
@@ -238,7 +239,34 @@ def test_fastpoll_nginx_renders_locations_from_the_installed_package(dist, proje
     assert "location" in proc.stdout, proc.stdout
 
 
+def build_from_sdist(d, tmp_path, env, prefix=()):
+    """pip builds a wheel of the sdist; no build isolation: the dev venv has setuptools and
+    Cython, so this costs no download."""
+    return run([*prefix, sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                "-w", tmp_path, d.sdist], cwd=tmp_path, env=env, check=False)
+
+
+def assert_one_line(proc, line):
+    assert proc.returncode != 0
+    assert line in [text.strip() for text in proc.stdout.splitlines()], proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+
+
+def mount_namespace(binds):
+    """The command prefix that runs a command in a mount namespace of its own where each
+    (source, target) of ``binds`` is bind-mounted over target; skips where that cannot be."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("hiding system files needs root (unshare --mount)")
+    mounts = " && ".join(f"mount --bind {source} {target}" for source, target in binds)
+    prefix = ["unshare", "--mount", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
+    probe = run([*prefix, sys.executable, "-c", "print('namespace ok')"], cwd=ROOT, check=False)
+    if probe.returncode != 0 or "namespace ok" not in probe.stdout:
+        pytest.skip(f"no mount namespace here ({probe.stdout.strip()[-200:]})")
+    return prefix
+
+
 @pytest.mark.parametrize("missing, line", [
+    ("compiler", "error: C compiler /nonexistent (from CC) not found; install it with: apt-get install gcc"),
     ("llhttp", "error: llhttp sources not found; install them with: apt-get install node-llhttp"),
     ("libevent", "error: libevent headers not found; install them with: apt-get install libevent-dev"),
     ("libcrypto", "error: libcrypto headers not found; install them with: apt-get install libssl-dev"),
@@ -254,12 +282,21 @@ def test_a_missing_system_package_is_one_line_through_pip(dist, tmp_path, missin
     extra = {"PKG_CONFIG_LIBDIR": str(pc_dir)}
     if missing == "llhttp":
         extra["LLHTTP_DIR"] = str(tmp_path / "no-llhttp")
-    # no build isolation: the dev venv has setuptools and Cython, so this costs no download
-    proc = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                "-w", tmp_path, dist.sdist], cwd=tmp_path, env=clean_env(**extra), check=False)
-    assert proc.returncode != 0
-    assert line in [text.strip() for text in proc.stdout.splitlines()], proc.stdout[-3000:]
-    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    if missing == "compiler":        # what setuptools would run: CC, else Python's sysconfig CC
+        extra = {"CC": "/nonexistent"}
+    assert_one_line(build_from_sdist(dist, tmp_path, clean_env(**extra)), line)
+
+
+def test_a_missing_python_h_is_one_line_through_pip(dist, tmp_path):
+    """No python3-dev: an empty directory stands over Python's include directory (in a mount
+    namespace of its own), where the build would look for Python.h."""
+    include = sysconfig.get_path("include")
+    assert (Path(include) / "Python.h").is_file(), include
+    empty = tmp_path / "empty-include"
+    empty.mkdir()
+    prefix = mount_namespace([(empty, include)])
+    assert_one_line(build_from_sdist(dist, tmp_path, clean_env(), prefix),
+                    f"error: Python.h in {include} not found; install it with: apt-get install python3-dev")
 
 
 def test_the_repaired_wheel_carries_libevent_and_libcrypto(dist):
