@@ -2,6 +2,7 @@
 and one-line errors (docs/fastpath.md, CLI), and ``fastpath.serve(...)`` from Python."""
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -53,6 +54,23 @@ def test_help_lists_every_flag(tmp_path):
     assert done.stdout.startswith("usage: python -m fastpath")
     for flag in FLAGS:
         assert flag in done.stdout, flag
+
+
+def test_help_says_what_each_listener_answers(tmp_path):
+    """--help is true of both listeners: behind nginx a poll left to Django is 404 (503 when
+    memcached fails) X-Cache: MISS; the edge sends the client to the site with 409 and refuses
+    a head it cannot read with 431 (docs/contract.md section 10; tests/fastpath/test_edge.py)."""
+    text = " ".join(_run(tmp_path, "--help").stdout.split())      # undo argparse's wrapping
+    options = re.split(r" (?=--[a-z][a-z-]* [A-Z][A-Z_]* )", text[text.index("options:"):])
+    helps = {entry.split()[0]: entry for entry in options[1:]}
+    description = text[text.index("Answer GET"):text.index("options:")]
+    assert "404 X-Cache: MISS" in description and "503" in description
+    assert '--edge' in description and '409 {"retry":"site"}' in description and "431" in description
+    assert "503 X-Cache: MISS on --listen" in helps["--timeout-ms"], helps["--timeout-ms"]
+    assert '409 {"retry":"site"} on --edge' in helps["--timeout-ms"], helps["--timeout-ms"]
+    assert "404 X-Cache: MISS on --listen" in helps["--max-headers"], helps["--max-headers"]
+    assert "431 on --edge" in helps["--max-headers"], helps["--max-headers"]
+    assert "404 not found on --edge" in helps["--resources"], helps["--resources"]
 
 
 @pytest.mark.parametrize("args, complaint", [
