@@ -24,6 +24,8 @@ BACKENDS = ("epoll", "poll", "select")
 _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
 _SECRET_WRONG_LENGTH = "secret file {path} must hold {low}..{high} bytes, has {length}"
+_SECRET_REQUIRED = ("--secret-file is required: the file of the secret shared with Django "
+                    "(`manage.py fastpoll_fastpath` prints fastpath's whole command line)")
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 # an origin as a browser serializes it (lower case, no path): scheme "://" host [":" port]
 _ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)(https?)://([a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
@@ -117,7 +119,10 @@ OPTIONS = (
     Option("--memcached", "memcached", comma_separated, ("127.0.0.1:11211",),
            "comma-separated memcached host:port list, mapped as pymemcache's HashClient maps it; "
            "a host name is resolved once at start"),
-    Option("--secret-file", "secret_file", str, "var/secret.key", "the HMAC secret shared with Django"),
+    # required, no default: a path relative to wherever fastpath happens to start is a guess
+    Option("--secret-file", "secret_file", str, None,
+           "the file of the HMAC secret shared with Django (FASTPOLL['SECRET_FILE']); required. "
+           "`manage.py fastpoll_fastpath` prints the whole command line from Django's settings"),
     Option("--workers", "workers", int, 1, "worker processes (0: one per CPU)", 0, 256),
     Option("--timeout-ms", "timeout_ms", int, 50,
            "memcached answer deadline, ms; past it a poll is answered 503 X-Cache: MISS on --listen "
@@ -378,7 +383,7 @@ def connect_address(host, port):
 
 class Options:
     """Every setting of a fastpath run: one typed attribute per row of OPTIONS (its default when
-    not given), plus ``secret`` (bytes; overrides ``secret_file``; Python only).  ``validate()``
+    not given), plus ``secret`` (bytes; overrides ``secret_file``, one of the two is required; Python only).  ``validate()``
     checks them and derives ``listen_addr``, ``admin_addr``, ``node_names``, ``node_addrs`` and
     ``notify_udp_addr``."""
     __slots__ = tuple(_BY_ATTR) + ("secret", "listen_addr", "admin_addr", "node_names", "node_addrs",
@@ -409,6 +414,8 @@ class Options:
     def validate(self):
         """Check every option (ConfigurationError; FastpathError for a secret file that cannot
         be read or a memcached host name that does not resolve) and derive the addresses."""
+        if self.secret is None and self.secret_file is None:
+            raise ConfigurationError(_SECRET_REQUIRED)
         if self.edge_max_conns_per_address is None:
             self.edge_max_conns_per_address = min(2 * self.edge_max_per_address, 1 << 20)
         for opt in OPTIONS:

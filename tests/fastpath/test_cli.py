@@ -107,6 +107,25 @@ def test_missing_secret_file_exits_1_naming_it(tmp_path):
     assert line == f"fastpath: error: cannot read secret file {missing}: No such file or directory"
 
 
+def test_secret_file_is_required_even_with_var_secret_key_in_the_current_directory(tmp_path):
+    """No default path: fastpath never reads a secret it was not given (a file relative to
+    wherever it starts, the demo's var/secret.key, was the default)."""
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "secret.key").write_bytes(SECRET + b"\n")
+    env, tree = fastpath_env(tmp_path)
+    env["PYTHONPATH"] = str(tree)                          # the tree's fastpath, run elsewhere
+    # a --listen that cannot bind: a fastpath that takes var/secret.key fails at once, not serves
+    done = subprocess.run([sys.executable, "-m", "fastpath", "--listen", f"unix:{tmp_path}/no/such/dir/fp.sock"],
+                          cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "python -m fastpath: error: --secret-file is required: the file of the secret shared with "
+        "Django (`manage.py fastpoll_fastpath` prints fastpath's whole command line)"), done.stderr
+    with pytest.raises(fastpath.ConfigurationError, match="^--secret-file is required"):
+        fastpath.Options().validate()
+
+
 def test_secret_file_that_is_a_directory_exits_1(tmp_path):
     line = _one_error_line(_run(tmp_path, "--secret-file", str(tmp_path)), 1)
     assert line == f"fastpath: error: cannot read secret file {tmp_path}: Is a directory"
