@@ -7,26 +7,41 @@ AddressSanitizer build.
 """
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# pkg-config name -> the Debian package that provides its headers
-NATIVE_DEPENDENCIES = {
-    "libevent": "libevent-dev",
-    "libcrypto": "libssl-dev",
+# What the build takes from the system, each checked before anything is compiled: name ->
+# (what the line says is not found, the Debian package that provides it, "it"/"them").  A missing
+# one ends the build with missing()'s one line; libevent and libcrypto are found by pkg-config.
+SYSTEM_REQUIREMENTS = {
+    "compiler": ("C compiler", "gcc", "it"),
+    "Python.h": ("Python.h", "python3-dev", "it"),
+    "pkg-config": ("pkg-config", "pkg-config", "it"),
+    "llhttp": ("llhttp sources", "node-llhttp", "them"),
+    "libevent": ("libevent headers", "libevent-dev", "them"),
+    "libcrypto": ("libcrypto headers", "libssl-dev", "them"),
 }
+NATIVE_DEPENDENCIES = ("libevent", "libcrypto")
+
+
+def missing(name, detail=""):
+    """Stop the build: ``error: <what><detail> not found; install it with: apt-get install <package>``."""
+    what, package, pronoun = SYSTEM_REQUIREMENTS[name]
+    sys.exit(f"error: {what}{detail} not found; install {pronoun} with: apt-get install {package}")
 
 
 def pkg_config(*args):
     try:
         out = subprocess.run(["pkg-config", *args], check=True, capture_output=True, text=True).stdout
     except FileNotFoundError:
-        sys.exit("error: pkg-config not found; install it with: apt-get install pkg-config")
+        missing("pkg-config")
     except subprocess.CalledProcessError:
         return None
     return shlex.split(out)
@@ -42,7 +57,7 @@ def llhttp_paths():
     src_dir, inc_dir = (os.environ["LLHTTP_DIR"],) * 2 if os.environ.get("LLHTTP_DIR") else LLHTTP_DEBIAN
     sources = [os.path.join(src_dir, name) for name in LLHTTP_SOURCES]
     if not os.path.exists(os.path.join(inc_dir, "llhttp.h")) or not all(map(os.path.exists, sources)):
-        sys.exit("error: llhttp sources not found; install them with: apt-get install node-llhttp")
+        missing("llhttp")
     return sources, inc_dir
 
 
@@ -54,6 +69,7 @@ class FastpathBuildExt(build_ext):
 
     def build_extensions(self):
         # the system's part first: a missing package is said before Cython spends seconds
+        self._check_compiler_and_python_h()
         for ext in self.extensions:
             if ext.name == "fastpath._server":
                 self._add_native_dependencies(ext)
@@ -77,16 +93,26 @@ class FastpathBuildExt(build_ext):
                 ext.extra_link_args += [f"-fsanitize={sanitizer}"]
         super().build_extensions()
 
+    def _check_compiler_and_python_h(self):
+        """The compiler and the Python.h this build would use (setuptools' own choice: CC, else
+        Python's sysconfig CC; the include directories it gives the compiler), not a guess."""
+        compiler = getattr(self.compiler, "compiler_so", None)
+        if compiler:                  # a unix compiler: the command it runs, CC's first word
+            if shutil.which(compiler[0]) is None:
+                missing("compiler", f" {compiler[0]}" + (" (from CC)" if os.environ.get("CC") else ""))
+        include_dirs = self.include_dirs or [sysconfig.get_path("include")]
+        if not any(os.path.isfile(os.path.join(d, "Python.h")) for d in include_dirs):
+            missing("Python.h", f" in {sysconfig.get_path('include')}")
+
     @staticmethod
     def _add_native_dependencies(ext):
         llhttp_sources, llhttp_include = llhttp_paths()
         ext.sources += [s for s in llhttp_sources if s not in ext.sources]
         ext.include_dirs.append(llhttp_include)
-        for module, debian_package in NATIVE_DEPENDENCIES.items():
+        for module in NATIVE_DEPENDENCIES:
             flags = pkg_config("--cflags", "--libs", module)
             if flags is None:
-                sys.exit(f"error: {module} headers not found; install them with: "
-                         f"apt-get install {debian_package}")
+                missing(module)
             for flag in flags:
                 if flag.startswith("-I"):
                     ext.include_dirs.append(flag[2:])

@@ -24,6 +24,8 @@ BACKENDS = ("epoll", "poll", "select")
 _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
 _SECRET_WRONG_LENGTH = "secret file {path} must hold {low}..{high} bytes, has {length}"
+_SECRET_REQUIRED = ("--secret-file is required: the file of the secret shared with Django "
+                    "(`manage.py fastpoll_fastpath` prints fastpath's whole command line)")
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 # an origin as a browser serializes it (lower case, no path): scheme "://" host [":" port]
 _ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)(https?)://([a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
@@ -117,10 +119,14 @@ OPTIONS = (
     Option("--memcached", "memcached", comma_separated, ("127.0.0.1:11211",),
            "comma-separated memcached host:port list, mapped as pymemcache's HashClient maps it; "
            "a host name is resolved once at start"),
-    Option("--secret-file", "secret_file", str, "var/secret.key", "the HMAC secret shared with Django"),
+    # required, no default: a path relative to wherever fastpath happens to start is a guess
+    Option("--secret-file", "secret_file", str, None,
+           "the file of the HMAC secret shared with Django (FASTPOLL['SECRET_FILE']); required. "
+           "`manage.py fastpoll_fastpath` prints the whole command line from Django's settings"),
     Option("--workers", "workers", int, 1, "worker processes (0: one per CPU)", 0, 256),
-    Option("--timeout-ms", "timeout_ms", int, 50, "memcached answer deadline, ms (503 after)",
-           1, 60000, c_field="timeout_ms"),
+    Option("--timeout-ms", "timeout_ms", int, 50,
+           "memcached answer deadline, ms; past it a poll is answered 503 X-Cache: MISS on --listen "
+           "(nginx hands it to Django), 409 {\"retry\":\"site\"} on --edge", 1, 60000, c_field="timeout_ms"),
     Option("--idle-timeout", "idle_timeout", int, 10,
            "seconds a request may take to arrive, a response to be read, or a keep-alive "
            "connection to stay idle", 1, 3600, c_field="idle_timeout_s"),
@@ -131,10 +137,11 @@ OPTIONS = (
     # nginx forwards a request line of up to 8 KiB and header lines of up to 8 KiB each
     # (large_client_header_buffers 4 8k): fastpath must never refuse what nginx forwards
     Option("--max-headers", "max_headers", int, 32768,
-           "largest request head, bytes (a larger one is answered 404 X-Cache: MISS, so nginx "
-           "hands it to Django)", 512, 1 << 20, c_field="max_headers"),
+           "largest request head, bytes; a larger one is answered 404 X-Cache: MISS on --listen "
+           "(nginx hands it to Django) and refused with 431 on --edge", 512, 1 << 20, c_field="max_headers"),
     Option("--max-connections", "max_connections", int, 16384,
-           "open connections per worker; more are closed at once so nginx falls back",
+           "open --listen connections per worker; more are closed at once so nginx falls back "
+           "(the edge's: --edge-max-connections)",
            1, 1 << 20, c_field="max_connections"),
     Option("--max-wait", "max_wait", int, 55,
            "longest hold of a poll that asks Prefer: wait=N, seconds (each hold is jittered down "
@@ -159,7 +166,8 @@ OPTIONS = (
            "HOST:PORT (numeric, a private address): worker i also reads notices from other hosts "
            "on UDP HOST:PORT+i; may be used with --notify-dir"),
     Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
-           "poll resources served (others: 404, so Django answers)"),
+           "poll resources served; another is answered 404 X-Cache: MISS on --listen (nginx hands "
+           "it to Django), 404 not found on --edge"),
     Option("--object-resources", "object_resources", comma_separated, None,
            "per-object poll resources (GET <path-prefix><resource>/<object>?cap=<capability>, "
            "docs/contract.md section 8); unset: none"),
@@ -215,8 +223,13 @@ def build_parser():
     namespace, so ``Options(**vars(args))`` takes every default from the table."""
     p = argparse.ArgumentParser(
         prog="python -m fastpath", argument_default=argparse.SUPPRESS,
-        description="Answer /Poll/<resource> requests straight from memcached; 404 on a miss so "
-                    "that nginx falls back to Django.")
+        description="Answer GET <path-prefix><resource> polls straight from memcached.  On --listen "
+                    "(behind nginx) a poll left to Django (a miss, credentials or a head fastpath "
+                    "does not read as Django would) is answered 404 X-Cache: MISS, or 503 X-Cache: "
+                    "MISS when memcached fails, and nginx hands it to Django.  On --edge (clients "
+                    "without nginx) such a poll is answered 409 {\"retry\":\"site\"} (the client "
+                    "asks the site once, then the edge again), and a head fastpath cannot read is "
+                    "refused (431, 400).")
     for opt in OPTIONS:
         p.add_argument(opt.flag, dest=opt.attr, type=opt.type, choices=opt.choices,
                        help=opt.help_text())
@@ -370,7 +383,7 @@ def connect_address(host, port):
 
 class Options:
     """Every setting of a fastpath run: one typed attribute per row of OPTIONS (its default when
-    not given), plus ``secret`` (bytes; overrides ``secret_file``; Python only).  ``validate()``
+    not given), plus ``secret`` (bytes; overrides ``secret_file``, one of the two is required; Python only).  ``validate()``
     checks them and derives ``listen_addr``, ``admin_addr``, ``node_names``, ``node_addrs`` and
     ``notify_udp_addr``."""
     __slots__ = tuple(_BY_ATTR) + ("secret", "listen_addr", "admin_addr", "node_names", "node_addrs",
@@ -401,6 +414,8 @@ class Options:
     def validate(self):
         """Check every option (ConfigurationError; FastpathError for a secret file that cannot
         be read or a memcached host name that does not resolve) and derive the addresses."""
+        if self.secret is None and self.secret_file is None:
+            raise ConfigurationError(_SECRET_REQUIRED)
         if self.edge_max_conns_per_address is None:
             self.edge_max_conns_per_address = min(2 * self.edge_max_per_address, 1 << 20)
         for opt in OPTIONS:

@@ -2,6 +2,7 @@
 and one-line errors (docs/fastpath.md, CLI), and ``fastpath.serve(...)`` from Python."""
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,6 +56,23 @@ def test_help_lists_every_flag(tmp_path):
         assert flag in done.stdout, flag
 
 
+def test_help_says_what_each_listener_answers(tmp_path):
+    """--help is true of both listeners: behind nginx a poll left to Django is 404 (503 when
+    memcached fails) X-Cache: MISS; the edge sends the client to the site with 409 and refuses
+    a head it cannot read with 431 (docs/contract.md section 10; tests/fastpath/test_edge.py)."""
+    text = " ".join(_run(tmp_path, "--help").stdout.split())      # undo argparse's wrapping
+    options = re.split(r" (?=--[a-z][a-z-]* [A-Z][A-Z_]* )", text[text.index("options:"):])
+    helps = {entry.split()[0]: entry for entry in options[1:]}
+    description = text[text.index("Answer GET"):text.index("options:")]
+    assert "404 X-Cache: MISS" in description and "503" in description
+    assert '--edge' in description and '409 {"retry":"site"}' in description and "431" in description
+    assert "503 X-Cache: MISS on --listen" in helps["--timeout-ms"], helps["--timeout-ms"]
+    assert '409 {"retry":"site"} on --edge' in helps["--timeout-ms"], helps["--timeout-ms"]
+    assert "404 X-Cache: MISS on --listen" in helps["--max-headers"], helps["--max-headers"]
+    assert "431 on --edge" in helps["--max-headers"], helps["--max-headers"]
+    assert "404 not found on --edge" in helps["--resources"], helps["--resources"]
+
+
 @pytest.mark.parametrize("args, complaint", [
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--workers", "many"], "argument --workers: invalid int value: 'many'"),
@@ -87,6 +105,25 @@ def test_missing_secret_file_exits_1_naming_it(tmp_path):
     missing = tmp_path / "nope" / "secret.key"
     line = _one_error_line(_run(tmp_path, "--secret-file", str(missing)), 1)
     assert line == f"fastpath: error: cannot read secret file {missing}: No such file or directory"
+
+
+def test_secret_file_is_required_even_with_var_secret_key_in_the_current_directory(tmp_path):
+    """No default path: fastpath never reads a secret it was not given (a file relative to
+    wherever it starts, the demo's var/secret.key, was the default)."""
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "secret.key").write_bytes(SECRET + b"\n")
+    env, tree = fastpath_env(tmp_path)
+    env["PYTHONPATH"] = str(tree)                          # the tree's fastpath, run elsewhere
+    # a --listen that cannot bind: a fastpath that takes var/secret.key fails at once, not serves
+    done = subprocess.run([sys.executable, "-m", "fastpath", "--listen", f"unix:{tmp_path}/no/such/dir/fp.sock"],
+                          cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "python -m fastpath: error: --secret-file is required: the file of the secret shared with "
+        "Django (`manage.py fastpoll_fastpath` prints fastpath's whole command line)"), done.stderr
+    with pytest.raises(fastpath.ConfigurationError, match="^--secret-file is required"):
+        fastpath.Options().validate()
 
 
 def test_secret_file_that_is_a_directory_exits_1(tmp_path):

@@ -313,9 +313,10 @@ def test_names_a_project_chooses_are_checked(attr, good, bad):
 
 
 def test_max_headers_help_says_what_the_code_does():
-    """A head beyond --max-headers goes to Django (404 MISS), it is never refused with 431."""
+    """A head beyond --max-headers goes to Django (404 MISS) on --listen; the edge, with nothing
+    behind it, refuses it with 431 (fp_http.c _unreadable, docs/contract.md section 10)."""
     help_text = next(opt for opt in OPTIONS if opt.attr == "max_headers").help
-    assert "431" not in help_text and "404" in help_text and "MISS" in help_text
+    assert "404 X-Cache: MISS on --listen" in help_text and "431 on --edge" in help_text
 
 
 @pytest.mark.parametrize("args, sent", [
