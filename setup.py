@@ -98,8 +98,11 @@ class FastpathBuildExt(build_ext):
         Python's sysconfig CC; the include directories it gives the compiler), not a guess."""
         compiler = getattr(self.compiler, "compiler_so", None)
         if compiler:                  # a unix compiler: the command it runs, CC's first word
+            if shutil.which(compiler[0]) is None and os.environ.get("CC"):
+                sys.exit(f"error: C compiler {compiler[0]} (from CC) not found; set CC to an installed "
+                         f"compiler, or unset it")
             if shutil.which(compiler[0]) is None:
-                missing("compiler", f" {compiler[0]}" + (" (from CC)" if os.environ.get("CC") else ""))
+                missing("compiler", f" {compiler[0]}")
         include_dirs = self.include_dirs or [sysconfig.get_path("include")]
         if not any(os.path.isfile(os.path.join(d, "Python.h")) for d in include_dirs):
             missing("Python.h", f" in {sysconfig.get_path('include')}")

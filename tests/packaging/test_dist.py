@@ -345,7 +345,7 @@ def mount_namespace(binds):
 
 
 @pytest.mark.parametrize("missing, line", [
-    ("compiler", "error: C compiler /nonexistent (from CC) not found; install it with: apt-get install gcc"),
+    ("compiler", "error: C compiler /nonexistent (from CC) not found; set CC to an installed compiler, or unset it"),
     ("llhttp", "error: llhttp sources not found; install them with: apt-get install node-llhttp"),
     ("libevent", "error: libevent headers not found; install them with: apt-get install libevent-dev"),
     ("libcrypto", "error: libcrypto headers not found; install them with: apt-get install libssl-dev"),
