@@ -271,7 +271,7 @@ def _testhelper_config(opts=None, int worker_index=0):
     return out
 
 
-def _testhelper_credentials(list headers, bytes cookie_name=b"plurk_token"):
+def _testhelper_credentials(list headers, bytes cookie_name=b"fastpoll_token"):
     """The token of a request with these (name, value) header pairs (bytes), as the request path
     reads it: the token's bytes, or "none" or "ambiguous".  Like fp_conn.c it keeps the first
     Authorization and Cookie value and counts repeats (up to 2)."""

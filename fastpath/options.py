@@ -200,7 +200,7 @@ OPTIONS = (
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
            choices=BACKENDS),
     # the names a Django project chooses (docs/contract.md sections 2-3; fastpoll passes them)
-    Option("--cookie-name", "cookie_name", str, "plurk_token",
+    Option("--cookie-name", "cookie_name", str, "fastpoll_token",
            "the cookie that carries the token (when no Authorization: Bearer)", c_field="cookie_name",
            pattern=re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}\Z"),
            grammar="1-64 RFC 6265 token characters (letters, digits, !#$%&'*+-.^_`|~)"),

@@ -156,6 +156,7 @@ def fastpoll_settings(config):
         "MEMCACHED_TIMEOUT": config.memcached_timeout_ms / 1000.0,
         "SECRET_FILE": config.secret_file,
         "KEY_PREFIX": "p1",              # the demo's keys (fastpoll.W003: a site names its own)
+        "COOKIE_NAME": "plurk_token",    # the demo's poll cookie (the library's is fastpoll_token)
         "NOTIFY_DIRS": [config.fastpath_notify] if config.fastpath_notify else [],
         "FASTPATH_ADDRESS": format_hostport(*config.fastpath),
         "FASTPATH_ADMIN": format_hostport(*config.fastpath_admin),

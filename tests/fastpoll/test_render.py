@@ -205,6 +205,9 @@ def test_the_names_always_reach_fastpath(fastpath_settings):
     assert argv[argv.index("--cookie-name") + 1] == "plurk_token"
     assert argv[argv.index("--path-prefix") + 1] == "/Poll/"
     assert argv[argv.index("--key-prefix") + 1] == "p1"
+    # the demo names its cookie plurk_token (plurksite); the library's own is fastpoll_token
+    plain = commandline.fastpath_argv({"SECRET_FILE": "/s"}, ["a"])
+    assert plain[plain.index("--cookie-name") + 1] == "fastpoll_token"
 
 
 def _newer_argv(settings, fastpath_settings, monkeypatch):

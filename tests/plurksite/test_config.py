@@ -209,6 +209,19 @@ def test_one_body_limit_for_nginx_django_and_fastpath(tmp_path):
     assert "{{" not in text
 
 
+def test_the_demo_names_its_poll_cookie_plurk_token():
+    """The library's default cookie is fastpoll_token (fastpoll.conf, fastpath --cookie-name);
+    the demo keeps its own name, on both sides."""
+    from fastpoll import conf
+    from plurksite import services
+
+    config = StackConfig.from_env({})
+    assert conf.DEFAULTS["COOKIE_NAME"] == "fastpoll_token"
+    assert services.fastpoll_settings(config)["COOKIE_NAME"] == "plurk_token"
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--cookie-name") + 1] == "plurk_token"
+
+
 def test_runner_hands_fastpath_the_registered_poll_resources():
     from plurksite import services
 
