@@ -156,7 +156,8 @@ class Fastpath:
         argv = [sys.executable, "-m", "fastpath", "--listen", listen,
                 "--admin", f"127.0.0.1:{self.admin}", "--memcached", f"127.0.0.1:{mc_port}",
                 "--secret-file", secret_file, "--workers", str(workers), "--idle-timeout", "3600",
-                "--max-connections", str(max_connections), "--timeout-ms", str(timeout_ms)]
+                "--max-connections", str(max_connections), "--timeout-ms", str(timeout_ms),
+                "--resources", "getMessages,getUnreadCount"]
         self.proc = _spawn(argv + (["--backend", backend] if backend else []), log, cwd=FASTPATH_ROOT)
         # the admin listener opens with the data listener, before the workers start
         wait_for_port("127.0.0.1", self.admin, process=self.proc, name="fastpath admin")

@@ -42,6 +42,7 @@ from plurksite.services import (find_binary, free_port, memcached_command,  # no
                                 wait_for_port)
 
 USERS = 10_000
+RESOURCES = "getMessages,getUnreadCount"     # fastpath's --resources (it has no default): the demo's
 SECRET = b"bench-secret-0123456789abcdef0123456789abcdef0123456789"
 
 # Every request is formatted once, up front, in both modes: per-request Lua work (string
@@ -340,7 +341,7 @@ def main():
         fp_port = free_port()
         fp = _spawn([sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{fp_port}",
                      "--memcached", f"127.0.0.1:{mc_port}", "--secret-file", secret_file,
-                     "--workers", "1", "--idle-timeout", "120"], log, cwd=ROOT)
+                     "--workers", "1", "--idle-timeout", "120", "--resources", RESOURCES], log, cwd=ROOT)
         procs.append(fp)
         wait_for_port("127.0.0.1", fp_port, process=fp, name="fastpath")
         ports["fastpath"] = (fp_port, "token")
@@ -348,7 +349,7 @@ def main():
         fp_unix = os.path.join(tmp, "fastpath.sock")
         fpu = _spawn([sys.executable, "-m", "fastpath", "--listen", f"unix:{fp_unix}",
                       "--memcached", f"127.0.0.1:{mc_port}", "--secret-file", secret_file,
-                      "--workers", "1", "--idle-timeout", "120"], log, cwd=ROOT)
+                      "--workers", "1", "--idle-timeout", "120", "--resources", RESOURCES], log, cwd=ROOT)
         procs.append(fpu)
         deadline = time.monotonic() + 10
         while not os.path.exists(fp_unix) and time.monotonic() < deadline:

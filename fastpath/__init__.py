@@ -11,9 +11,9 @@ Public API::
 docs/contract.md.
 """
 from .errors import ConfigurationError, FastpathError
-from .options import DEFAULT_RESOURCES, Options
+from .options import Options
 
-__all__ = ["serve", "Options", "DEFAULT_RESOURCES", "FastpathError", "ConfigurationError"]
+__all__ = ["serve", "Options", "FastpathError", "ConfigurationError"]
 __version__ = "0.1.0"
 
 

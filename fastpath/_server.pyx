@@ -68,8 +68,9 @@ cdef int _fill_config(fp.fp_config_t *cfg, opts, list keep) except -1:
     avoid_backends = opts.avoid_backends()
     if not 0 < len(node_names) == len(node_addrs) <= fp.FP_MAX_SERVERS:
         raise FastpathError(f"need 1..{fp.FP_MAX_SERVERS} memcached servers")
-    if not 0 < len(resources) <= fp.FP_MAX_RESOURCES:
-        raise FastpathError(f"need 1..{fp.FP_MAX_RESOURCES} poll resources")
+    resources = resources or ()
+    if len(resources) > fp.FP_MAX_RESOURCES or not (resources or opts.object_resources):
+        raise FastpathError(f"need 1..{fp.FP_MAX_RESOURCES} poll resources (or per-object ones)")
     if len(avoid_backends) > 3:
         raise FastpathError("too many backends to avoid")
     fp.fp_config_defaults(cfg)
@@ -271,7 +272,7 @@ def _testhelper_config(opts=None, int worker_index=0):
     return out
 
 
-def _testhelper_credentials(list headers, bytes cookie_name=b"plurk_token"):
+def _testhelper_credentials(list headers, bytes cookie_name=b"fastpoll_token"):
     """The token of a request with these (name, value) header pairs (bytes), as the request path
     reads it: the token's bytes, or "none" or "ambiguous".  Like fp_conn.c it keeps the first
     Authorization and Cookie value and counts repeats (up to 2)."""

@@ -19,13 +19,14 @@ import socket
 
 from .errors import ConfigurationError, FastpathError
 
-DEFAULT_RESOURCES = ("getMessages", "getUnreadCount")
 BACKENDS = ("epoll", "poll", "select")
 _RESOURCE_RE = re.compile(r"\A[A-Za-z0-9_]{1,32}\Z")
 _SECRET_MIN, _SECRET_MAX = 32, 1024
 _SECRET_WRONG_LENGTH = "secret file {path} must hold {low}..{high} bytes, has {length}"
 _SECRET_REQUIRED = ("--secret-file is required: the file of the secret shared with Django "
                     "(`manage.py fastpoll_fastpath` prints fastpath's whole command line)")
+_RESOURCES_REQUIRED = ("--resources is required: the per-user poll resources to serve, e.g. the line "
+                       "`manage.py fastpoll_fastpath` prints")
 _SUN_PATH_MAX = 107               # bytes of a unix socket path: sun_path's 108 with the NUL
 # an origin as a browser serializes it (lower case, no path): scheme "://" host [":" port]
 _ORIGIN_RE = re.compile(r"\A(?=.{1,255}\Z)(https?)://([a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*"
@@ -165,9 +166,10 @@ OPTIONS = (
     Option("--notify-udp", "notify_udp", str, None,
            "HOST:PORT (numeric, a private address): worker i also reads notices from other hosts "
            "on UDP HOST:PORT+i; may be used with --notify-dir"),
-    Option("--resources", "resources", comma_separated, DEFAULT_RESOURCES,
-           "poll resources served; another is answered 404 X-Cache: MISS on --listen (nginx hands "
-           "it to Django), 404 not found on --edge"),
+    Option("--resources", "resources", comma_separated, None,
+           "required (unless --object-resources alone): the comma-separated per-user poll "
+           "resources served, as `manage.py fastpoll_fastpath` passes them; another is answered "
+           "404 X-Cache: MISS on --listen (nginx hands it to Django), 404 not found on --edge"),
     Option("--object-resources", "object_resources", comma_separated, None,
            "per-object poll resources (GET <path-prefix><resource>/<object>?cap=<capability>, "
            "docs/contract.md section 8); unset: none"),
@@ -200,7 +202,7 @@ OPTIONS = (
     Option("--backend", "backend", str, None, "libevent backend (default: libevent's best)",
            choices=BACKENDS),
     # the names a Django project chooses (docs/contract.md sections 2-3; fastpoll passes them)
-    Option("--cookie-name", "cookie_name", str, "plurk_token",
+    Option("--cookie-name", "cookie_name", str, "fastpoll_token",
            "the cookie that carries the token (when no Authorization: Bearer)", c_field="cookie_name",
            pattern=re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}\Z"),
            grammar="1-64 RFC 6265 token characters (letters, digits, !#$%&'*+-.^_`|~)"),
@@ -427,11 +429,13 @@ class Options:
                 raise ConfigurationError("--admin must be a loopback address (stats are not public)")
             check_admin_apart(self.listen_addr, self.admin_addr, self.listen, self.admin)
         self._validate_edge()
-        for res in self.resources:
+        if not self.resources and not self.object_resources:
+            raise ConfigurationError(_RESOURCES_REQUIRED)
+        for res in self.resources or ():
             if not _RESOURCE_RE.match(res):
                 raise ConfigurationError(f"bad resource name {res!r}: 1-32 letters, digits or _")
-        if not 0 < len(self.resources) <= 16:
-            raise ConfigurationError("--resources needs 1..16 names")
+        if len(self.resources or ()) > 16:
+            raise ConfigurationError("--resources takes at most 16 names")
         for res in self.object_resources or ():
             if not _RESOURCE_RE.match(res):
                 raise ConfigurationError(f"bad --object-resources name {res!r}: 1-32 letters, digits or _")

@@ -72,7 +72,7 @@ def edge_url_error(url):
 def fastpath_options(config=None, resources=None, object_resources=(), **overrides):
     """fastpath's option values (``fastpath.Options`` names) for the FASTPOLL-like ``config``
     (None: the project's settings).  ``resources``: the per-user resource names, as given (None:
-    fastpath's default list); ``object_resources``: the per-object ones.  ``overrides`` (Options
+    none; fastpath has no default list); ``object_resources``: the per-object ones.  ``overrides`` (Options
     names) replace or add values: what only the host knows (``notify_udp``, ``max_body``...).
 
     Returns the values for :func:`fastpath.options.command_line`."""
@@ -196,7 +196,12 @@ def edge_error(config=None):
 
 def fastpath_argv(config=None, resources=None, object_resources=(), python=None, **overrides):
     """``[python, "-m", "fastpath", flags...]`` for ``config`` (see :func:`fastpath_options`).
-    A value fastpath would refuse is a :class:`CommandLineError` naming its FASTPOLL key."""
+    A value fastpath would refuse is a :class:`CommandLineError` naming its FASTPOLL key, and so
+    is no resource at all (fastpath's --resources is required: pass the registry's,
+    ``registered("user")``)."""
+    if not resources and not object_resources:
+        raise CommandLineError("fastpath needs its per-user poll resources (--resources has no default): "
+                               "pass fastpath_argv the registry's, commandline.registered('user')")
     values = fastpath_options(config, resources, object_resources, **overrides)
     _check_values(values, overrides)
     problem = edge_error(config)

@@ -33,7 +33,7 @@ DEFAULTS = {
     # fan-out goes to the process's background writer thread (fastpoll.background).
     "FANOUT_IN_REQUEST": 20000,
     # name of the poll token cookie (fastpath --cookie-name, rendered by fastpoll_fastpath).
-    "COOKIE_NAME": "plurk_token",
+    "COOKIE_NAME": "fastpoll_token",
     # first part of every cache key (fastpath --key-prefix): 1-16 of A-Z a-z 0-9 - _.
     "KEY_PREFIX": "p1",
     # path of the polls, before the resource name (fastpath --path-prefix; fastpoll.urls).

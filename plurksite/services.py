@@ -156,6 +156,7 @@ def fastpoll_settings(config):
         "MEMCACHED_TIMEOUT": config.memcached_timeout_ms / 1000.0,
         "SECRET_FILE": config.secret_file,
         "KEY_PREFIX": "p1",              # the demo's keys (fastpoll.W003: a site names its own)
+        "COOKIE_NAME": "plurk_token",    # the demo's poll cookie (the library's is fastpoll_token)
         "NOTIFY_DIRS": [config.fastpath_notify] if config.fastpath_notify else [],
         "FASTPATH_ADDRESS": format_hostport(*config.fastpath),
         "FASTPATH_ADMIN": format_hostport(*config.fastpath_admin),
@@ -184,22 +185,26 @@ def fastpoll_settings(config):
     return values
 
 
+#: the demo's per-user resources (plurkcore's, fastpoll's registry: tests/plurksite/test_config.py
+#: holds them equal), fastpath's --resources, which has no default
+RESOURCES = ("getMessages", "getUnreadCount")
 #: the demo's per-object resources (plurkcore's getThread), served by fastpath with a capability
 OBJECT_RESOURCES = ("getThread",)
 
 
 def fastpath_command(config, resources=None, object_resources=OBJECT_RESOURCES, **options):
     """``python -m fastpath`` with the stack's settings, rendered by fastpoll's own renderer
-    (``manage.py fastpoll_fastpath`` prints the same flags); ``options`` (fastpath.Options
-    names, as fastpath.serve() takes them) add to or override them.  Pure Python: this works
-    before the extension is built."""
+    (``manage.py fastpoll_fastpath`` prints the same flags); ``resources``: the per-user ones
+    (None: the demo's, RESOURCES); ``options`` (fastpath.Options names, as fastpath.serve()
+    takes them) add to or override them.  Pure Python: this works before the extension is built."""
     from fastpoll.commandline import CommandLineError, fastpath_argv
     from fastpoll.nginx import RenderError
 
     values = dict(**longpoll_options(config), max_body=config.max_body_bytes)
     values.update(options)
     try:
-        return fastpath_argv(fastpoll_settings(config), resources, object_resources, **values)
+        return fastpath_argv(fastpoll_settings(config), RESOURCES if resources is None else resources,
+                             object_resources, **values)
     except (CommandLineError, RenderError) as exc:
         raise ServiceError(str(exc)) from None     # runstack's one-line error, not a traceback
 

@@ -53,6 +53,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     cfg.max_body = 4096;
     cfg.max_headers = 2048;
     cfg.max_connections = 64;
+    cfg.cookie_name = "plurk_token";     /* the corpus's cookie (the demo's; C's default is */
+    cfg.cookie_name_len = 11;            /* the library's fastpoll_token) */
     cfg.n_resources = 2;
     cfg.resources[0] = "getMessages";
     cfg.resource_len[0] = 11;

@@ -50,7 +50,7 @@ enum { FP_CONFIG_N_SCALARS = 0 FP_CONFIG_SCALARS(FP_CONFIG_COUNT_) };
 #define FP_MAX_PATH_PREFIX_LEN 64
 #define FP_MAX_KEY_PREFIX_LEN 16
 #define FP_CONFIG_TEXTS(X)                                                                        \
-    X(cookie_name, "plurk_token", FP_MAX_COOKIE_NAME_LEN)  /* the token's cookie */               \
+    X(cookie_name, "fastpoll_token", FP_MAX_COOKIE_NAME_LEN) /* the token's cookie */             \
     X(path_prefix, "/Poll/", FP_MAX_PATH_PREFIX_LEN)       /* polls are <path_prefix><resource> */ \
     X(key_prefix, "p1", FP_MAX_KEY_PREFIX_LEN)             /* keys are <key_prefix>:... */
 

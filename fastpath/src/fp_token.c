@@ -247,9 +247,10 @@ size_t fp_make_key(char *buf, size_t cap, const char *prefix, size_t prefix_len,
  * Django is the reference (docs/contract.md, section 2): gunicorn strips " \t" around a header
  * value and joins a repeated header with ","; plurkcore's token_from_request takes
  * "Bearer " + the rest (scheme case-insensitive), else Django's parse_cookie() value of
- * the token's cookie (plurk_token unless --cookie-name says otherwise: _cookie_name_t).  parse_cookie splits on ';' and the first '=', strips name and value with
- * str.strip() after decoding the bytes as UTF-8, keeps the last pair of a name and unquotes
- * "..."; an empty value is no cookie.  Where fastpath cannot be sure to read the same, it
+ * the token's cookie (fastpoll_token unless --cookie-name says otherwise: _cookie_name_t).
+ * parse_cookie splits on ';' and the first '=', strips name and value with str.strip() after
+ * decoding the bytes as UTF-8, keeps the last pair of a name and unquotes "..."; an empty
+ * value is no cookie.  Where fastpath cannot be sure to read the same, it
  * answers FP_CRED_AMBIGUOUS and Django decides. */
 
 typedef struct {

@@ -126,14 +126,14 @@ def logout():
     assert client.login(username=user.username, password="pw")
     page = client.get("/")
     assert page.status_code == 200
-    cookie = page.cookies.get("plurk_token")
+    cookie = page.cookies.get("fastpoll_token")
     assert cookie is not None and cookie.value, "the middleware gave the logged-in user no poll cookie"
     poller = Client()
     assert poller.get("/Poll/inbox", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
-    assert poller.get("/Poll/inbox", HTTP_COOKIE=f"plurk_token={cookie.value}").status_code == 200
+    assert poller.get("/Poll/inbox", HTTP_COOKIE=f"fastpoll_token={cookie.value}").status_code == 200
     response = client.post("/accounts/logout/")
     assert response.status_code == 302, response.status_code
-    for headers in ({"HTTP_AUTHORIZATION": f"Bearer {token}"}, {"HTTP_COOKIE": f"plurk_token={cookie.value}"}):
+    for headers in ({"HTTP_AUTHORIZATION": f"Bearer {token}"}, {"HTTP_COOKIE": f"fastpoll_token={cookie.value}"}):
         response = Client().get("/Poll/inbox", **headers)
         assert response.status_code == 401, (response.status_code, response.content)
         assert response.json() == {"error": "token revoked"}

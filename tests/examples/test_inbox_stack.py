@@ -158,7 +158,7 @@ def login(stack, user):
                                    "csrfmiddlewaretoken": _csrf(session, url)},
                         headers={"Referer": url}, allow_redirects=False, timeout=10)
     assert resp.status_code == 302, (resp.status_code, resp.text[:500])
-    assert session.cookies.get("plurk_token"), "PollTokenMiddleware gave no poll cookie at login"
+    assert session.cookies.get("fastpoll_token"), "PollTokenMiddleware gave no poll cookie at login"
     return session
 
 
@@ -178,7 +178,7 @@ def board_poll_url(stack, session, board):
 
 def poll(stack, session, path, **headers):
     """One poll through nginx with the session's poll cookie (as the page's fetch sends it)."""
-    cookie = f"plurk_token={session.cookies['plurk_token']}"
+    cookie = f"fastpoll_token={session.cookies['fastpoll_token']}"
     return asyncio.run(fetch(stack.http, path, dict(headers, Cookie=cookie), timeout=MAX_WAIT_S + 30))
 
 
@@ -279,7 +279,7 @@ def test_a_miss_is_answered_by_django_then_the_key_is_fastpaths(inbox_stack, kin
 def test_a_held_poll_is_answered_within_100_ms_of_the_commit(inbox_stack, kind):
     user, session, board, url = a_member(inbox_stack)
     path = "/Poll/inbox" if kind == "inbox" else url
-    cookie = f"plurk_token={session.cookies['plurk_token']}"
+    cookie = f"fastpoll_token={session.cookies['fastpoll_token']}"
     etag = poll(inbox_stack, session, path).etag          # 204, nothing yet: its ETag
     delays = []
 
@@ -309,7 +309,7 @@ def test_a_held_poll_is_answered_within_100_ms_of_the_commit(inbox_stack, kind):
 
 def test_one_held_board_poll_counts_one(inbox_stack):
     _, session, _, url = a_member(inbox_stack)
-    cookie = f"plurk_token={session.cookies['plurk_token']}"
+    cookie = f"fastpoll_token={session.cookies['fastpoll_token']}"
     etag = poll(inbox_stack, session, url).etag
 
     async def scenario():
@@ -327,7 +327,7 @@ def test_one_held_board_poll_counts_one(inbox_stack):
 
 def test_logout_ends_the_held_polls_and_refuses_the_next(inbox_stack):
     user, session, board, url = a_member(inbox_stack)
-    cookie = f"plurk_token={session.cookies['plurk_token']}"
+    cookie = f"fastpoll_token={session.cookies['fastpoll_token']}"
     etags = {path: poll(inbox_stack, session, path).etag for path in ("/Poll/inbox", url)}
 
     async def scenario():
@@ -345,7 +345,7 @@ def test_logout_ends_the_held_polls_and_refuses_the_next(inbox_stack):
     for path in etags:
         after = asyncio.run(fetch(inbox_stack.http, path, {"Cookie": cookie}))
         assert after.status == 401 and json.loads(after.body) == {"error": "token revoked"}, (path, after)
-    assert "plurk_token" not in session.cookies, "Django's logout left the poll cookie"
+    assert "fastpoll_token" not in session.cookies, "Django's logout left the poll cookie"
 
 
 # -- a bulk update plus touch leaves the cache equal to the database -------------------------------

@@ -60,10 +60,17 @@ def asan_reports(tmp_path):
         raise AssertionError("AddressSanitizer: " + reports[0].read_text()[:4000])
 
 
+#: the per-user resources a test's fastpath serves unless it names its own (--resources has no default)
+RESOURCES = "getMessages,getUnreadCount"
+
+
 class Fastpath:
-    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None, edge=False, unix=False):
+    def __init__(self, servers, tmp_path, workers=1, extra=(), preload=(), env=None, edge=False, unix=False,
+                 resources=RESOURCES):
         self.unix_path = str(tmp_path / "fastpath.sock") if unix else None   # --listen unix:
         self.servers, self.workers, self.extra, self.edge = servers, workers, tuple(extra), edge
+        if resources is not None and "--resources" not in self.extra:       # None: leave it out
+            self.extra = ("--resources", resources, *self.extra)
         self.secret_file = tmp_path / "secret.key"
         self.secret_file.write_bytes(SECRET + b"\n")
         self.log = tmp_path / "fastpath.log"

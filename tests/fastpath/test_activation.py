@@ -16,7 +16,7 @@ import fastpath._server  # noqa: F401  (a build that does not import fails here,
 from fastpath import activation
 from fastpath.errors import ConfigurationError
 from plurksite.services import free_port, wait_for_port
-from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env
+from tests.fastpath.conftest import RESOURCES, SECRET, asan_reports, fastpath_env
 from tests.fastpath.test_longpoll import SLACK, Poll, etag, held, key
 
 # python -c: pass the sockets whose descriptors are argv[1] (comma list) from 3 on, LISTEN_PID
@@ -49,7 +49,8 @@ class Activated:
         secret.write_bytes(SECRET + b"\n")
         self.fastpath_argv = [sys.executable, "-m", "fastpath", "--listen", listen,
                               "--admin", f"127.0.0.1:{self.admin_port}", "--memcached", memcached.spec,
-                              "--secret-file", str(secret), "--workers", str(workers), *extra]
+                              "--secret-file", str(secret), "--workers", str(workers),
+                              "--resources", RESOURCES, *extra]
         self.sock, self.tmp_path = sock, tmp_path
         self.log = tmp_path / f"fastpath-{self.admin_port}.log"
         self.proc = None
@@ -144,7 +145,7 @@ def _refused(tmp_path, memcached, fds, pid, listen):
     secret.write_bytes(SECRET + b"\n")
     env, cwd = fastpath_env(tmp_path)
     argv = [sys.executable, "-c", EXEC_WITH_FDS, ",".join(str(fd) for fd in fds), pid, "--listen", listen,
-            "--memcached", memcached.spec, "--secret-file", str(secret)]
+            "--memcached", memcached.spec, "--secret-file", str(secret), "--resources", RESOURCES]
     return subprocess.run(argv, pass_fds=fds, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=SLACK + 20)
 
@@ -192,7 +193,7 @@ def test_sockets_passed_to_another_process_are_ignored(tmp_path, memcached, cach
     secret.write_bytes(SECRET + b"\n")
     env, cwd = fastpath_env(tmp_path)
     argv = [sys.executable, "-c", EXEC_WITH_FDS, str(passed.fileno()), "1", "--listen", f"unix:{path}",
-            "--memcached", memcached.spec, "--secret-file", str(secret)]
+            "--memcached", memcached.spec, "--secret-file", str(secret), "--resources", RESOURCES]
     with passed:
         proc = subprocess.Popen(argv, pass_fds=[passed.fileno()], cwd=cwd, env=env,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -361,7 +362,7 @@ def test_a_backlog_too_small_for_a_restart_is_said_at_start(tmp_path, somaxconn,
     # unshare and sh exec: the process is fastpath's supervisor, which SIGTERM stops
     proc = _in_netns(somaxconn, [sys.executable, "-m", "fastpath", "--listen", f"unix:{tmp_path / 'fp.sock'}",
                                  "--memcached", "127.0.0.1:1", "--secret-file", str(secret), "--workers", "1",
-                                 "--max-connections", str(max_connections)], tmp_path)
+                                 "--resources", RESOURCES, "--max-connections", str(max_connections)], tmp_path)
     try:
         lines = []
         while not lines or "listening on" not in lines[-1]:

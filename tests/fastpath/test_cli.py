@@ -19,14 +19,16 @@ import fastpath._server  # noqa: F401  (a build that does not import fails here,
 from fastpath import activation
 from fastpath.options import OPTIONS
 from plurksite.services import free_port, wait_for_port
-from tests.fastpath.conftest import SECRET, asan_reports, fastpath_env, python_script, token
+from tests.fastpath.conftest import RESOURCES, SECRET, asan_reports, fastpath_env, python_script, token
 
 FLAGS = [opt.flag for opt in OPTIONS]
 
 
-def _run(tmp_path, *args, timeout=30):
+def _run(tmp_path, *args, timeout=30, resources=RESOURCES):
+    """``python -m fastpath args`` (after ``--resources resources``, unless None)."""
     env, cwd = fastpath_env(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "fastpath", *args], cwd=cwd, env=env,
+    given = ["--resources", resources] if resources is not None else []
+    done = subprocess.run([sys.executable, "-m", "fastpath", *given, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     asan_reports(tmp_path)
     return done
@@ -71,6 +73,8 @@ def test_help_says_what_each_listener_answers(tmp_path):
     assert "404 X-Cache: MISS on --listen" in helps["--max-headers"], helps["--max-headers"]
     assert "431 on --edge" in helps["--max-headers"], helps["--max-headers"]
     assert "404 not found on --edge" in helps["--resources"], helps["--resources"]
+    assert helps["--resources"].startswith("--resources RESOURCES required"), helps["--resources"]
+    assert "default" not in helps["--resources"], helps["--resources"]
 
 
 @pytest.mark.parametrize("args, complaint", [
@@ -124,6 +128,30 @@ def test_secret_file_is_required_even_with_var_secret_key_in_the_current_directo
         "Django (`manage.py fastpoll_fastpath` prints fastpath's whole command line)"), done.stderr
     with pytest.raises(fastpath.ConfigurationError, match="^--secret-file is required"):
         fastpath.Options().validate()
+
+
+_RESOURCES_REQUIRED = ("python -m fastpath: error: --resources is required: the per-user poll resources to "
+                       "serve, e.g. the line `manage.py fastpoll_fastpath` prints")
+
+
+def test_resources_are_required(tmp_path, secret_file):
+    """No default list (it was the demo's getMessages,getUnreadCount): without --resources or
+    --object-resources fastpath exits 2 naming the fix, before it listens anywhere."""
+    done = _run(tmp_path, "--secret-file", str(secret_file), "--listen", f"unix:{tmp_path}/no/such/dir/fp.sock",
+                resources=None)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines()[-1] == _RESOURCES_REQUIRED, done.stderr
+    assert not [line for line in done.stderr.splitlines() if not line.startswith(("usage:", " ", "python -m"))]
+    for empty in (None, "", ",", ()):
+        with pytest.raises(fastpath.ConfigurationError, match="^--resources is required: "):
+            fastpath.Options(secret=SECRET, resources=empty).validate()
+    with pytest.raises(fastpath.ConfigurationError, match="^--resources is required: "):
+        fastpath.serve(secret=SECRET)
+    assert not hasattr(fastpath, "DEFAULT_RESOURCES") and "DEFAULT_RESOURCES" not in fastpath.__all__
+    # per-object resources alone are a whole configuration
+    assert fastpath.Options(secret=SECRET, object_resources="thread").validate().resources is None
+    with pytest.raises(fastpath.ConfigurationError, match="^--resources takes at most 16 names"):
+        fastpath.Options(secret=SECRET, resources=[f"r{i}" for i in range(17)]).validate()
 
 
 def test_secret_file_that_is_a_directory_exits_1(tmp_path):
@@ -187,12 +215,12 @@ def test_serve_rejects_bad_options_before_starting_anything(tmp_path):
     with pytest.raises(fastpath.ConfigurationError, match="--workers must be in 0..256, got -1"):
         fastpath.serve(workers=-1, secret=SECRET)
     with pytest.raises(fastpath.ConfigurationError, match="secret must be 32..1024 bytes"):
-        fastpath.serve(secret=b"short")
+        fastpath.serve(secret=b"short", resources="getMessages")
     with pytest.raises(fastpath.FastpathError, match="cannot read secret file"):
-        fastpath.serve(secret_file=str(tmp_path / "missing.key"))
+        fastpath.serve(secret_file=str(tmp_path / "missing.key"), resources="getMessages")
     with pytest.raises(fastpath.FastpathError, match=r"cannot resolve 'nohost.invalid' \(.*\); give a "
                                                      r"numeric address such as 127.0.0.1:11211"):
-        fastpath.serve(memcached=["127.0.0.1:11211", "nohost.invalid:11211"], secret=SECRET)
+        fastpath.serve(memcached=["127.0.0.1:11211", "nohost.invalid:11211"], secret=SECRET, resources="getMessages")
 
 
 def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached, secret_file):
@@ -205,7 +233,8 @@ def test_serve_from_python_answers_a_poll_and_stops_cleanly(tmp_path, memcached,
     script = (
         "import fastpath\n"
         f"fastpath.serve(listen='127.0.0.1:{port}', memcached=['{spec}'],\n"
-        f"               secret_file={str(secret_file)!r}, workers=2, admin='127.0.0.1:{admin}')\n"
+        f"               secret_file={str(secret_file)!r}, workers=2, admin='127.0.0.1:{admin}',\n"
+        "               resources='getMessages,getUnreadCount')\n"
         "print('serve returned', flush=True)\n")
     with python_script(tmp_path, script) as proc:
         wait_for_port("127.0.0.1", port, process=proc, name="fastpath.serve")
@@ -270,7 +299,7 @@ def test_serve_refuses_to_run_outside_the_main_thread():
 
     def run():
         try:
-            fastpath.serve(secret=SECRET, listen="127.0.0.1:1")
+            fastpath.serve(secret=SECRET, listen="127.0.0.1:1", resources="getMessages")
         except fastpath.FastpathError as exc:
             errors.append(exc)
 

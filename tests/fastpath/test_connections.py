@@ -10,7 +10,7 @@ import pytest
 from pymemcache.client.hash import HashClient
 
 import fastpath._server  # noqa: F401  (a build that does not import fails here, never skips)
-from tests.fastpath.conftest import token
+from tests.fastpath.conftest import RESOURCES, token
 
 
 def _req(path="/Poll/getMessages", uid=1, method="GET", version="1.1", extra=b"", body=b""):
@@ -309,7 +309,7 @@ def test_unix_socket_listener(tmp_path, memcached, cache):
     secret = tmp_path / "secret.key"
     secret.write_bytes(SECRET)
     argv = [sys.executable, "-m", "fastpath", "--listen", f"unix:{path}", "--memcached", memcached.spec,
-            "--secret-file", str(secret), "--workers", "2"]
+            "--secret-file", str(secret), "--workers", "2", "--resources", RESOURCES]
     bad = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 1 and "exists and is not a socket" in bad.stderr
     path.unlink()

@@ -18,6 +18,9 @@ from tests.support.wsgi import django_request, django_response, request_bytes
 VECTORS = json.load(open(os.path.join(os.path.dirname(__file__), "..", "vectors", "contract.json")))
 SECRET = VECTORS["secret"].encode()
 NOW = VECTORS["now"]
+# the vectors' cookie: the demo's FASTPOLL['COOKIE_NAME'] (plurksite), which Django reads here;
+# fastpath reads it with --cookie-name (its default, the library's, is fastpoll_token)
+COOKIE = "plurk_token"
 
 
 @pytest.mark.parametrize("text, expected", VECTORS["murmur3_32"])
@@ -138,7 +141,13 @@ def _c_expected(case):
 
 @pytest.mark.parametrize("case", CREDENTIALS, ids=lambda c: c["why"])
 def test_credentials(case):
-    assert _server._testhelper_credentials(_header_bytes(case["headers"])) == _c_expected(case)
+    assert _server._testhelper_credentials(_header_bytes(case["headers"]), COOKIE.encode()) == _c_expected(case)
+
+
+def test_the_default_cookie_name_is_the_librarys():
+    """Without --cookie-name fastpath reads fastpoll_token; the demo's plurk_token is another cookie."""
+    assert _server._testhelper_credentials([(b"Cookie", b"fastpoll_token=T")]) == b"T"
+    assert _server._testhelper_credentials([(b"Cookie", b"plurk_token=T")]) == "none"
 
 
 @pytest.mark.parametrize("case", CREDENTIALS, ids=lambda c: c["why"])
@@ -167,7 +176,7 @@ from fastpath import _server
 assert locale.setlocale(locale.LC_CTYPE) == "tr_TR.UTF-8", locale.setlocale(locale.LC_CTYPE)
 for case in json.load(open(sys.argv[1]))["credentials"]["vectors"]:
     headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in case["headers"]]
-    got = _server._testhelper_credentials(headers)
+    got = _server._testhelper_credentials(headers, b"plurk_token")
     want = case["fastpath"]["token"].encode("latin-1") if isinstance(case["fastpath"], dict) else case["fastpath"]
     print("ok" if got == want else f"{case['why']}: {got!r} != {want!r}")
 """
@@ -204,7 +213,7 @@ def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcach
     """Every vector the parser lets through, over a socket, with fresh tokens: the vector's token
     gets the cached answer; no credential or a bad token gets Django's own 401, byte for byte
     (Django run on the same bytes through gunicorn's parser); ambiguous gets 404 MISS."""
-    fp = fastpath_factory([memcached])
+    fp = fastpath_factory([memcached], extra=["--cookie-name", COOKIE])
     settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(fp.secret_file))
     Client(memcached.spec).set("p1:getUnreadCount:42:3", b'{"count":42}', noreply=False)
     t_old, u_old = VECTORS["credentials"]["token"], VECTORS["credentials"]["other_token"]
@@ -227,7 +236,7 @@ def test_credentials_through_fastpath_answer_as_django(fastpath_factory, memcach
 
 def test_empty_cookie_is_authentication_required(fastpath_factory, memcached, settings):
     """Django treats an empty plurk_token as no cookie; fastpath said "malformed token"."""
-    fp = fastpath_factory([memcached])
+    fp = fastpath_factory([memcached], extra=["--cookie-name", COOKIE])
     settings.FASTPOLL = dict(settings.FASTPOLL, SECRET_FILE=str(fp.secret_file))
     raw = request_bytes([("Cookie", "plurk_token=")])
     expected = (401, b'{"error":"authentication required"}')
@@ -240,7 +249,7 @@ def test_header_names_fold_ascii_only(fastpath_factory, memcached, tmp_path):
     upper-cases names, so Django reads these headers and fastpath must too."""
     fp = fastpath_factory([memcached], env=_turkish_locale(tmp_path))
     Client(memcached.spec).set("p1:getUnreadCount:5:0", b'{"count":5}', noreply=False)
-    for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"plurk_token={token(5)}")]):
+    for headers in ([("AUTHORIZATION", f"Bearer {token(5)}")], [("COOKIE", f"fastpoll_token={token(5)}")]):
         assert _raw_request(fp.port, request_bytes(headers))[::2] == (200, b'{"count":5}'), headers
 
 
@@ -279,7 +288,7 @@ def test_random_credentials_read_as_django_or_ambiguous():
     seen = {"ambiguous": 0, "none": 0, "token": 0}
     for _ in range(2000):
         headers = _random_headers(rng)
-        got = _server._testhelper_credentials(_header_bytes(headers))
+        got = _server._testhelper_credentials(_header_bytes(headers), COOKIE.encode())
         django, _ = auth.token_from_request(django_request(request_bytes(headers)))
         if isinstance(got, str):
             seen[got] += 1

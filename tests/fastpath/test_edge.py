@@ -709,7 +709,7 @@ def hostile(fastpath_factory, memcached, cache):
     (b"GET /Poll/getMessages HTTP/9.9\r\n\r\n", 505),
     (b"GET /Poll/" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
     (b"GET /Poll/getMessages HTTP/1.1\r\nX-Note: one\r\n two\r\n" + _H + b"\r\n", 400),
-    (b"GET /Poll/getMessages HTTP/1.1\r\nCookie: plurk_token=\x0b\r\n" + _H + b"\r\n", 400),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nCookie: fastpoll_token=\x0b\r\n" + _H + b"\r\n", 400),
     (b"GET /Poll/getMessages HTTP/1.1\nHost: x\n\n", 400),
     (b"GET /Poll/getMessages HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n" + _H
      + b"\r\n0\r\n\r\n", 400),
@@ -717,7 +717,7 @@ def hostile(fastpath_factory, memcached, cache):
     # RFC 9112 5.1: whitespace between a field name and its colon MUST be refused with 400
     # (a proxy that reads "Authorization" and one that reads "Authorization " disagree on who asks)
     (b"GET /Poll/getMessages HTTP/1.1\r\nAuthorization : Bearer x\r\n" + _H + b"\r\n", 400),
-    (b"GET /Poll/getMessages HTTP/1.1\r\nCookie\t: plurk_token=x\r\n" + _H + b"\r\n", 400),
+    (b"GET /Poll/getMessages HTTP/1.1\r\nCookie\t: fastpoll_token=x\r\n" + _H + b"\r\n", 400),
 ], ids=["binary", "http-9.9", "long-uri", "obs-fold", "control-byte", "bare-lf", "cl-and-chunked", "http2",
         "space-before-colon", "tab-before-colon"])
 def test_malformed_requests_on_the_edge_are_refused_then_closed(hostile, data, status):

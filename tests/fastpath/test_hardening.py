@@ -43,7 +43,7 @@ def test_lingering_close_is_bounded_however_the_client_trickles(fp):
 @pytest.mark.parametrize("folded", [
     b"X-Note: one\r\n two\r\n",
     b"Authorization: Bearer\r\n\t" + token(1).encode() + b"\r\n",
-    b"Cookie: a=b;\r\n plurk_token=" + token(2).encode() + b"\r\n",
+    b"Cookie: a=b;\r\n fastpoll_token=" + token(2).encode() + b"\r\n",
 ])
 def test_obsolete_line_folding_is_refused(fp, folded):
     data = b"GET /Poll/getMessages HTTP/1.1\r\nHost: x\r\n" + folded + b"\r\n"
@@ -142,7 +142,7 @@ def test_admin_connections_are_capped(fp):
         assert b"fastpath_connections_rejected_total" in resp.read()
 
 
-@pytest.mark.parametrize("value", [b"plurk_token=\x0b", b"a=\x01b; plurk_token=", b"x=\x7f; plurk_token="])
+@pytest.mark.parametrize("value", [b"fastpoll_token=\x0b", b"a=\x01b; fastpoll_token=", b"x=\x7f; fastpoll_token="])
 def test_control_bytes_in_a_header_value_are_left_to_django(fp, value):
     """nginx forwards a control byte in a Cookie value and Django strips some of them around the
     token: fastpath cannot read such a value, so it hands the request on (404 MISS) instead of

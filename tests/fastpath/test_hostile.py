@@ -138,7 +138,7 @@ def test_slowloris_is_cut_off(fp):
 
 
 def test_token_of_user_2_in_cookie_with_bearer_of_user_1(fp):
-    data = _req(tok=token(1), extra=f"Cookie: plurk_token={token(2)}\r\n".encode())
+    data = _req(tok=token(1), extra=f"Cookie: fastpoll_token={token(2)}\r\n".encode())
     assert b'{"mine":1}' in _raw(fp.port, data)
 
 
@@ -147,7 +147,7 @@ def test_seeded_mutation_fuzz(fp):
     well-formed HTTP response or a close, user 1 never sees user 2's entry, and the server lives."""
     rng = random.Random(20091122)
     seeds = [_req(), _req(method="POST", body=b"a=1"), _req(path="/Poll/getUnreadCount"),
-             _req(extra=f"Cookie: plurk_token={token(1)}\r\n".encode())]
+             _req(extra=f"Cookie: fastpoll_token={token(1)}\r\n".encode())]
     endings = {}
     for i in range(300):
         data = bytearray(rng.choice(seeds))

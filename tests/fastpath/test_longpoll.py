@@ -717,14 +717,15 @@ def _start_error(tmp_path, memcached, *args):
     """``python -m fastpath`` that must refuse to start: (exit status, its last stderr line)."""
     import subprocess
     import sys
-    from tests.fastpath.conftest import SECRET, fastpath_env
+    from tests.fastpath.conftest import RESOURCES, SECRET, fastpath_env
     from plurksite.services import free_port
 
     secret = tmp_path / "secret.key"
     secret.write_bytes(SECRET + b"\n")
     env, cwd = fastpath_env(tmp_path)
     done = subprocess.run([sys.executable, "-m", "fastpath", "--listen", f"127.0.0.1:{free_port()}",
-                           "--memcached", memcached.spec, "--secret-file", str(secret), *args],
+                           "--memcached", memcached.spec, "--secret-file", str(secret), "--resources", RESOURCES,
+                           *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=30)
     return done.returncode, done.stderr.splitlines()[-1] if done.stderr else ""
 

@@ -193,3 +193,17 @@ def test_custom_names_for_object_polls(fastpath_factory, memcached, cache):
     resp = requests.get(f"{fp.url}/api/poll/thread/t-1?cap={cap('thread', 't-1', 42)}", timeout=5,
                         headers={"Authorization": f"Bearer {token(42)}"})
     assert resp.status_code == 200 and resp.content == b'{"custom":1}'
+
+
+def test_object_resources_alone_serve_without_per_user_ones(fastpath_factory, memcached, cache):
+    """--resources has no default: a fastpath of --object-resources alone serves its objects and
+    leaves every per-user poll to Django (404 MISS)."""
+    fp = fastpath_factory([memcached], extra=("--object-resources", "thread"), resources=None)
+    assert "--resources" not in fp.argv
+    cache.set(marker_key(42), b"")
+    cache.set(object_key("thread", "t-1"), b'{"thread":1}')
+    cache.set("p1:getMessages:42:0", b'{"mine":1}')
+    status, headers, body = ask(fp, f"thread/t-1?cap={cap('thread', 't-1', 42)}", 42)
+    assert (status, body, headers["x-cache"]) == (200, b'{"thread":1}', "HIT")
+    status, headers, body = ask(fp, "getMessages", 42)
+    assert (status, headers["x-cache"]) == (404, "MISS") and b"mine" not in body

@@ -12,7 +12,7 @@ from fastpath import _server  # a build that does not import fails here, never s
 from fastpath.options import OPTIONS, Options, build_parser, command_line, origin
 from plurksite import services
 from plurksite.config import StackConfig
-from tests.fastpath.conftest import SECRET, token
+from tests.fastpath.conftest import RESOURCES, SECRET, token
 
 C_OPTIONS = [opt for opt in OPTIONS if opt.c_field is not None]
 
@@ -47,9 +47,9 @@ def _c_default(opt, opts):
 
 
 def test_derived_defaults_follow_their_option_and_yield_to_a_value_given():
-    assert Options(secret=SECRET).validate().edge_max_conns_per_address == 128
-    assert Options(secret=SECRET, edge_max_per_address=0).validate().edge_max_conns_per_address == 0
-    assert Options(secret=SECRET, edge_max_per_address=5,
+    assert Options(secret=SECRET, resources=RESOURCES).validate().edge_max_conns_per_address == 128
+    assert Options(secret=SECRET, resources=RESOURCES, edge_max_per_address=0).validate().edge_max_conns_per_address == 0
+    assert Options(secret=SECRET, resources=RESOURCES, edge_max_per_address=5,
                    edge_max_conns_per_address=3).validate().edge_max_conns_per_address == 3
 
 
@@ -126,12 +126,14 @@ def test_every_option_round_trips_from_the_command_line_to_c(opt):
         if other is not opt:
             assert getattr(opts, other.attr) == other.default, other.attr
     opts.secret = SECRET
+    if opt.attr != "object_resources":             # per-object resources alone are a configuration
+        opts.resources = opts.resources or RESOURCES
     config = _server._testhelper_config(opts.validate(), 3 if opt.attr == "workers" else 0)
     for c_opt in C_OPTIONS:
         assert config[c_opt.c_field] == (value if c_opt is opt else _c_default(c_opt, opts)), c_opt.c_field
     # the options that stay in Python, where C sees them
     assert config["node_names"] == opts.node_names and config["node_addrs"] == opts.node_addrs
-    assert config["resources"] == list(opts.resources)
+    assert config["resources"] == list(opts.resources or ())
     assert config["object_resources"] == list(opts.object_resources or ())
     assert config["n_workers"] == opts.workers and config["secret"] == SECRET
     assert config["backend_avoid"] == opts.avoid_backends()
@@ -148,7 +150,7 @@ def test_every_option_round_trips_from_the_command_line_to_c(opt):
 def test_fp_config_set_refuses_what_its_field_cannot_hold():
     """C checks each value against its field's type: an option table with a wider range than
     the C field fails loudly instead of truncating."""
-    opts = Options(secret=SECRET).validate()
+    opts = Options(secret=SECRET, resources=RESOURCES).validate()
     opts.timeout_ms = 2 ** 31
     with pytest.raises(fastpath.FastpathError, match="--timeout-ms 2147483648: fp_config_t"):
         _server._testhelper_config(opts)
@@ -180,7 +182,7 @@ def test_memcached_host_name_keeps_its_name_and_connects_to_its_address():
     first address the name resolves to, the one pymemcache connects to."""
     first = socket.getaddrinfo("localhost", 11211, socket.AF_UNSPEC, socket.SOCK_STREAM,
                                socket.IPPROTO_TCP)[0][4][0]
-    opts = Options(memcached="localhost:11211,127.0.0.1:11212", secret=SECRET).validate()
+    opts = Options(memcached="localhost:11211,127.0.0.1:11212", secret=SECRET, resources=RESOURCES).validate()
     assert opts.node_names == ["localhost:11211", "127.0.0.1:11212"]
     assert opts.node_addrs == [f"[{first}]:11211" if ":" in first else f"{first}:11211", "127.0.0.1:11212"]
     assert _server._testhelper_config(opts)["node_names"][0] == "localhost:11211"
@@ -191,7 +193,7 @@ def test_memcached_host_name_keeps_its_name_and_connects_to_its_address():
 
 def test_memcached_host_name_that_does_not_resolve_is_refused_naming_the_fix():
     with pytest.raises(fastpath.FastpathError) as info:
-        Options(memcached="nohost.invalid:11211", secret=SECRET).validate()
+        Options(memcached="nohost.invalid:11211", secret=SECRET, resources=RESOURCES).validate()
     assert str(info.value).startswith("--memcached server nohost.invalid:11211: cannot resolve "
                                       "'nohost.invalid' (")
     assert str(info.value).endswith("); give a numeric address such as 127.0.0.1:11211")
@@ -228,7 +230,7 @@ def test_a_port_of_non_ascii_digits_is_refused(kwargs):
     """str.isdigit() takes '²' (int() refuses it: a traceback) and other scripts' digits: a
     port is ASCII digits, or a usage error."""
     with pytest.raises(fastpath.ConfigurationError, match="expected host:port"):
-        Options(secret=SECRET, **kwargs).validate()
+        Options(secret=SECRET, resources=RESOURCES, **kwargs).validate()
 
 
 @pytest.mark.parametrize("listen, admin", [
@@ -244,7 +246,7 @@ def test_admin_on_the_listen_address_is_refused(listen, admin):
     with pytest.raises(fastpath.ConfigurationError,
                        match=rf"--admin {re.escape(admin)} is the address of --listen {re.escape(listen)}; "
                              rf"give --admin another port"):
-        Options(listen=listen, admin=admin, secret=SECRET).validate()
+        Options(listen=listen, admin=admin, secret=SECRET, resources=RESOURCES).validate()
 
 
 @pytest.mark.parametrize("listen, admin", [
@@ -254,7 +256,7 @@ def test_admin_on_the_listen_address_is_refused(listen, admin):
     ("unix:/run/fastpath.sock", "127.0.0.1:18001"),
 ])
 def test_admin_on_another_address_or_port_is_accepted(listen, admin):
-    Options(listen=listen, admin=admin, secret=SECRET).validate()
+    Options(listen=listen, admin=admin, secret=SECRET, resources=RESOURCES).validate()
 
 
 @pytest.mark.parametrize("notify_dir, workers, fits", [
@@ -267,7 +269,7 @@ def test_admin_on_another_address_or_port_is_accepted(listen, admin):
 def test_notify_dir_must_leave_room_for_every_workers_socket(notify_dir, workers, fits):
     """Worker i binds <dir>/<i>.sock: a path longer than sun_path fails in every worker (a
     restart loop), so it is refused before anything starts."""
-    opts = Options(notify_dir=notify_dir, workers=workers, secret=SECRET)
+    opts = Options(notify_dir=notify_dir, workers=workers, secret=SECRET, resources=RESOURCES)
     if fits:
         opts.validate()
         return
@@ -280,7 +282,7 @@ def test_notify_dir_must_leave_room_for_every_workers_socket(notify_dir, workers
 def test_relative_unix_listen_is_measured_as_it_is_bound(tmp_path, monkeypatch):
     """unix:a.sock is bound at its absolute path: that one must fit in sun_path."""
     monkeypatch.chdir(tmp_path)
-    opts = Options(listen="unix:a.sock", secret=SECRET).validate()
+    opts = Options(listen="unix:a.sock", secret=SECRET, resources=RESOURCES).validate()
     assert opts.listen_addr == ("unix", str(tmp_path / "a.sock"))
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
@@ -288,9 +290,9 @@ def test_relative_unix_listen_is_measured_as_it_is_bound(tmp_path, monkeypatch):
     with pytest.raises(fastpath.ConfigurationError,
                        match=rf"bad --listen 'unix:a.sock': unix:<path of at most 107 bytes> "
                              rf"\(its absolute path has {len(str(deep / 'a.sock'))}\)"):
-        Options(listen="unix:a.sock", secret=SECRET).validate()
+        Options(listen="unix:a.sock", secret=SECRET, resources=RESOURCES).validate()
     with pytest.raises(fastpath.ConfigurationError, match="unix:<path of at most 107 bytes>"):
-        Options(listen="unix:", secret=SECRET).validate()
+        Options(listen="unix:", secret=SECRET, resources=RESOURCES).validate()
 
 
 @pytest.mark.parametrize("attr, good, bad", [
@@ -304,11 +306,11 @@ def test_relative_unix_listen_is_measured_as_it_is_bound(tmp_path, monkeypatch):
 def test_names_a_project_chooses_are_checked(attr, good, bad):
     flag = "--" + attr.replace("_", "-")
     for value in good:
-        opts = Options(secret=SECRET, **{attr: value}).validate()
+        opts = Options(secret=SECRET, resources=RESOURCES, **{attr: value}).validate()
         assert _server._testhelper_config(opts)[attr] == value
     for value in bad:
         with pytest.raises(fastpath.ConfigurationError, match=f"^bad {flag} ") as info:
-            Options(secret=SECRET, **{attr: value}).validate()
+            Options(secret=SECRET, resources=RESOURCES, **{attr: value}).validate()
         assert "\n" not in str(info.value)
 
 

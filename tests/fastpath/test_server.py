@@ -41,15 +41,28 @@ def test_cookie_token_and_query_string_ignored(fastpath_factory, memcached):
     HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:9:2", b'{"count":1,"items":[]}')
     tok = token(9, epoch=2)
     resp = requests.post(f"{fp.url}/Poll/getMessages?x=1", data=b"a=b" * 100, timeout=5,
-                         headers={"Cookie": f"theme=dark; plurk_token={tok}; other=1"})
+                         headers={"Cookie": f"theme=dark; fastpoll_token={tok}; other=1"})
     assert resp.status_code == 200 and resp.json()["count"] == 1
+
+
+def test_the_default_cookie_is_fastpoll_token(fastpath_factory, memcached):
+    """The library's cookie is fastpoll_token; the demo's plurk_token is just another cookie
+    unless --cookie-name names it (as plurksite's FASTPOLL['COOKIE_NAME'] renders it)."""
+    HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:9:0", b'{"count":1}')
+    tok = token(9)
+    fp = fastpath_factory([memcached])
+    assert _get(fp, "getMessages", headers={"Cookie": f"fastpoll_token={tok}"}).status_code == 200
+    assert _get(fp, "getMessages", headers={"Cookie": f"plurk_token={tok}"}).status_code == 401
+    demo = fastpath_factory([memcached], extra=["--cookie-name", "plurk_token"])
+    assert _get(demo, "getMessages", headers={"Cookie": f"plurk_token={tok}"}).status_code == 200
+    assert _get(demo, "getMessages", headers={"Cookie": f"fastpoll_token={tok}"}).status_code == 401
 
 
 @pytest.mark.parametrize("headers, why", [
     ({}, "no token"),
     ({"Authorization": "Bearer v1.1.0.1.ab"}, "malformed"),
     ({"Authorization": "Basic dXNlcjpwYXNz"}, "other scheme"),
-    ({"Cookie": "plurk_token="}, "empty cookie"),
+    ({"Cookie": "fastpoll_token="}, "empty cookie"),
 ])
 def test_unauthenticated_is_401_json(fastpath_factory, memcached, headers, why):
     fp = fastpath_factory([memcached])
@@ -206,17 +219,17 @@ def _raw(fp, header_lines):
 
 def test_credentials_read_like_django_or_deferred(fastpath_factory, memcached):
     """Whitespace around a cookie pair is ignored and "Bearer " alone is no credential (as for
-    Django); a repeated header or plurk_token, or a quoted value, is deferred to Django (404 MISS)."""
+    Django); a repeated header or fastpoll_token, or a quoted value, is deferred to Django (404 MISS)."""
     fp = fastpath_factory([memcached])
     HashClient([memcached.spec], default_noreply=False).set("p1:getUnreadCount:9:0", b'{"count":1}')
     tok, other = token(9), token(10)
-    assert _raw(fp, [f"Cookie: a=1 ; plurk_token = {tok} ;b=2"])[0] == 200
-    assert _raw(fp, ["Authorization: Bearer ", f"Cookie: plurk_token={tok}"])[0] == 200
+    assert _raw(fp, [f"Cookie: a=1 ; fastpoll_token = {tok} ;b=2"])[0] == 200
+    assert _raw(fp, ["Authorization: Bearer ", f"Cookie: fastpoll_token={tok}"])[0] == 200
     assert _raw(fp, ["Authorization: Bearer "])[0] == 401
     for lines in ([f"Authorization: Bearer {tok}", f"Authorization: Bearer {other}"],
-                  [f"Cookie: plurk_token={tok}", f"Cookie: plurk_token={other}"],
-                  [f"Cookie: plurk_token={tok}; plurk_token={other}"],
-                  [f'Cookie: plurk_token="{tok}"']):
+                  [f"Cookie: fastpoll_token={tok}", f"Cookie: fastpoll_token={other}"],
+                  [f"Cookie: fastpoll_token={tok}; fastpoll_token={other}"],
+                  [f'Cookie: fastpoll_token="{tok}"']):
         status, head = _raw(fp, lines)
         assert status == 404 and "X-Cache: MISS" in head, (lines, head)
 
@@ -235,12 +248,12 @@ def test_names_a_project_chooses(fastpath_factory, memcached):
     def get(path, headers):
         return requests.get(f"{fp.url}{path}", headers=headers, timeout=5)
 
-    resp = get("/api/v2/poll/getMessages", {"Cookie": f"plurk_token=x; __Host-poll={tok}"})
+    resp = get("/api/v2/poll/getMessages", {"Cookie": f"fastpoll_token=x; __Host-poll={tok}"})
     assert resp.status_code == 200 and resp.json() == {"custom": True} and resp.headers["X-Cache"] == "HIT"
     resp = get("/api/v2/poll/getMessages", {"Authorization": f"Bearer {tok}"})
     assert resp.status_code == 200 and resp.json() == {"custom": True}
     # the default cookie carries no credential here
-    resp = get("/api/v2/poll/getMessages", {"Cookie": f"plurk_token={tok}"})
+    resp = get("/api/v2/poll/getMessages", {"Cookie": f"fastpoll_token={tok}"})
     assert resp.status_code == 401 and resp.json() == {"error": "authentication required"}
     # the default path is not a poll here: Django's
     resp = get("/Poll/getMessages", {"Authorization": f"Bearer {tok}"})

@@ -205,6 +205,9 @@ def test_the_names_always_reach_fastpath(fastpath_settings):
     assert argv[argv.index("--cookie-name") + 1] == "plurk_token"
     assert argv[argv.index("--path-prefix") + 1] == "/Poll/"
     assert argv[argv.index("--key-prefix") + 1] == "p1"
+    # the demo names its cookie plurk_token (plurksite); the library's own is fastpoll_token
+    plain = commandline.fastpath_argv({"SECRET_FILE": "/s"}, ["a"])
+    assert plain[plain.index("--cookie-name") + 1] == "fastpoll_token"
 
 
 def _newer_argv(settings, fastpath_settings, monkeypatch):
@@ -256,11 +259,16 @@ def test_the_renderers_take_a_plain_mapping_over_the_defaults():
     assert "location /Poll/ {" in text and "proxy_read_timeout 20s;" in text and "@x_django" in text
     argv = commandline.fastpath_argv({"SECRET_FILE": "/s"}, ["b", "a"], python="py")
     assert argv[:3] == ["py", "-m", "fastpath"] and argv[argv.index("--resources") + 1] == "b,a"
-    assert "--resources" not in commandline.fastpath_argv({"SECRET_FILE": "/s"})
+    # fastpath has no default list: a command line without resources is refused here, in one line
+    with pytest.raises(commandline.CommandLineError, match=r"^fastpath needs its per-user poll resources .*"
+                       r"commandline\.registered\('user'\)$"):
+        commandline.fastpath_argv({"SECRET_FILE": "/s"})
+    argv = commandline.fastpath_argv({"SECRET_FILE": "/s"}, object_resources=["thread"])
+    assert "--resources" not in argv and argv[argv.index("--object-resources") + 1] == "thread"
 
 
 def test_streams_are_rendered_from_the_same_settings_on_both_sides():
-    argv = commandline.fastpath_argv({"SECRET_FILE": "/s", "STREAM_HEARTBEAT": 7, "STREAM_MAX": 90})
+    argv = commandline.fastpath_argv({"SECRET_FILE": "/s", "STREAM_HEARTBEAT": 7, "STREAM_MAX": 90}, ["a"])
     assert argv[argv.index("--stream-heartbeat") + 1] == "7" and argv[argv.index("--max-stream") + 1] == "90"
     stream = nginx.render_server({"STREAM_HEARTBEAT": 7}).split("/_fastpoll_stream/ {", 1)[1].split("\n}", 1)[0]
     assert "proxy_read_timeout 22s;" in stream

@@ -209,13 +209,37 @@ def test_one_body_limit_for_nginx_django_and_fastpath(tmp_path):
     assert "{{" not in text
 
 
+def test_the_demo_names_its_poll_cookie_plurk_token():
+    """The library's default cookie is fastpoll_token (fastpoll.conf, fastpath --cookie-name);
+    the demo keeps its own name, on both sides."""
+    from fastpoll import conf
+    from plurksite import services
+
+    config = StackConfig.from_env({})
+    assert conf.DEFAULTS["COOKIE_NAME"] == "fastpoll_token"
+    assert services.fastpoll_settings(config)["COOKIE_NAME"] == "plurk_token"
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--cookie-name") + 1] == "plurk_token"
+
+
 def test_runner_hands_fastpath_the_registered_poll_resources():
     from plurksite import services
 
     config = StackConfig.from_env({})
     argv = services.fastpath_command(config, ["getMessages", "getUnreadCount", "getMentions"])
     assert argv[argv.index("--resources") + 1] == "getMessages,getUnreadCount,getMentions"
-    assert "--resources" not in services.fastpath_command(config)
+    # none given: the demo's own, as fastpath has no default list
+    argv = services.fastpath_command(config)
+    assert argv[argv.index("--resources") + 1] == "getMessages,getUnreadCount"
+
+
+def test_the_demos_resources_are_plurkcores_registered_ones():
+    """services is Django-free, so it names plurkcore's resources itself: the same as the registry's."""
+    from fastpoll import commandline
+    from plurksite import services
+
+    assert sorted(services.RESOURCES) == commandline.registered("user")
+    assert sorted(services.OBJECT_RESOURCES) == commandline.registered("object")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as another user nginx's workers run as that user")
