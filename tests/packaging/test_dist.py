@@ -423,7 +423,8 @@ def test_the_repaired_wheel_runs_with_the_system_libraries_hidden(dist, tmp_path
         HashClient([memcached.spec], default_noreply=False).set("p1:getMessages:7:0", b'{"hidden":1}')
         log = open(tmp_path / "fastpath.log", "wb")
         server = subprocess.Popen([*hidden, dist.repaired_python, "-m", "fastpath", "--listen", f"127.0.0.1:{port}",
-                                   "--memcached", memcached.spec, "--secret-file", tmp_path / "secret.key"],
+                                   "--memcached", memcached.spec, "--secret-file", tmp_path / "secret.key",
+                                   "--resources", "getMessages"],
                                   cwd=dist.tmp, env=clean_env(), stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         try:
