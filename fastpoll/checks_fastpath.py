@@ -10,7 +10,9 @@ registered resource, without a token: ``<PATH_PREFIX><name>`` for a per-user one
 the credentials (fastpath/src/fp_route.c): it answers 401 for a resource it serves (no token)
 and ``404`` with ``X-Cache: MISS`` for one it does not (docs/contract.md, sections 6 and 8).
 Anything else (nothing listening, another server, a timeout) says nothing and warns of nothing:
-the check is about a fastpath that runs.
+the check is about a fastpath that runs.  Each probe has PROBE_TIMEOUT_S for the whole exchange
+(connect, send, the answer), and all of them CHECK_TIMEOUT_S: a server that trickles its answer
+costs that much, never more.
 
 Then one poll end to end (:func:`end_to_end`) of a per-user resource fastpath serves: Django
 writes the answer of a synthetic user (:data:`PROBE_UID` at :data:`PROBE_EPOCH`, a key no
@@ -37,7 +39,12 @@ from .checks import _COOKIE_RE
 from .secret import SecretFileError, read_secret
 
 TAG = "fastpoll"
+#: seconds one probe may take in all (connect, send, read the answer): a server that trickles
+#: its answer is cut off there, not after each byte
 PROBE_TIMEOUT_S = 0.5
+#: seconds all the probes of one ``check --deploy`` may take together: past it the check says
+#: what it found so far
+CHECK_TIMEOUT_S = 5.0
 #: the object id of a per-object probe: any id fastpath can read (1-64 of A-Z a-z 0-9 - _); a
 #: probe carries no token, so fastpath never reads the object's key
 PROBE_OBJECT = "0"
@@ -66,15 +73,30 @@ def _connect(address, timeout):
     return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
 
 
-def _get(address, path, extra="", timeout=PROBE_TIMEOUT_S):
+def _left(deadline):
+    """Seconds until ``deadline`` (time.monotonic()); socket.timeout once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("probe deadline passed")
+    return left
+
+
+def _get(address, path, extra="", timeout=PROBE_TIMEOUT_S, deadline=None):
     """``GET path`` of the server at ``address`` (``extra``: header lines, each ending CRLF):
-    (status, {lower-case header name: value}, body), or None when no HTTP/1 server answers."""
+    (status, {lower-case header name: value}, body), or None when no HTTP/1 server answers
+    within ``timeout`` seconds for the whole exchange (and before ``deadline``, a
+    time.monotonic() value, when given)."""
+    end = time.monotonic() + timeout
+    if deadline is not None:
+        end = min(end, deadline)
     try:
-        with _connect(address, timeout) as sock:
+        with _connect(address, _left(end)) as sock:
+            sock.settimeout(_left(end))
             sock.sendall(f"GET {path} HTTP/1.1\r\nHost: fastpoll-check\r\n{extra}Connection: close\r\n\r\n"
                          .encode("latin-1"))
             data = b""
             while len(data) < _MAX_ANSWER:
+                sock.settimeout(_left(end))
                 chunk = sock.recv(4096)
                 if not chunk:
                     break
@@ -91,10 +113,10 @@ def _get(address, path, extra="", timeout=PROBE_TIMEOUT_S):
     return status[1], headers, body
 
 
-def probe(address, path, timeout=PROBE_TIMEOUT_S):
+def probe(address, path, timeout=PROBE_TIMEOUT_S, deadline=None):
     """True: fastpath at ``address`` serves ``path`` (401 without a token); False: it does not
     (404 with ``X-Cache: MISS``); None: no answer from a fastpath (refused, timed out, other)."""
-    answer = _get(address, path, timeout=timeout)
+    answer = _get(address, path, timeout=timeout, deadline=deadline)
     if answer is None:
         return None
     status, headers, _ = answer
@@ -105,7 +127,7 @@ def probe(address, path, timeout=PROBE_TIMEOUT_S):
     return None
 
 
-def _unserved(config, names, object_names, timeout):
+def _unserved(config, names, object_names, timeout, deadline=None):
     """As :func:`unserved`, but None when no fastpath answers."""
     address, prefix = config["FASTPATH_ADDRESS"], config["PATH_PREFIX"]
     if not isinstance(address, str) or not isinstance(prefix, str):
@@ -114,7 +136,7 @@ def _unserved(config, names, object_names, timeout):
     paths = [(name, prefix + name) for name in names] + [(name, f"{prefix}{name}/{PROBE_OBJECT}")
                                                           for name in object_names]
     for name, path in paths:
-        answer = probe(address, path, timeout)
+        answer = probe(address, path, timeout, deadline)
         if answer is None:
             return None
         if answer is False:
@@ -141,7 +163,7 @@ def _usable(config):
         return None
 
 
-def end_to_end(config, name, timeout=PROBE_TIMEOUT_S):
+def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
     """Poll the per-user resource ``name`` (one fastpath serves) as a browser would: the answer
     of a synthetic user written to memcached by Django, a token signed with SECRET_FILE's
     secret in the cookie COOKIE_NAME.  Returns (status, X-Cache, error or None, the key) of a
@@ -162,7 +184,7 @@ def end_to_end(config, name, timeout=PROBE_TIMEOUT_S):
         return None                    # Django cannot write its answers either: its logs say so
     try:
         answer = _get(config["FASTPATH_ADDRESS"], config["PATH_PREFIX"] + name,
-                      f"Cookie: {config['COOKIE_NAME']}={token}\r\n", timeout)
+                      f"Cookie: {config['COOKIE_NAME']}={token}\r\n", timeout, deadline)
     finally:
         with contextlib.suppress(CacheUnavailable):
             store.delete_many(node, [key])
@@ -212,8 +234,9 @@ def check_running_fastpath(app_configs=None, **kwargs):
     if not isinstance(getattr(settings, "FASTPOLL", {}), dict):
         return []                      # fastpoll.E001
     config = conf.get_config()
+    deadline = time.monotonic() + CHECK_TIMEOUT_S
     users = sorted(resources.names(per="user"))
-    missing = _unserved(config, users, sorted(resources.names(per="object")), PROBE_TIMEOUT_S)
+    missing = _unserved(config, users, sorted(resources.names(per="object")), PROBE_TIMEOUT_S, deadline)
     if missing is None:
         return []                      # no fastpath answers: the check is about one that runs
     found = []
@@ -226,7 +249,7 @@ def check_running_fastpath(app_configs=None, **kwargs):
             id="fastpoll.W010"))
     served = [name for name in users if name not in missing]
     if served:
-        outcome = end_to_end(config, served[0])
+        outcome = end_to_end(config, served[0], PROBE_TIMEOUT_S, deadline)
         if outcome is not None:
             found.append(_drift(config, outcome))
     return found

@@ -6,8 +6,10 @@ fastpath at all, says nothing."""
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -183,3 +185,58 @@ def test_no_fastpath_or_another_server_is_no_warning(settings, tmp_path):
     finally:
         other.shutdown()
         other.server_close()
+
+
+@contextlib.contextmanager
+def trickling_server(seconds):
+    """A server that answers any request with a status line, then one byte every 0.05 s for
+    ``seconds`` (a wrong FASTPATH_ADDRESS, a sick proxy): yields its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn):
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            end = time.monotonic() + seconds
+            with contextlib.suppress(OSError):
+                while time.monotonic() < end and not stop.is_set():
+                    conn.sendall(b"x")
+                    time.sleep(0.05)
+
+    def accept():
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_server_that_trickles_its_answer_costs_one_deadline(settings):
+    """The probe's timeout bounds the whole exchange, not each recv: a byte every 0.05 s would
+    otherwise keep `check --deploy` waiting for as long as the server likes."""
+    with trickling_server(6) as address:
+        started = time.monotonic()
+        assert checks_fastpath.probe(address, "/Poll/anything") is None
+        assert time.monotonic() - started < checks_fastpath.PROBE_TIMEOUT_S + 1
+        settings.FASTPOLL = dict(settings.FASTPOLL, FASTPATH_ADDRESS=address)
+        started = time.monotonic()
+        assert deploy() == []
+        assert time.monotonic() - started < checks_fastpath.CHECK_TIMEOUT_S + 1
+
+
+def test_every_probe_of_a_check_shares_one_deadline():
+    """Past the check's deadline no probe waits at all, however many resources there are."""
+    with trickling_server(6) as address:
+        started = time.monotonic()
+        assert checks_fastpath._get(address, "/Poll/x", deadline=time.monotonic() + 0.2) is None
+        assert time.monotonic() - started < 1
+        started = time.monotonic()
+        assert checks_fastpath._get(address, "/Poll/x", deadline=time.monotonic() - 1) is None
+        assert time.monotonic() - started < 0.1
