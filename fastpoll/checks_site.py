@@ -1,9 +1,12 @@
 """System checks of how the project wires fastpoll in, beyond ``settings.FASTPOLL``
 (fastpoll/checks.py's table lists their ids):
 
-- E019: ``<PATH_PREFIX><resource>`` does not resolve to fastpoll's poll view in ROOT_URLCONF
+- W014: ``<PATH_PREFIX><resource>`` does not resolve to fastpoll's poll view in ROOT_URLCONF
   (``fastpoll.urls`` not included, or included under another prefix): every poll fastpath
-  misses gets the site's HTML 404, and fastpoll.js gives up ("refused").
+  misses that Django routes by ROOT_URLCONF gets the site's HTML 404, and fastpoll.js gives up
+  ("refused").  Under ``i18n_patterns(prefix_default_language=True)`` with LocaleMiddleware a
+  miss is redirected to ``/<language><PATH_PREFIX>...`` first: it says so.  A Warning (it was
+  the Error E019): a site that picks its URLconf per request (``request.urlconf``) silences it.
 - W007: the site logs users in with Django's sessions (``django.contrib.sessions`` installed,
   AuthenticationMiddleware in MIDDLEWARE) but MIDDLEWARE lacks PollTokenMiddleware: no session
   user gets a poll cookie, so each of their polls is 401.  A site whose clients poll with tokens
@@ -26,11 +29,12 @@ import re
 
 from django.apps import apps
 from django.conf import settings
+from django.conf.urls.i18n import is_language_prefix_patterns_used
 from django.core import checks
 from django.db import DatabaseError, router
 from django.db.models.functions import Now
 from django.urls import Resolver404, resolve
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from . import commandline, conf, resources, views
 from .cache import parse_server
@@ -38,7 +42,7 @@ from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
 from .models import PendingChange, StaleKey
 
 TAG = "fastpoll"
-#: the object id of the per-object path E019 resolves (fastpoll.urls takes any object id)
+#: the object id of the per-object path W014 resolves (fastpoll.urls takes any object id)
 URL_OBJECT = "0"
 
 
@@ -54,29 +58,73 @@ def _poll_paths(prefix):
     return [prefix + name for name in users[:1]] + [f"{prefix}{name}/{URL_OBJECT}" for name in objects[:1]]
 
 
+#: Django's middleware that redirects a path a language prefix makes valid (i18n_patterns)
+LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
+
+
+def _is_poll_view(match):
+    return match is not None and inspect.unwrap(match.func) is inspect.unwrap(views.poll)
+
+
+def _resolve(path):
+    try:
+        return resolve(path)
+    except Resolver404:
+        return None
+
+
+def _language_prefixed(path):
+    """``path`` under the default language's prefix when ROOT_URLCONF uses
+    ``i18n_patterns(prefix_default_language=True)`` and that path is fastpoll's poll view, else None."""
+    used, prefixed = is_language_prefix_patterns_used(settings.ROOT_URLCONF)
+    if not (used and prefixed):
+        return None
+    with translation.override(settings.LANGUAGE_CODE):
+        language = translation.get_language()
+        there = f"/{language}{path}"
+        return there if _is_poll_view(_resolve(there)) else None
+
+
 def check_urls(app_configs=None, **kwargs):
-    """fastpath misses are Django's to answer at the very path of the poll, by fastpoll's view."""
+    """fastpath misses are Django's to answer at the very path of the poll, by fastpoll's view.
+    A Warning, not an Error: a site that picks its URLconf per request (``request.urlconf``:
+    django-hosts, tenants) routes polls by another URLconf than ROOT_URLCONF, which no check sees."""
     config = _config()
     if config is None or not getattr(settings, "ROOT_URLCONF", None):
         return []                      # E001, or no URLconf at all (a project's library tests)
     if not conf.is_path_prefix(config["PATH_PREFIX"]) or commandline.setting_error("PATH_PREFIX", config):
         return []                      # E012 / E015 say what is wrong with it
+    urlconf = settings.ROOT_URLCONF
     for path in _poll_paths(config["PATH_PREFIX"]):
         try:
-            match = resolve(path)
-        except Resolver404:
-            match = None
+            match = _resolve(path)
+            if _is_poll_view(match):
+                continue
+            prefixed = _language_prefixed(path) if match is None else None
         except Exception:
             return []                  # the URLconf itself fails: Django says so at every request
-        if match is not None and inspect.unwrap(match.func) is inspect.unwrap(views.poll):
-            continue
-        found = "does not resolve" if match is None else f"resolves to {match._func_path}"
-        return [checks.Error(
-            f"The poll path {path} {found} in ROOT_URLCONF ({settings.ROOT_URLCONF}), not to fastpoll's poll view: "
-            f"every poll fastpath misses gets the site's 404 page and fastpoll.js stops polling.",
-            hint=f"Add path(\"\", include(\"fastpoll.urls\")) to {settings.ROOT_URLCONF}'s urlpatterns (its paths "
-                 f"start with PATH_PREFIX {config['PATH_PREFIX']!r}; not under another path).",
-            id="fastpoll.E019")]
+        if prefixed is not None and _position(list(getattr(settings, "MIDDLEWARE", None) or ()),
+                                              LOCALE_MIDDLEWARE) is not None:
+            return [checks.Warning(
+                f"The poll path {path} reaches fastpoll's poll view only as {prefixed}, under i18n_patterns in "
+                f"ROOT_URLCONF ({urlconf}): mount fastpoll.urls outside i18n_patterns: each miss is a redirect "
+                f"(LocaleMiddleware's) before Django answers it.",
+                hint=f"Move path(\"\", include(\"fastpoll.urls\")) out of i18n_patterns(...) into {urlconf}'s "
+                     f"plain urlpatterns.", id="fastpoll.W014")]
+        if match is None:
+            what = "does not resolve in ROOT_URLCONF"
+            gets = "the site's 404 page"
+        else:
+            what = f"resolves to {match._func_path} in ROOT_URLCONF, not to fastpoll's poll view"
+            gets = f"{match._func_path}'s answer, not a poll's"
+        return [checks.Warning(
+            f"The poll path {path} {what} ({urlconf}): a poll fastpath misses that Django routes by "
+            f"ROOT_URLCONF gets {gets}, and fastpoll.js stops polling.",
+            hint=f"Add path(\"\", include(\"fastpoll.urls\")) to {urlconf}'s urlpatterns (its paths start with "
+                 f"PATH_PREFIX {config['PATH_PREFIX']!r}; not under another path). A site that picks its URLconf "
+                 f"per request (request.urlconf: django-hosts, tenants) and mounts fastpoll.urls in those may "
+                 f"silence this: SILENCED_SYSTEM_CHECKS = [\"fastpoll.W014\"].",
+            id="fastpoll.W014")]
     return []
 
 
