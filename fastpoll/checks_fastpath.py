@@ -48,9 +48,11 @@ CHECK_TIMEOUT_S = 5.0
 #: the object id of a per-object probe: any id fastpath can read (1-64 of A-Z a-z 0-9 - _); a
 #: probe carries no token, so fastpath never reads the object's key
 PROBE_OBJECT = "0"
-#: the user of the end-to-end probe's token and answer key: text that no integer or UUID
-#: primary key's str() is (a leading "-"), at an epoch no user reaches (an epoch grows by one
-#: per revocation, from 0), so the key is never a real user's answer; deleted after the probe
+#: the user of the end-to-end probe's token and answer key, followed by "-" and a random suffix
+#: per run (several hosts running ``check --deploy`` at once probe keys of their own): text that
+#: no integer or UUID primary key's str() is (a leading "-"), at an epoch no user reaches (an
+#: epoch grows by one per revocation, from 0), so the key is never a real user's answer;
+#: deleted after the probe
 PROBE_UID = "-fastpoll-check"
 PROBE_EPOCH = tokens.MAX_INT
 #: seconds the probe's token and key live, should the delete not reach memcached
@@ -163,6 +165,11 @@ def _usable(config):
         return None
 
 
+def probe_uid():
+    """The synthetic user of one run of the end-to-end probe: PROBE_UID, "-", a random suffix."""
+    return f"{PROBE_UID}-{secrets.token_hex(4)}"
+
+
 def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
     """Poll the per-user resource ``name`` (one fastpath serves) as a browser would: the answer
     of a synthetic user written to memcached by Django, a token signed with SECRET_FILE's
@@ -172,9 +179,10 @@ def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
     secret = _usable(config)
     if secret is None:
         return None
-    key = keys.answer_key(name, PROBE_UID, PROBE_EPOCH)
+    uid = probe_uid()
+    key = keys.answer_key(name, uid, PROBE_EPOCH)
     body = b'{"fastpoll":"check","probe":"%s"}' % secrets.token_hex(8).encode("ascii")
-    token = tokens.sign(secret, PROBE_UID, PROBE_EPOCH, int(time.time()) + PROBE_TTL_S)
+    token = tokens.sign(secret, uid, PROBE_EPOCH, int(time.time()) + PROBE_TTL_S)
     store = get_cache()
     node = store.node_for(key)
     try:

@@ -5,6 +5,7 @@ one poll of an answer Django writes (W011-W013); one that serves them all and ag
 fastpath at all, says nothing."""
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,9 +16,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core import checks
 
-from pymemcache.client.base import Client
 
-from fastpoll import checks_fastpath, commandline
+from fastpoll import cache, checks_fastpath, commandline, conf
 from fastpoll import resources as registry
 from plurksite.services import free_port, wait_for_port
 from tests.support.servers import memcached_servers
@@ -77,8 +77,17 @@ def deploy():
             if m.id in ("fastpoll.W010", "fastpoll.W011", "fastpoll.W012", "fastpoll.W013")]
 
 
-def probe_key(settings):
-    return f"{settings.FASTPOLL['KEY_PREFIX']}:{sorted(registry.names(per='user'))[0]}:-fastpoll-check:{2**63 - 1}"
+PROBE_KEY = r"[A-Za-z0-9_-]+:[A-Za-z0-9_]+:-fastpoll-check-[0-9a-f]{8}:%d" % (2**63 - 1)
+
+
+def no_probe_key_left(memcached):
+    """No key of a probe's synthetic users stays in memcached (each run's is deleted after)."""
+    with socket.create_connection((memcached.host, memcached.port)) as sock:
+        sock.sendall(b"lru_crawler metadump all\r\n")
+        dump = b""
+        while not dump.endswith(b"END\r\n"):
+            dump += sock.recv(65536)
+    return b"fastpoll-check" not in dump
 
 
 def test_w010_is_a_deployment_check_only():
@@ -116,7 +125,7 @@ def test_a_fastpath_that_serves_the_registry_is_no_warning(start_fastpath, setti
     start_fastpath(sorted(registry.names(per="user")), f"127.0.0.1:{free_port()}")
     assert deploy() == []
     # the end-to-end probe's key was written, polled and deleted
-    assert Client((memcached.host, memcached.port)).get(probe_key(settings)) is None
+    assert no_probe_key_left(memcached)
 
 
 def test_a_fastpath_with_another_secret_is_named_with_the_restart(start_fastpath, settings, tmp_path):
@@ -152,13 +161,15 @@ def test_a_fastpath_with_another_key_prefix_or_memcached_is_named(start_fastpath
     settings.FASTPOLL = dict(started, KEY_PREFIX="other")
     [(check_id, msg, _)] = deploy()
     assert check_id == "fastpoll.W013"
-    assert msg == (f"fastpath at {listen} does not find the answers Django writes (the probe's key "
-                   f"{probe_key(settings)}): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not "
-                   f"FASTPOLL['KEY_PREFIX'] ('other') or its --memcached servers are not MEMCACHED_SERVERS.")
+    assert re.fullmatch(
+        re.escape(f"fastpath at {listen} does not find the answers Django writes (the probe's key ")
+        + "other:" + PROBE_KEY.split(":", 1)[1] + re.escape(
+            "): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not FASTPOLL['KEY_PREFIX'] "
+            "('other') or its --memcached servers are not MEMCACHED_SERVERS."), msg)
     with memcached_servers(1) as [another]:
         settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[another.spec])
         assert [i for i, _, _ in deploy()] == ["fastpoll.W013"]
-        assert Client((another.host, another.port)).get(probe_key(settings)) is None
+        assert no_probe_key_left(another)
     settings.FASTPOLL = started
     assert deploy() == []
 
@@ -240,3 +251,32 @@ def test_every_probe_of_a_check_shares_one_deadline():
         started = time.monotonic()
         assert checks_fastpath._get(address, "/Poll/x", deadline=time.monotonic() - 1) is None
         assert time.monotonic() - started < 0.1
+
+
+def test_checks_run_at_once_probe_keys_of_their_own(start_fastpath, settings, memcached):
+    """Several hosts deploying at once run `check --deploy` together: one run's set or delete
+    must never land between another's set and poll (a false W013).  Each run's synthetic user
+    has a random suffix, and still starts with "-" (no integer or UUID pk's text does)."""
+    users = sorted(registry.names(per="user"))
+    start_fastpath(users, f"127.0.0.1:{free_port()}")
+    uids = {checks_fastpath.probe_uid() for _ in range(100)}
+    assert len(uids) == 100 and all(uid.startswith("-fastpoll-check-") for uid in uids)
+    config = conf.get_config()
+    outcomes = []
+
+    def host():
+        try:
+            for _ in range(40):
+                outcome = checks_fastpath.end_to_end(config, users[0])
+                if outcome is not None:
+                    outcomes.append(outcome)
+        finally:
+            cache.close()
+
+    hosts = [threading.Thread(target=host) for _ in range(4)]
+    for thread in hosts:
+        thread.start()
+    for thread in hosts:
+        thread.join()
+    assert outcomes == []
+    assert no_probe_key_left(memcached)
