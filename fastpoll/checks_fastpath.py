@@ -14,13 +14,16 @@ the check is about a fastpath that runs.  Each probe has PROBE_TIMEOUT_S for the
 (connect, send, the answer), and all of them CHECK_TIMEOUT_S: a server that trickles its answer
 costs that much, never more.
 
-Then one poll end to end (:func:`end_to_end`) of a per-user resource fastpath serves: Django
-writes the answer of a synthetic user (:data:`PROBE_UID` at :data:`PROBE_EPOCH`, a key no
-user's) to memcached and polls it with a token signed with SECRET_FILE's secret, in the cookie
+Then polls end to end (:func:`end_to_end`) of a per-user resource fastpath serves: Django
+writes the answer of a synthetic user (:data:`PROBE_UID` and a suffix at :data:`PROBE_EPOCH`,
+a key no user's), one user for each server of MEMCACHED_SERVERS (the server fastpoll's hash
+gives the key), to memcached and polls it with a token signed with SECRET_FILE's secret, in the cookie
 COOKIE_NAME; fastpath must answer 200 with that body.  A fastpath that was started with other
 settings says which by its answer: 401 ``bad signature`` (another secret, W011), 401
 ``authentication required`` (another cookie name, W012), 404 MISS (another key prefix or other
-memcached servers, W013).  The key is deleted after.
+memcached servers, W013).  The keys are deleted after.  A server Django lists and fastpath lacks
+is always seen (its key is looked for elsewhere); one fastpath has and Django lacks only when
+fastpath's ring places a probe key on it.
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
 """
@@ -55,6 +58,10 @@ PROBE_OBJECT = "0"
 #: deleted after the probe
 PROBE_UID = "-fastpoll-check"
 PROBE_EPOCH = tokens.MAX_INT
+#: the most memcached servers the end-to-end probe writes a key to (fastpath takes at most 64)
+MAX_PROBED_SERVERS = 64
+#: synthetic users tried to give each server a key (64 servers need ~300 on average)
+_MAX_TRIES = 64 * 64
 #: seconds the probe's token and key live, should the delete not reach memcached
 PROBE_TTL_S = 60
 _MAX_ANSWER = 65536
@@ -170,47 +177,70 @@ def probe_uid():
     return f"{PROBE_UID}-{secrets.token_hex(4)}"
 
 
+def _probe_keys(store, key_of, run):
+    """[(uid, key, node)]: synthetic users ``<run>-<n>`` chosen until each memcached server of
+    Django's ring (``store``, fastpoll's own client and hash; at most MAX_PROBED_SERVERS of them)
+    holds the key ``key_of(uid)`` of one."""
+    wanted = min(len(store.nodes), MAX_PROBED_SERVERS)
+    found = {}
+    for n in range(_MAX_TRIES):
+        uid = f"{run}-{n:x}"
+        key = key_of(uid)
+        node = store.node_for(key)
+        if node not in found:
+            found[node] = (uid, key, node)
+            if len(found) == wanted:
+                break
+    return list(found.values())
+
+
 def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
     """Poll the per-user resource ``name`` (one fastpath serves) as a browser would: the answer
     of a synthetic user written to memcached by Django, a token signed with SECRET_FILE's
-    secret in the cookie COOKIE_NAME.  Returns (status, X-Cache, error or None, the key) of a
-    poll fastpath did not answer with that very answer, or None: it did, or the probe could not
-    be made (no secret, memcached unreachable from Django, no fastpath)."""
+    secret in the cookie COOKIE_NAME; one such user per memcached server of MEMCACHED_SERVERS,
+    so that a server fastpath lacks is found.  Returns (status, X-Cache, error or None, the key,
+    its server) of the first poll fastpath did not answer with that very answer, or None: it
+    answered them all, or the probe could not be made (no secret, memcached unreachable from
+    Django, no fastpath, the deadline)."""
     secret = _usable(config)
     if secret is None:
         return None
-    uid = probe_uid()
-    key = keys.answer_key(name, uid, PROBE_EPOCH)
-    body = b'{"fastpoll":"check","probe":"%s"}' % secrets.token_hex(8).encode("ascii")
-    token = tokens.sign(secret, uid, PROBE_EPOCH, int(time.time()) + PROBE_TTL_S)
     store = get_cache()
-    node = store.node_for(key)
+    probes = _probe_keys(store, lambda uid: keys.answer_key(name, uid, PROBE_EPOCH), probe_uid())
+    body = b'{"fastpoll":"check","probe":"%s"}' % secrets.token_hex(8).encode("ascii")
+    expires = int(time.time()) + PROBE_TTL_S
+    written = []
     try:
-        if store.store_many(node, [(b"set", key, body, None)], PROBE_TTL_S).get(key) != b"STORED":
-            return None
-    except CacheUnavailable:
-        return None                    # Django cannot write its answers either: its logs say so
-    try:
-        answer = _get(config["FASTPATH_ADDRESS"], config["PATH_PREFIX"] + name,
-                      f"Cookie: {config['COOKIE_NAME']}={token}\r\n", timeout, deadline)
+        for uid, key, node in probes:
+            try:
+                if store.store_many(node, [(b"set", key, body, None)], PROBE_TTL_S).get(key) == b"STORED":
+                    written.append((uid, key, node))
+            except CacheUnavailable:
+                pass                   # Django cannot write its answers there either: its logs say so
+        for uid, key, node in written:
+            token = tokens.sign(secret, uid, PROBE_EPOCH, expires)
+            answer = _get(config["FASTPATH_ADDRESS"], config["PATH_PREFIX"] + name,
+                          f"Cookie: {config['COOKIE_NAME']}={token}\r\n", timeout, deadline)
+            if answer is None:
+                return None
+            status, headers, got = answer
+            if status == "200" and got == body:
+                continue
+            error = None
+            if status == "401":
+                with contextlib.suppress(ValueError, AttributeError):
+                    error = json.loads(got).get("error")
+            return status, headers.get("x-cache"), error, key, node
+        return None
     finally:
-        with contextlib.suppress(CacheUnavailable):
-            store.delete_many(node, [key])
-    if answer is None:
-        return None
-    status, headers, got = answer
-    if status == "200" and got == body:
-        return None
-    error = None
-    if status == "401":
-        with contextlib.suppress(ValueError, AttributeError):
-            error = json.loads(got).get("error")
-    return status, headers.get("x-cache"), error, key
+        for _, key, node in written:
+            with contextlib.suppress(CacheUnavailable):
+                store.delete_many(node, [key])
 
 
 def _drift(config, outcome):
     """The warning of a poll fastpath did not answer with Django's answer (:func:`end_to_end`)."""
-    status, cache_status, error, key = outcome
+    status, cache_status, error, key, node = outcome
     where = f"fastpath at {config['FASTPATH_ADDRESS']}"
     restart = "Restart fastpath with the command line `manage.py fastpoll_fastpath` prints"
     if status == "401" and error == "bad signature":
@@ -226,14 +256,15 @@ def _drift(config, outcome):
             hint=f"{restart} (--cookie-name {config['COOKIE_NAME']}).", id="fastpoll.W012")
     if status == "404" and cache_status == "MISS":
         return checks.Warning(
-            f"{where} does not find the answers Django writes (the probe's key {key}): 404 MISS, so nginx sends "
+            f"{where} does not find the answers Django writes (the probe's key {key}, on memcached {node}): 404 MISS, so nginx sends "
             f"every poll to Django: its --key-prefix is not FASTPOLL['KEY_PREFIX'] ({config['KEY_PREFIX']!r}) or "
             f"its --memcached servers are not MEMCACHED_SERVERS.",
             hint=f"{restart} (--key-prefix {config['KEY_PREFIX']} --memcached "
                  f"{','.join(config['MEMCACHED_SERVERS'])}).", id="fastpoll.W013")
     said = f"{status} {error}" if error else f"{status}" + (f" (X-Cache: {cache_status})" if cache_status else "")
     return checks.Warning(
-        f"{where} does not answer a poll with the answer Django wrote for it (the probe's key {key}): it "
+        f"{where} does not answer a poll with the answer Django wrote for it (the probe's key {key}, on "
+        f"memcached {node}): it "
         f"answered {said}.", hint=f"{restart}, and compare its log with Django's settings.", id="fastpoll.W013")
 
 

@@ -77,7 +77,7 @@ def deploy():
             if m.id in ("fastpoll.W010", "fastpoll.W011", "fastpoll.W012", "fastpoll.W013")]
 
 
-PROBE_KEY = r"[A-Za-z0-9_-]+:[A-Za-z0-9_]+:-fastpoll-check-[0-9a-f]{8}:%d" % (2**63 - 1)
+PROBE_KEY = r"[A-Za-z0-9_-]+:[A-Za-z0-9_]+:-fastpoll-check-[0-9a-f]{8}-[0-9a-f]+:%d" % (2**63 - 1)
 
 
 def no_probe_key_left(memcached):
@@ -164,7 +164,7 @@ def test_a_fastpath_with_another_key_prefix_or_memcached_is_named(start_fastpath
     assert re.fullmatch(
         re.escape(f"fastpath at {listen} does not find the answers Django writes (the probe's key ")
         + "other:" + PROBE_KEY.split(":", 1)[1] + re.escape(
-            "): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not FASTPOLL['KEY_PREFIX'] "
+            f", on memcached {memcached.spec}): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not FASTPOLL['KEY_PREFIX'] "
             "('other') or its --memcached servers are not MEMCACHED_SERVERS."), msg)
     with memcached_servers(1) as [another]:
         settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[another.spec])
@@ -280,3 +280,29 @@ def test_checks_run_at_once_probe_keys_of_their_own(start_fastpath, settings, me
         thread.join()
     assert outcomes == []
     assert no_probe_key_left(memcached)
+
+
+def test_a_server_django_lists_and_fastpath_lacks_is_found(start_fastpath, settings, memcached):
+    """One probe key per server of MEMCACHED_SERVERS (fastpoll's own hash places them): a second
+    server only Django lists gets one, which fastpath looks for on its one server, 404 MISS.  A
+    single probe key would land on the shared server half the time and see nothing."""
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(sorted(registry.names(per="user")), listen)
+    started = dict(settings.FASTPOLL)
+    with memcached_servers(1) as [another]:
+        settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[memcached.spec, another.spec])
+        for _ in range(8):
+            [(check_id, msg, hint)] = deploy()
+            assert check_id == "fastpoll.W013"
+            assert f", on memcached {another.spec}): 404 MISS" in msg
+            assert f"--memcached {memcached.spec},{another.spec}" in hint
+        assert no_probe_key_left(memcached) and no_probe_key_left(another)
+        # every server of the list gets a key of its own, however many there are
+        settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[f"127.0.0.1:{port}" for port in range(20000, 20064)])
+        store = cache.get_cache()
+        probes = checks_fastpath._probe_keys(store, lambda uid: f"k:{uid}", checks_fastpath.probe_uid())
+        assert sorted(node for _, _, node in probes) == store.nodes and len(probes) == 64
+        assert all(store.node_for(key) == node for _, key, node in probes)
+        store.close()
+    settings.FASTPOLL = started
+    assert deploy() == []
