@@ -15,8 +15,9 @@
   repair flushes a server that was away (``flush_all``, fastpoll/repair.py), which empties the
   site's cache (and its sessions, when they live there) with it.
 - W009 (``check --deploy --database <alias>``: it queries, Django's ``databases`` convention):
-  outbox rows older than OUTBOX_AGE_GRACES x OUTBOX_GRACE, or stale keys older than
-  STALE_AGE_INTERVALS x REPAIR_INTERVAL: no repair pass has paid them, so their answers stay
+  outbox rows older than OUTBOX_AGE_GRACES x OUTBOX_GRACE, or stale keys or suspect memcached
+  servers (never flushed) older than STALE_AGE_INTERVALS x REPAIR_INTERVAL: no repair pass has
+  paid them, so their answers stay
   stale until CACHE_TTL (docs/consistency.md: ``repaircache --loop`` is required).
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
@@ -39,7 +40,7 @@ from django.utils import timezone, translation
 from . import commandline, conf, resources, views
 from .cache import parse_server
 from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
-from .models import PendingChange, StaleKey
+from .models import PendingChange, StaleKey, SuspectServer
 
 TAG = "fastpoll"
 #: the object id of the per-object path W014 resolves (fastpoll.urls takes any object id)
@@ -243,6 +244,12 @@ def check_repairer(app_configs=None, databases=None, **kwargs):
             count = StaleKey.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
             if count:
                 owed.append(f"{count} stale key(s) older than {_age(age)} ({STALE_AGE_INTERVALS} x REPAIR_INTERVAL)")
+        if router.db_for_write(SuspectServer) in databases:
+            age = STALE_AGE_INTERVALS * interval
+            count = SuspectServer.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
+            if count:
+                owed.append(f"{count} memcached server(s) to flush older than {_age(age)} ({STALE_AGE_INTERVALS} x "
+                            f"REPAIR_INTERVAL)")
     except DatabaseError:
         return []                      # fastpoll's tables are not migrated yet: migrate says so
     if not owed:

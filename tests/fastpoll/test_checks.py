@@ -16,7 +16,7 @@ from django.utils import timezone
 from fastpoll import checks as fastpoll_checks
 from fastpoll import checks_site, commandline, views
 from fastpoll import resources as registry
-from fastpoll.models import PendingChange, StaleKey
+from fastpoll.models import PendingChange, StaleKey, SuspectServer
 from plurkcore import checks as plurk_checks
 
 #: what a project's settings name besides the test settings' FASTPOLL (W003 wants a KEY_PREFIX)
@@ -264,6 +264,15 @@ def test_debts_no_repair_pass_paid_ask_whether_the_repairer_runs():
         [warning] = w009()
         assert warning.msg.startswith("The database holds 1 outbox change(s) older than 30 s (10 x OUTBOX_GRACE) and "
                                       "1 stale key(s) older than 40 s (20 x REPAIR_INTERVAL): ")
+        # a memcached server a write failed on, which no repair pass has flushed since
+        StaleKey.objects.all().delete()
+        PendingChange.objects.all().delete()
+        SuspectServer.objects.create(server="127.0.0.1:11211", since=now - datetime.timedelta(seconds=39))
+        assert w009() == []
+        SuspectServer.objects.create(server="127.0.0.1:11212", since=now - datetime.timedelta(seconds=41))
+        [warning] = w009()
+        assert warning.msg.startswith("The database holds 1 memcached server(s) to flush older than 40 s (20 x "
+                                      "REPAIR_INTERVAL): no repair pass")
         # it queries: only `check --database <alias>` runs it, and only a deployment check
         assert w009(databases=None) == []
         assert [e for e in checks.run_checks(tags=[fastpoll_checks.TAG], databases=["default"])
