@@ -13,7 +13,8 @@
   of its own (``fastpoll.issue_token``, ``Authorization: Bearer``) silences it.
 - W008: a MEMCACHED_SERVERS server is the LOCATION of a memcached cache of CACHES: fastpoll's
   repair flushes a server that was away (``flush_all``, fastpoll/repair.py), which empties the
-  site's cache (and its sessions, when they live there) with it.
+  site's cache with it: its sessions too with SESSION_ENGINE ``cache`` (everyone logged out),
+  only their cached copies with ``cached_db``.
 - W009 (``check --deploy --database <alias>``: it queries, Django's ``databases`` convention):
   outbox rows older than OUTBOX_AGE_GRACES x OUTBOX_GRACE, or stale keys or suspect memcached
   servers (never flushed) older than STALE_AGE_INTERVALS x REPAIR_INTERVAL: no repair pass has
@@ -148,7 +149,12 @@ def check_poll_middleware(app_configs=None, **kwargs):
 #: memcached's port when a LOCATION names none (pymemcache's and libmemcached's default)
 MEMCACHED_PORT = 11211
 _LOOPBACK = ("localhost", "::1")
-_SESSION_ENGINES = ("django.contrib.sessions.backends.cache", "django.contrib.sessions.backends.cached_db")
+#: what a flush_all of the cache does to the sessions of each engine that keeps them there
+_SESSIONS_LOST = {
+    "django.contrib.sessions.backends.cache": " and the sessions it holds (everyone logged out)",
+    "django.contrib.sessions.backends.cached_db": " and the sessions' cached copies (they survive in the database: "
+                                                  "each is read from it once more)",
+}
 
 
 def _server(spec):
@@ -202,12 +208,12 @@ def check_shared_memcached(app_configs=None, **kwargs):
         shared = sorted({ours[_server(spec)] for spec in _locations(cache.get("LOCATION")) if _server(spec) in ours})
         if not shared:
             continue
-        sessions = (getattr(settings, "SESSION_ENGINE", "") in _SESSION_ENGINES
-                    and getattr(settings, "SESSION_CACHE_ALIAS", "default") == alias)
+        engine = getattr(settings, "SESSION_ENGINE", "")
+        sessions = (_SESSIONS_LOST.get(engine, "") if isinstance(engine, str)
+                    and getattr(settings, "SESSION_CACHE_ALIAS", "default") == alias else "")
         warnings.append(checks.Warning(
             f"FASTPOLL['MEMCACHED_SERVERS'] shares {', '.join(shared)} with CACHES[{alias!r}]: fastpoll's repair "
-            f"empties a memcached server that was away (flush_all), and with it this cache"
-            f"{' and the sessions it holds (everyone logged out)' if sessions else ''}.",
+            f"empties a memcached server that was away (flush_all), and with it this cache{sessions}.",
             hint="Give fastpoll memcached servers of its own (another port or host); KEY_PREFIX does not keep a "
                  "flush_all off other keys.", id="fastpoll.W008"))
     return warnings

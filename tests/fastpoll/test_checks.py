@@ -214,20 +214,24 @@ SHARED_MSG = ("FASTPOLL['MEMCACHED_SERVERS'] shares 127.0.0.1:11211 with CACHES[
 
 @pytest.mark.parametrize("caches, sessions, message", [
     ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11211"}, False, SHARED_MSG.format("")),
-    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11211"}, True,
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11211"}, "cache",
      SHARED_MSG.format(" and the sessions it holds (everyone logged out)")),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11211"}, "cached_db",
+     SHARED_MSG.format(" and the sessions' cached copies (they survive in the database: each is read from it once "
+                       "more)")),
     ({"BACKEND": "django.core.cache.backends.memcached.PyLibMCCache", "LOCATION": "localhost:11211"}, False,
      SHARED_MSG.format("")),
     ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1"}, False, SHARED_MSG.format("")),     # memcached's port
     ({"BACKEND": PYMEMCACHE, "LOCATION": ["10.0.0.7:11211", "[::1]:11211"]}, False, SHARED_MSG.format("")),
     ({"BACKEND": PYMEMCACHE, "LOCATION": "10.0.0.7:11211;127.0.0.1:11211"}, False, SHARED_MSG.format("")),
-    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11212"}, True, None),
+    ({"BACKEND": PYMEMCACHE, "LOCATION": "127.0.0.1:11212"}, "cache", None),
     ({"BACKEND": PYMEMCACHE, "LOCATION": "unix:/run/memcached.sock"}, False, None),
     ({"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "127.0.0.1:11211"}, False, None),
-], ids=["same", "sessions", "localhost", "no-port", "list", "string-list", "other-port", "unix", "not-memcached"])
+], ids=["same", "sessions", "cached-db-sessions", "localhost", "no-port", "list", "string-list", "other-port", "unix", "not-memcached"])
 def test_a_memcached_shared_with_the_sites_cache_is_warned_of(caches, sessions, message):
-    """fastpoll's repair flushes a server that was away: a cache (or the sessions) on it go too."""
-    engine = "django.contrib.sessions.backends.cache" if sessions else "django.contrib.sessions.backends.db"
+    """fastpoll's repair flushes a server that was away: a cache (or the sessions) on it go too;
+    cached_db sessions lose only their cached copies."""
+    engine = f"django.contrib.sessions.backends.{sessions or 'db'}"
     with override_settings(FASTPOLL={**settings.FASTPOLL, **GOOD_SERVERS}, CACHES={"default": caches},
                            SESSION_ENGINE=engine):
         found = [(e.id, e.msg, e.hint) for e in reported()]
