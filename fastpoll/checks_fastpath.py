@@ -14,7 +14,8 @@ the check is about a fastpath that runs.  Each probe has PROBE_TIMEOUT_S for the
 (connect, send, the answer), and all of them CHECK_TIMEOUT_S: a server that trickles its answer
 costs that much, never more.
 
-Then polls end to end (:func:`end_to_end`) of a per-user resource fastpath serves: Django
+Then polls end to end (:func:`end_to_end`) of a per-user resource fastpath serves (else of a
+per-object one, with a capability for the object and the user's epoch marker written too): Django
 writes the answer of a synthetic user (:data:`PROBE_UID` and a suffix at :data:`PROBE_EPOCH`,
 a key no user's), one user for each server of MEMCACHED_SERVERS (the server fastpoll's hash
 gives the key), to memcached and polls it with a token signed with SECRET_FILE's secret, in the cookie
@@ -194,11 +195,13 @@ def _probe_keys(store, key_of, run):
     return list(found.values())
 
 
-def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
-    """Poll the per-user resource ``name`` (one fastpath serves) as a browser would: the answer
-    of a synthetic user written to memcached by Django, a token signed with SECRET_FILE's
-    secret in the cookie COOKIE_NAME; one such user per memcached server of MEMCACHED_SERVERS,
-    so that a server fastpath lacks is found.  Returns (status, X-Cache, error or None, the key,
+def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None, per="user"):
+    """Poll the resource ``name`` (one fastpath serves) as a browser would: the answer of a
+    synthetic user written to memcached by Django, a token signed with SECRET_FILE's secret in
+    the cookie COOKIE_NAME; one such user per memcached server of MEMCACHED_SERVERS, so that a
+    server fastpath lacks is found.  A per-object resource (``per="object"``) is polled at the
+    object of the user's own id, with a capability for it, its key and the user's epoch marker
+    written first (docs/contract.md section 8).  Returns (status, X-Cache, error or None, the key,
     its server) of the first poll fastpath did not answer with that very answer, or None: it
     answered them all, or the probe could not be made (no secret, memcached unreachable from
     Django, no fastpath, the deadline)."""
@@ -206,21 +209,35 @@ def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
     if secret is None:
         return None
     store = get_cache()
-    probes = _probe_keys(store, lambda uid: keys.answer_key(name, uid, PROBE_EPOCH), probe_uid())
+    if per == "object":
+        def key_of(uid):
+            return keys.object_key(name, uid)        # the object is the synthetic user's own id
+    else:
+        def key_of(uid):
+            return keys.answer_key(name, uid, PROBE_EPOCH)
+    probes = _probe_keys(store, key_of, probe_uid())
     body = b'{"fastpoll":"check","probe":"%s"}' % secrets.token_hex(8).encode("ascii")
     expires = int(time.time()) + PROBE_TTL_S
-    written = []
+    written, cleanup = [], []
     try:
         for uid, key, node in probes:
+            values = [(key, body)] + ([(keys.marker_key(uid, PROBE_EPOCH), b"")] if per == "object" else [])
             try:
-                if store.store_many(node, [(b"set", key, body, None)], PROBE_TTL_S).get(key) == b"STORED":
-                    written.append((uid, key, node))
+                for k, value in values:
+                    where = store.node_for(k)
+                    cleanup.append((k, where))
+                    if store.store_many(where, [(b"set", k, value, None)], PROBE_TTL_S).get(k) != b"STORED":
+                        raise CacheUnavailable(where, "not stored")
             except CacheUnavailable:
-                pass                   # Django cannot write its answers there either: its logs say so
+                continue               # Django cannot write its answers there either: its logs say so
+            written.append((uid, key, node))
         for uid, key, node in written:
             token = tokens.sign(secret, uid, PROBE_EPOCH, expires)
-            answer = _get(config["FASTPATH_ADDRESS"], config["PATH_PREFIX"] + name,
-                          f"Cookie: {config['COOKIE_NAME']}={token}\r\n", timeout, deadline)
+            path = config["PATH_PREFIX"] + name
+            if per == "object":
+                path += f"/{uid}?cap={tokens.sign_capability(secret, name, uid, uid, expires)}"
+            answer = _get(config["FASTPATH_ADDRESS"], path, f"Cookie: {config['COOKIE_NAME']}={token}\r\n",
+                          timeout, deadline)
             if answer is None:
                 return None
             status, headers, got = answer
@@ -233,7 +250,7 @@ def end_to_end(config, name, timeout=PROBE_TIMEOUT_S, deadline=None):
             return status, headers.get("x-cache"), error, key, node
         return None
     finally:
-        for _, key, node in written:
+        for key, node in cleanup:
             with contextlib.suppress(CacheUnavailable):
                 store.delete_many(node, [key])
 
@@ -269,13 +286,14 @@ def _drift(config, outcome):
 
 
 def check_running_fastpath(app_configs=None, **kwargs):
-    """W010, then (when fastpath serves a per-user resource) W011-W013 of one end-to-end poll."""
+    """W010, then (when fastpath serves a registered resource: a per-user one, else a per-object
+    one) W011-W013 of its end-to-end polls."""
     if not isinstance(getattr(settings, "FASTPOLL", {}), dict):
         return []                      # fastpoll.E001
     config = conf.get_config()
     deadline = time.monotonic() + CHECK_TIMEOUT_S
-    users = sorted(resources.names(per="user"))
-    missing = _unserved(config, users, sorted(resources.names(per="object")), PROBE_TIMEOUT_S, deadline)
+    users, objects = sorted(resources.names(per="user")), sorted(resources.names(per="object"))
+    missing = _unserved(config, users, objects, PROBE_TIMEOUT_S, deadline)
     if missing is None:
         return []                      # no fastpath answers: the check is about one that runs
     found = []
@@ -286,9 +304,11 @@ def check_running_fastpath(app_configs=None, **kwargs):
             hint="Restart fastpath with the command line `manage.py fastpoll_fastpath` prints "
                  "(its --resources and --object-resources, and its path prefix must be PATH_PREFIX).",
             id="fastpoll.W010"))
-    served = [name for name in users if name not in missing]
+    served = [(name, "user") for name in users if name not in missing]
+    served += [(name, "object") for name in objects if name not in missing]
     if served:
-        outcome = end_to_end(config, served[0], PROBE_TIMEOUT_S, deadline)
+        name, per = served[0]          # a per-user one when fastpath serves one
+        outcome = end_to_end(config, name, PROBE_TIMEOUT_S, deadline, per)
         if outcome is not None:
             found.append(_drift(config, outcome))
     return found

@@ -306,3 +306,28 @@ def test_a_server_django_lists_and_fastpath_lacks_is_found(start_fastpath, setti
         store.close()
     settings.FASTPOLL = started
     assert deploy() == []
+
+
+def test_a_project_of_per_object_resources_only_is_probed_end_to_end(start_fastpath, settings, memcached,
+                                                                    monkeypatch, tmp_path):
+    """No per-user resource registered: the probe polls a per-object one, at the object of the
+    synthetic user's own id with a capability for it, its key and the user's epoch marker
+    written first; fastpath (which needs one --resources name) agrees, then drifts are named."""
+    objects = {name: res for name, res in registry._registry.items() if res.per == "object"}
+    assert objects
+    monkeypatch.setattr(registry, "_registry", objects)
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(["unregisteredUsers"], listen)
+    assert deploy() == []
+    assert no_probe_key_left(memcached)
+    started = dict(settings.FASTPOLL)
+    settings.FASTPOLL = dict(started, KEY_PREFIX="other")
+    [(check_id, msg, _)] = deploy()
+    assert check_id == "fastpoll.W013" and f"the probe's key other:{sorted(objects)[0]}:-fastpoll-check-" in msg
+    newer = tmp_path / "newer.key"
+    newer.write_bytes(SECRET[::-1])
+    settings.FASTPOLL = dict(started, SECRET_FILE=str(newer))
+    assert [i for i, _, _ in deploy()] == ["fastpoll.W011"]
+    settings.FASTPOLL = dict(started, COOKIE_NAME="site_poll")
+    assert [i for i, _, _ in deploy()] == ["fastpoll.W012"]
+    assert no_probe_key_left(memcached)
