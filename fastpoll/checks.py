@@ -15,9 +15,10 @@ and the repairer) and fastpoll/checks_fastpath.py (the running fastpath) too.
 | E005 | SECRET_FILE is not set |
 | E006 | SECRET_FILE cannot be read as a secret |
 | E012 | COOKIE_NAME, KEY_PREFIX or PATH_PREFIX is not one fastpath can take |
-| E019 | `<PATH_PREFIX><resource>` does not resolve to fastpoll's poll view in ROOT_URLCONF (`fastpoll.urls` not included, or under another path; fastpoll/checks_site.py) |
 | W008 | a MEMCACHED_SERVERS server is the LOCATION of a memcached cache of CACHES: the repair's flush_all empties it (fastpoll/checks_site.py) |
-| W009 | outbox rows older than 10 x OUTBOX_GRACE, or stale keys older than 20 x REPAIR_INTERVAL: is `repaircache --loop` running? (`check --deploy --database default`; fastpoll/checks_site.py) |
+| W009 | outbox rows older than 10 x OUTBOX_GRACE, or stale keys or suspect memcached servers (never flushed) older than 20 x REPAIR_INTERVAL: is `repaircache --loop` running? (`check --deploy --database default`; fastpoll/checks_site.py) |
+| W014 | `<PATH_PREFIX><resource>` does not resolve to fastpoll's poll view in ROOT_URLCONF (`fastpoll.urls` not included, under another path, or under i18n_patterns: each miss a redirect); silence it on a site that picks its URLconf per request (request.urlconf; fastpoll/checks_site.py) |
+| E019 | retired: was W014's problem as an Error, which blocked migrate and runserver on sites it misjudged (request.urlconf, i18n_patterns); never reported |
 | W010 | a running fastpath does not serve a registered resource, per-user or per-object (`check --deploy`; fastpoll/checks_fastpath.py) |
 | W011 | a running fastpath refuses a token signed with SECRET_FILE's secret (401 bad signature: another --secret-file; `check --deploy`) |
 | W012 | a running fastpath does not read the cookie COOKIE_NAME (401 authentication required: another --cookie-name; `check --deploy`) |

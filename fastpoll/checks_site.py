@@ -1,19 +1,24 @@
 """System checks of how the project wires fastpoll in, beyond ``settings.FASTPOLL``
 (fastpoll/checks.py's table lists their ids):
 
-- E019: ``<PATH_PREFIX><resource>`` does not resolve to fastpoll's poll view in ROOT_URLCONF
+- W014: ``<PATH_PREFIX><resource>`` does not resolve to fastpoll's poll view in ROOT_URLCONF
   (``fastpoll.urls`` not included, or included under another prefix): every poll fastpath
-  misses gets the site's HTML 404, and fastpoll.js gives up ("refused").
+  misses that Django routes by ROOT_URLCONF gets the site's HTML 404, and fastpoll.js gives up
+  ("refused").  Under ``i18n_patterns(prefix_default_language=True)`` with LocaleMiddleware a
+  miss is redirected to ``/<language><PATH_PREFIX>...`` first: it says so.  A Warning (it was
+  the Error E019): a site that picks its URLconf per request (``request.urlconf``) silences it.
 - W007: the site logs users in with Django's sessions (``django.contrib.sessions`` installed,
   AuthenticationMiddleware in MIDDLEWARE) but MIDDLEWARE lacks PollTokenMiddleware: no session
   user gets a poll cookie, so each of their polls is 401.  A site whose clients poll with tokens
   of its own (``fastpoll.issue_token``, ``Authorization: Bearer``) silences it.
 - W008: a MEMCACHED_SERVERS server is the LOCATION of a memcached cache of CACHES: fastpoll's
   repair flushes a server that was away (``flush_all``, fastpoll/repair.py), which empties the
-  site's cache (and its sessions, when they live there) with it.
+  site's cache with it: its sessions too with SESSION_ENGINE ``cache`` (everyone logged out),
+  only their cached copies with ``cached_db``.
 - W009 (``check --deploy --database <alias>``: it queries, Django's ``databases`` convention):
-  outbox rows older than OUTBOX_AGE_GRACES x OUTBOX_GRACE, or stale keys older than
-  STALE_AGE_INTERVALS x REPAIR_INTERVAL: no repair pass has paid them, so their answers stay
+  outbox rows older than OUTBOX_AGE_GRACES x OUTBOX_GRACE, or stale keys or suspect memcached
+  servers (never flushed) older than STALE_AGE_INTERVALS x REPAIR_INTERVAL: no repair pass has
+  paid them, so their answers stay
   stale until CACHE_TTL (docs/consistency.md: ``repaircache --loop`` is required).
 
 ``register_checks()`` is what ``FastpollConfig.ready()`` calls.
@@ -26,19 +31,20 @@ import re
 
 from django.apps import apps
 from django.conf import settings
+from django.conf.urls.i18n import is_language_prefix_patterns_used
 from django.core import checks
 from django.db import DatabaseError, router
 from django.db.models.functions import Now
 from django.urls import Resolver404, resolve
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from . import commandline, conf, resources, views
 from .cache import parse_server
 from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
-from .models import PendingChange, StaleKey
+from .models import PendingChange, StaleKey, SuspectServer
 
 TAG = "fastpoll"
-#: the object id of the per-object path E019 resolves (fastpoll.urls takes any object id)
+#: the object id of the per-object path W014 resolves (fastpoll.urls takes any object id)
 URL_OBJECT = "0"
 
 
@@ -54,29 +60,73 @@ def _poll_paths(prefix):
     return [prefix + name for name in users[:1]] + [f"{prefix}{name}/{URL_OBJECT}" for name in objects[:1]]
 
 
+#: Django's middleware that redirects a path a language prefix makes valid (i18n_patterns)
+LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
+
+
+def _is_poll_view(match):
+    return match is not None and inspect.unwrap(match.func) is inspect.unwrap(views.poll)
+
+
+def _resolve(path):
+    try:
+        return resolve(path)
+    except Resolver404:
+        return None
+
+
+def _language_prefixed(path):
+    """``path`` under the default language's prefix when ROOT_URLCONF uses
+    ``i18n_patterns(prefix_default_language=True)`` and that path is fastpoll's poll view, else None."""
+    used, prefixed = is_language_prefix_patterns_used(settings.ROOT_URLCONF)
+    if not (used and prefixed):
+        return None
+    with translation.override(settings.LANGUAGE_CODE):
+        language = translation.get_language()
+        there = f"/{language}{path}"
+        return there if _is_poll_view(_resolve(there)) else None
+
+
 def check_urls(app_configs=None, **kwargs):
-    """fastpath misses are Django's to answer at the very path of the poll, by fastpoll's view."""
+    """fastpath misses are Django's to answer at the very path of the poll, by fastpoll's view.
+    A Warning, not an Error: a site that picks its URLconf per request (``request.urlconf``:
+    django-hosts, tenants) routes polls by another URLconf than ROOT_URLCONF, which no check sees."""
     config = _config()
     if config is None or not getattr(settings, "ROOT_URLCONF", None):
         return []                      # E001, or no URLconf at all (a project's library tests)
     if not conf.is_path_prefix(config["PATH_PREFIX"]) or commandline.setting_error("PATH_PREFIX", config):
         return []                      # E012 / E015 say what is wrong with it
+    urlconf = settings.ROOT_URLCONF
     for path in _poll_paths(config["PATH_PREFIX"]):
         try:
-            match = resolve(path)
-        except Resolver404:
-            match = None
+            match = _resolve(path)
+            if _is_poll_view(match):
+                continue
+            prefixed = _language_prefixed(path) if match is None else None
         except Exception:
             return []                  # the URLconf itself fails: Django says so at every request
-        if match is not None and inspect.unwrap(match.func) is inspect.unwrap(views.poll):
-            continue
-        found = "does not resolve" if match is None else f"resolves to {match._func_path}"
-        return [checks.Error(
-            f"The poll path {path} {found} in ROOT_URLCONF ({settings.ROOT_URLCONF}), not to fastpoll's poll view: "
-            f"every poll fastpath misses gets the site's 404 page and fastpoll.js stops polling.",
-            hint=f"Add path(\"\", include(\"fastpoll.urls\")) to {settings.ROOT_URLCONF}'s urlpatterns (its paths "
-                 f"start with PATH_PREFIX {config['PATH_PREFIX']!r}; not under another path).",
-            id="fastpoll.E019")]
+        if prefixed is not None and _position(list(getattr(settings, "MIDDLEWARE", None) or ()),
+                                              LOCALE_MIDDLEWARE) is not None:
+            return [checks.Warning(
+                f"The poll path {path} reaches fastpoll's poll view only as {prefixed}, under i18n_patterns in "
+                f"ROOT_URLCONF ({urlconf}): mount fastpoll.urls outside i18n_patterns: each miss is a redirect "
+                f"(LocaleMiddleware's) before Django answers it.",
+                hint=f"Move path(\"\", include(\"fastpoll.urls\")) out of i18n_patterns(...) into {urlconf}'s "
+                     f"plain urlpatterns.", id="fastpoll.W014")]
+        if match is None:
+            what = "does not resolve in ROOT_URLCONF"
+            gets = "the site's 404 page"
+        else:
+            what = f"resolves to {match._func_path} in ROOT_URLCONF, not to fastpoll's poll view"
+            gets = f"{match._func_path}'s answer, not a poll's"
+        return [checks.Warning(
+            f"The poll path {path} {what} ({urlconf}): a poll fastpath misses that Django routes by "
+            f"ROOT_URLCONF gets {gets}, and fastpoll.js stops polling.",
+            hint=f"Add path(\"\", include(\"fastpoll.urls\")) to {urlconf}'s urlpatterns (its paths start with "
+                 f"PATH_PREFIX {config['PATH_PREFIX']!r}; not under another path). A site that picks its URLconf "
+                 f"per request (request.urlconf: django-hosts, tenants) and mounts fastpoll.urls in those may "
+                 f"silence this: SILENCED_SYSTEM_CHECKS = [\"fastpoll.W014\"].",
+            id="fastpoll.W014")]
     return []
 
 
@@ -99,7 +149,12 @@ def check_poll_middleware(app_configs=None, **kwargs):
 #: memcached's port when a LOCATION names none (pymemcache's and libmemcached's default)
 MEMCACHED_PORT = 11211
 _LOOPBACK = ("localhost", "::1")
-_SESSION_ENGINES = ("django.contrib.sessions.backends.cache", "django.contrib.sessions.backends.cached_db")
+#: what a flush_all of the cache does to the sessions of each engine that keeps them there
+_SESSIONS_LOST = {
+    "django.contrib.sessions.backends.cache": " and the sessions it holds (everyone logged out)",
+    "django.contrib.sessions.backends.cached_db": " and the sessions' cached copies (they survive in the database: "
+                                                  "each is read from it once more)",
+}
 
 
 def _server(spec):
@@ -153,12 +208,12 @@ def check_shared_memcached(app_configs=None, **kwargs):
         shared = sorted({ours[_server(spec)] for spec in _locations(cache.get("LOCATION")) if _server(spec) in ours})
         if not shared:
             continue
-        sessions = (getattr(settings, "SESSION_ENGINE", "") in _SESSION_ENGINES
-                    and getattr(settings, "SESSION_CACHE_ALIAS", "default") == alias)
+        engine = getattr(settings, "SESSION_ENGINE", "")
+        sessions = (_SESSIONS_LOST.get(engine, "") if isinstance(engine, str)
+                    and getattr(settings, "SESSION_CACHE_ALIAS", "default") == alias else "")
         warnings.append(checks.Warning(
             f"FASTPOLL['MEMCACHED_SERVERS'] shares {', '.join(shared)} with CACHES[{alias!r}]: fastpoll's repair "
-            f"empties a memcached server that was away (flush_all), and with it this cache"
-            f"{' and the sessions it holds (everyone logged out)' if sessions else ''}.",
+            f"empties a memcached server that was away (flush_all), and with it this cache{sessions}.",
             hint="Give fastpoll memcached servers of its own (another port or host); KEY_PREFIX does not keep a "
                  "flush_all off other keys.", id="fastpoll.W008"))
     return warnings
@@ -195,6 +250,12 @@ def check_repairer(app_configs=None, databases=None, **kwargs):
             count = StaleKey.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
             if count:
                 owed.append(f"{count} stale key(s) older than {_age(age)} ({STALE_AGE_INTERVALS} x REPAIR_INTERVAL)")
+        if router.db_for_write(SuspectServer) in databases:
+            age = STALE_AGE_INTERVALS * interval
+            count = SuspectServer.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
+            if count:
+                owed.append(f"{count} memcached server(s) to flush older than {_age(age)} ({STALE_AGE_INTERVALS} x "
+                            f"REPAIR_INTERVAL)")
     except DatabaseError:
         return []                      # fastpoll's tables are not migrated yet: migrate says so
     if not owed:

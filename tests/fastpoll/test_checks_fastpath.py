@@ -5,17 +5,19 @@ one poll of an answer Django writes (W011-W013); one that serves them all and ag
 fastpath at all, says nothing."""
 import contextlib
 import os
+import re
 import signal
+import socket
 import subprocess
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import checks
 
-from pymemcache.client.base import Client
 
-from fastpoll import checks_fastpath, commandline
+from fastpoll import cache, checks_fastpath, commandline, conf
 from fastpoll import resources as registry
 from plurksite.services import free_port, wait_for_port
 from tests.support.servers import memcached_servers
@@ -75,8 +77,17 @@ def deploy():
             if m.id in ("fastpoll.W010", "fastpoll.W011", "fastpoll.W012", "fastpoll.W013")]
 
 
-def probe_key(settings):
-    return f"{settings.FASTPOLL['KEY_PREFIX']}:{sorted(registry.names(per='user'))[0]}:-fastpoll-check:{2**63 - 1}"
+PROBE_KEY = r"[A-Za-z0-9_-]+:[A-Za-z0-9_]+:-fastpoll-check-[0-9a-f]{8}-[0-9a-f]+:%d" % (2**63 - 1)
+
+
+def no_probe_key_left(memcached):
+    """No key of a probe's synthetic users stays in memcached (each run's is deleted after)."""
+    with socket.create_connection((memcached.host, memcached.port)) as sock:
+        sock.sendall(b"lru_crawler metadump all\r\n")
+        dump = b""
+        while not dump.endswith(b"END\r\n"):
+            dump += sock.recv(65536)
+    return b"fastpoll-check" not in dump
 
 
 def test_w010_is_a_deployment_check_only():
@@ -114,7 +125,7 @@ def test_a_fastpath_that_serves_the_registry_is_no_warning(start_fastpath, setti
     start_fastpath(sorted(registry.names(per="user")), f"127.0.0.1:{free_port()}")
     assert deploy() == []
     # the end-to-end probe's key was written, polled and deleted
-    assert Client((memcached.host, memcached.port)).get(probe_key(settings)) is None
+    assert no_probe_key_left(memcached)
 
 
 def test_a_fastpath_with_another_secret_is_named_with_the_restart(start_fastpath, settings, tmp_path):
@@ -150,13 +161,15 @@ def test_a_fastpath_with_another_key_prefix_or_memcached_is_named(start_fastpath
     settings.FASTPOLL = dict(started, KEY_PREFIX="other")
     [(check_id, msg, _)] = deploy()
     assert check_id == "fastpoll.W013"
-    assert msg == (f"fastpath at {listen} does not find the answers Django writes (the probe's key "
-                   f"{probe_key(settings)}): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not "
-                   f"FASTPOLL['KEY_PREFIX'] ('other') or its --memcached servers are not MEMCACHED_SERVERS.")
+    assert re.fullmatch(
+        re.escape(f"fastpath at {listen} does not find the answers Django writes (the probe's key ")
+        + "other:" + PROBE_KEY.split(":", 1)[1] + re.escape(
+            f", on memcached {memcached.spec}): 404 MISS, so nginx sends every poll to Django: its --key-prefix is not FASTPOLL['KEY_PREFIX'] "
+            "('other') or its --memcached servers are not MEMCACHED_SERVERS."), msg)
     with memcached_servers(1) as [another]:
         settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[another.spec])
         assert [i for i, _, _ in deploy()] == ["fastpoll.W013"]
-        assert Client((another.host, another.port)).get(probe_key(settings)) is None
+        assert no_probe_key_left(another)
     settings.FASTPOLL = started
     assert deploy() == []
 
@@ -183,3 +196,138 @@ def test_no_fastpath_or_another_server_is_no_warning(settings, tmp_path):
     finally:
         other.shutdown()
         other.server_close()
+
+
+@contextlib.contextmanager
+def trickling_server(seconds):
+    """A server that answers any request with a status line, then one byte every 0.05 s for
+    ``seconds`` (a wrong FASTPATH_ADDRESS, a sick proxy): yields its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve(conn):
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            end = time.monotonic() + seconds
+            with contextlib.suppress(OSError):
+                while time.monotonic() < end and not stop.is_set():
+                    conn.sendall(b"x")
+                    time.sleep(0.05)
+
+    def accept():
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_server_that_trickles_its_answer_costs_one_deadline(settings):
+    """The probe's timeout bounds the whole exchange, not each recv: a byte every 0.05 s would
+    otherwise keep `check --deploy` waiting for as long as the server likes."""
+    with trickling_server(6) as address:
+        started = time.monotonic()
+        assert checks_fastpath.probe(address, "/Poll/anything") is None
+        assert time.monotonic() - started < checks_fastpath.PROBE_TIMEOUT_S + 1
+        settings.FASTPOLL = dict(settings.FASTPOLL, FASTPATH_ADDRESS=address)
+        started = time.monotonic()
+        assert deploy() == []
+        assert time.monotonic() - started < checks_fastpath.CHECK_TIMEOUT_S + 1
+
+
+def test_every_probe_of_a_check_shares_one_deadline():
+    """Past the check's deadline no probe waits at all, however many resources there are."""
+    with trickling_server(6) as address:
+        started = time.monotonic()
+        assert checks_fastpath._get(address, "/Poll/x", deadline=time.monotonic() + 0.2) is None
+        assert time.monotonic() - started < 1
+        started = time.monotonic()
+        assert checks_fastpath._get(address, "/Poll/x", deadline=time.monotonic() - 1) is None
+        assert time.monotonic() - started < 0.1
+
+
+def test_checks_run_at_once_probe_keys_of_their_own(start_fastpath, settings, memcached):
+    """Several hosts deploying at once run `check --deploy` together: one run's set or delete
+    must never land between another's set and poll (a false W013).  Each run's synthetic user
+    has a random suffix, and still starts with "-" (no integer or UUID pk's text does)."""
+    users = sorted(registry.names(per="user"))
+    start_fastpath(users, f"127.0.0.1:{free_port()}")
+    uids = {checks_fastpath.probe_uid() for _ in range(100)}
+    assert len(uids) == 100 and all(uid.startswith("-fastpoll-check-") for uid in uids)
+    config = conf.get_config()
+    outcomes = []
+
+    def host():
+        try:
+            for _ in range(40):
+                outcome = checks_fastpath.end_to_end(config, users[0])
+                if outcome is not None:
+                    outcomes.append(outcome)
+        finally:
+            cache.close()
+
+    hosts = [threading.Thread(target=host) for _ in range(4)]
+    for thread in hosts:
+        thread.start()
+    for thread in hosts:
+        thread.join()
+    assert outcomes == []
+    assert no_probe_key_left(memcached)
+
+
+def test_a_server_django_lists_and_fastpath_lacks_is_found(start_fastpath, settings, memcached):
+    """One probe key per server of MEMCACHED_SERVERS (fastpoll's own hash places them): a second
+    server only Django lists gets one, which fastpath looks for on its one server, 404 MISS.  A
+    single probe key would land on the shared server half the time and see nothing."""
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(sorted(registry.names(per="user")), listen)
+    started = dict(settings.FASTPOLL)
+    with memcached_servers(1) as [another]:
+        settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[memcached.spec, another.spec])
+        for _ in range(8):
+            [(check_id, msg, hint)] = deploy()
+            assert check_id == "fastpoll.W013"
+            assert f", on memcached {another.spec}): 404 MISS" in msg
+            assert f"--memcached {memcached.spec},{another.spec}" in hint
+        assert no_probe_key_left(memcached) and no_probe_key_left(another)
+        # every server of the list gets a key of its own, however many there are
+        settings.FASTPOLL = dict(started, MEMCACHED_SERVERS=[f"127.0.0.1:{port}" for port in range(20000, 20064)])
+        store = cache.get_cache()
+        probes = checks_fastpath._probe_keys(store, lambda uid: f"k:{uid}", checks_fastpath.probe_uid())
+        assert sorted(node for _, _, node in probes) == store.nodes and len(probes) == 64
+        assert all(store.node_for(key) == node for _, key, node in probes)
+        store.close()
+    settings.FASTPOLL = started
+    assert deploy() == []
+
+
+def test_a_project_of_per_object_resources_only_is_probed_end_to_end(start_fastpath, settings, memcached,
+                                                                    monkeypatch, tmp_path):
+    """No per-user resource registered: the probe polls a per-object one, at the object of the
+    synthetic user's own id with a capability for it, its key and the user's epoch marker
+    written first; fastpath (which needs one --resources name) agrees, then drifts are named."""
+    objects = {name: res for name, res in registry._registry.items() if res.per == "object"}
+    assert objects
+    monkeypatch.setattr(registry, "_registry", objects)
+    listen = f"127.0.0.1:{free_port()}"
+    start_fastpath(["unregisteredUsers"], listen)
+    assert deploy() == []
+    assert no_probe_key_left(memcached)
+    started = dict(settings.FASTPOLL)
+    settings.FASTPOLL = dict(started, KEY_PREFIX="other")
+    [(check_id, msg, _)] = deploy()
+    assert check_id == "fastpoll.W013" and f"the probe's key other:{sorted(objects)[0]}:-fastpoll-check-" in msg
+    newer = tmp_path / "newer.key"
+    newer.write_bytes(SECRET[::-1])
+    settings.FASTPOLL = dict(started, SECRET_FILE=str(newer))
+    assert [i for i, _, _ in deploy()] == ["fastpoll.W011"]
+    settings.FASTPOLL = dict(started, COOKIE_NAME="site_poll")
+    assert [i for i, _, _ in deploy()] == ["fastpoll.W012"]
+    assert no_probe_key_left(memcached)

@@ -17,7 +17,7 @@ import pytest
 import requests
 from django.core.management import CommandError, call_command
 
-from fastpath.options import Options, build_parser
+from fastpath.options import ConfigurationError, Options, build_parser
 from fastpoll import commandline, nginx
 from fastpoll import resources as registry
 from plurksite.services import free_port, nginx_test
@@ -193,8 +193,23 @@ def test_a_setting_fastpath_refuses_is_a_one_line_command_error(fastpath_setting
 
 def test_no_registered_resource_is_a_command_error(fastpath_settings, monkeypatch):
     monkeypatch.setattr(registry, "_registry", {})
-    with pytest.raises(CommandError, match="no per-user poll resource is registered"):
+    with pytest.raises(CommandError, match="no poll resource is registered"):
         run("fastpoll_fastpath")
+
+
+def test_only_per_object_resources_say_fastpath_needs_a_per_user_one(fastpath_settings, monkeypatch):
+    """fastpath refuses an empty --resources (fastpath/options.py: 1..16 names): a project with
+    per-object resources only is told exactly that, not to import a module it already imports."""
+    monkeypatch.setattr(registry, "_registry", {"room": registry.Resource("room", dict, per="object")})
+    with pytest.raises(CommandError) as info:
+        run("fastpoll_fastpath")
+    assert str(info.value) == ("fastpath needs at least one per-user poll resource (its --resources takes 1 to 16 "
+                               "names) and only per-object ones are registered (room): register a per-user resource "
+                               "too (@fastpoll.resource(name)); fastpath cannot serve per-object resources alone")
+    argv = commandline.fastpath_argv(None, ["room_users"], ["room"])
+    argv[argv.index("--resources") + 1] = ""
+    with pytest.raises(ConfigurationError, match="--resources needs 1..16 names"):
+        parse(argv)
 
 
 NEWER = {"COOKIE_NAME": "sid", "PATH_PREFIX": "/api/poll/", "KEY_PREFIX": "myapp"}
