@@ -88,7 +88,7 @@ def fastpath_options(config=None, resources=None, object_resources=(), **overrid
         "max_wait": config["LONGPOLL_MAX_WAIT"],
         "stream_heartbeat": config["STREAM_HEARTBEAT"],
         "max_stream": config["STREAM_MAX"],
-        "resources": list(resources) if resources is not None else None,
+        "resources": list(resources) if resources else None,   # none: --object-resources alone
         # the edge's: checked whatever EDGE_ADDRESS is, on the command line only with it
         "edge": config["EDGE_ADDRESS"],
         "edge_origins": _edge_origins(config),

@@ -197,19 +197,14 @@ def test_no_registered_resource_is_a_command_error(fastpath_settings, monkeypatc
         run("fastpoll_fastpath")
 
 
-def test_only_per_object_resources_say_fastpath_needs_a_per_user_one(fastpath_settings, monkeypatch):
-    """fastpath refuses an empty --resources (fastpath/options.py: 1..16 names): a project with
-    per-object resources only is told exactly that, not to import a module it already imports."""
+def test_only_per_object_resources_render_a_fastpath_that_serves_them(fastpath_settings, monkeypatch):
+    """A project with per-object resources only: fastpath runs with --object-resources alone (no
+    --resources at all, not an empty one), and takes the line."""
     monkeypatch.setattr(registry, "_registry", {"room": registry.Resource("room", dict, per="object")})
-    with pytest.raises(CommandError) as info:
-        run("fastpoll_fastpath")
-    assert str(info.value) == ("fastpath needs at least one per-user poll resource (its --resources takes 1 to 16 "
-                               "names) and only per-object ones are registered (room): register a per-user resource "
-                               "too (@fastpoll.resource(name)); fastpath cannot serve per-object resources alone")
-    argv = commandline.fastpath_argv(None, ["room_users"], ["room"])
-    argv[argv.index("--resources") + 1] = ""
-    with pytest.raises(ConfigurationError, match="--resources needs 1..16 names"):
-        parse(argv)
+    argv = shlex.split(run("fastpoll_fastpath"))
+    assert "--resources" not in argv and argv[argv.index("--object-resources") + 1] == "room"
+    options = parse(argv)
+    assert list(options.object_resources) == ["room"] and not options.resources
 
 
 NEWER = {"COOKIE_NAME": "sid", "PATH_PREFIX": "/api/poll/", "KEY_PREFIX": "myapp"}

@@ -35,12 +35,7 @@ class Command(BaseCommand):
             raise CommandError("FASTPOLL['NOTIFY_UDP'] is set: give this host's first port with "
                                "--notify-udp HOST:PORT (fastpath worker i reads PORT+i)")
         users, objects = commandline.registered("user"), commandline.registered("object")
-        if not users and objects:
-            raise CommandError(f"fastpath needs at least one per-user poll resource (its --resources takes 1 to 16 "
-                               f"names) and only per-object ones are registered ({', '.join(objects)}): register a "
-                               f"per-user resource too (@fastpoll.resource(name)); fastpath cannot serve per-object "
-                               f"resources alone")
-        if not users:
+        if not users and not objects:
             raise CommandError("no poll resource is registered (fastpoll.resource): import the module that "
                                "registers them from an AppConfig.ready()")
         try:
