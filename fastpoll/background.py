@@ -20,9 +20,13 @@ their commit.  A long wait would stall a gunicorn worker restarted by ``--max-re
 longer than ``--timeout`` is killed mid-wait).  The wait is logged before it starts, and what is
 left after it, or after a Ctrl-C or a ``SystemExit`` during it, is logged and left to the repair
 pass.
+
+A child forked while the thread had jobs starts with an empty queue and zero counters: the
+parent's jobs are the parent's to write (:func:`_after_fork_in_child`).
 """
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -96,6 +100,20 @@ def _drain():
                        _LEFT)
     except (KeyboardInterrupt, SystemExit):
         pass                                # a second Ctrl-C: exit without the line
+
+
+def _after_fork_in_child():
+    """A forked child has none of the parent's jobs (nor its thread): a fresh queue and lock (the
+    parent's may have been held at the fork), no thread, and counters from zero.  Inherited, the
+    parent's unfinished count made the child's exit wait for jobs no thread of its would run."""
+    global _jobs, _lock, _thread
+    _jobs = queue.Queue()
+    _lock = threading.Lock()
+    _thread = None
+    stats.update(submitted=0, done=0, errors=0)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _run():
