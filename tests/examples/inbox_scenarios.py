@@ -172,7 +172,7 @@ def board():
 
 def user_forms():
     """(6) a token and a capability issued for any form of a UUID user (the instance, its pk, the
-    pk's text, ``pk.hex``, upper case) sign the same user text, and the poll serves the board with
+    pk's text, ``pk.hex``, upper case, an instance built from the pk) sign the same user text, and the poll serves the board with
     both (a hostile review: the capability signed the text as given, and ``pk.hex`` gave one no
     poll could use)."""
     from inbox.models import Announcement, Board
@@ -182,7 +182,7 @@ def user_forms():
     board.members.add(member)
     Announcement.objects.create(board=board, text="forms")
     forms = {"instance": member, "UUID": member.pk, "str": str(member.pk), "hex": member.pk.hex,
-             "upper": str(member.pk).upper()}
+             "upper": str(member.pk).upper(), "User(pk=hex)": get_user_model()(pk=member.pk.hex)}
     for label, who in forms.items():
         url = fastpoll.capability_url(who, "board", board)
         assert url.split("?cap=")[1].split(".")[3] == str(member.pk), (label, url)

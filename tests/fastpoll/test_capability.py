@@ -71,3 +71,13 @@ def test_a_key_no_user_can_have_is_refused_in_one_line():
         with pytest.raises(ValueError, match=f"^{name} needs a user or its primary key, got 'alice': .* must be an "
                                              "integer"):
             call("alice")
+
+
+def test_a_capability_for_a_request_user_or_an_instance_built_from_a_known_pk(user):
+    from django.utils.functional import SimpleLazyObject
+
+    for who in (SimpleLazyObject(lambda: user), get_user_model()(pk=user.pk)):
+        cap = fastpoll.grant(who, THREAD, 42)
+        capability.check(cap, THREAD, 42, user)
+    with pytest.raises(ValueError, match="^a capability needs a saved user, got AnonymousUser$"):
+        fastpoll.grant(SimpleLazyObject(AnonymousUser), THREAD, 42)
