@@ -11,7 +11,9 @@ import time
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import router, transaction
+from django.utils.functional import LazyObject, empty
 
 from . import conf, keys, tokens
 from .models import UserState
@@ -35,15 +37,32 @@ class AuthError(Exception):
 
 
 def user_id(user, caller):
-    """The primary key of ``user``, an instance or its primary key; ValueError naming ``caller``
-    for an anonymous or unsaved user (its token or capability would be nobody's)."""
+    """The primary key of ``user``, an instance or its primary key (the value or its text), in the
+    database's form (the user model's ``pk.to_python``: ``UUID('...')`` for ``pk.hex`` or an
+    upper-case UUID, 7 for "07"), so that a token and a capability sign the same text, the one
+    the poll compares with its user's ``str(pk)``.  ValueError naming ``caller`` for an anonymous
+    or unsaved user (its token or capability would be nobody's) or a key no user can have.
+
+    ``request.user`` (a lazy object) is the user it wraps; an instance with its pk set is that
+    user's, loaded or not (``User(pk=known_id)``, as JWT-style authentication builds it), as
+    Django's own code treats one."""
+    if isinstance(user, LazyObject):
+        if user._wrapped is empty:
+            user._setup()
+        user = user._wrapped
     if getattr(user, "is_anonymous", False) is True or user is None:
         raise ValueError(f"{caller} needs a saved user, got {type(user).__name__}")
     if hasattr(user, "_meta"):
-        if user.pk is None or user._state.adding:
-            raise ValueError(f"{caller} needs a saved user, got an unsaved {type(user).__name__}")
-        return user.pk
-    return user
+        if user.pk is None:
+            raise ValueError(f"{caller} needs a saved user, got an unsaved {type(user).__name__} (its pk is None)")
+        field, value = user._meta.pk, user.pk
+    else:
+        field, value = get_user_model()._meta.pk, user
+    try:
+        return field.to_python(value)
+    except ValidationError as exc:
+        raise ValueError(f"{caller} needs a user or its primary key, got {value!r}: "
+                         f"{' '.join(exc.messages)}") from None
 
 
 def state_of(user):

@@ -12,12 +12,21 @@ with ``cas``, so a later change written in a request meanwhile cannot be overwri
 thread's older view (the write protocol of docs/consistency.md holds between any two writers).
 
 A process that exits (a management command, a cron job that touched many users, a worker told to
-stop) first lets the thread finish, for at most :data:`EXIT_DRAIN_SECONDS`: the thread is a
-daemon, and its jobs would otherwise die with the interpreter, their answers stale until a repair
-pass.  What is not done by then is logged and left to the repair pass.
+stop) first lets the thread finish, for at most :data:`EXIT_DRAIN_SECONDS` (a few seconds): the
+thread is a daemon, and its jobs would otherwise die with the interpreter, their answers stale
+until a repair pass.  The wait is short because it is not needed for correctness: a job not done
+by then keeps its outbox rows, and the repair pass writes them ``OUTBOX_GRACE`` seconds after
+their commit.  A long wait would stall a gunicorn worker restarted by ``--max-requests`` (and one
+longer than ``--timeout`` is killed mid-wait).  The wait is logged before it starts, and what is
+left after it, or after a Ctrl-C or a ``SystemExit`` during it, is logged and left to the repair
+pass.
+
+A child forked while the thread had jobs starts with an empty queue and zero counters: the
+parent's jobs are the parent's to write (:func:`_after_fork_in_child`).
 """
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,8 +39,9 @@ logger = logging.getLogger("fastpoll.background")
 stats = {"submitted": 0, "done": 0, "errors": 0}
 
 #: Longest wait of an exiting process for its writer thread's jobs, seconds (a fan-out to 100,000
-#: followers takes about 3 s); the rest is written by the repair pass.
-EXIT_DRAIN_SECONDS = 30.0
+#: followers takes about 3 s); the rest stays in the outbox and the repair pass writes it.  Kept
+#: short: a gunicorn worker restarted by --max-requests is not replaced until this wait ends.
+EXIT_DRAIN_SECONDS = 3.0
 
 _jobs = queue.Queue()
 _lock = threading.Lock()
@@ -63,17 +73,47 @@ def wait(timeout=None):
     return True
 
 
+_LEFT = ("their outbox rows are left to the repair pass, which writes them OUTBOX_GRACE seconds after "
+         "their commit (manage.py repaircache)")
+
+
 @atexit.register
 def _drain():
-    """At interpreter exit: let the thread finish, for at most :data:`EXIT_DRAIN_SECONDS`."""
+    """At interpreter exit: let the thread finish, for at most :data:`EXIT_DRAIN_SECONDS`; a
+    KeyboardInterrupt or SystemExit (Ctrl-C, gunicorn's timeout) ends the wait quietly."""
     if not _jobs.unfinished_tasks:
         return
-    alive = _thread is not None and _thread.is_alive()      # not in a forked child of the submitter
-    if alive and wait(EXIT_DRAIN_SECONDS):
+    if _thread is None or not _thread.is_alive():
+        logger.warning("exiting with %d background fan-out(s) not written; %s", _jobs.unfinished_tasks, _LEFT)
         return
-    logger.warning("exiting with %d background fan-out(s) not written%s; their outbox rows are left to "
-                   "the repair pass (manage.py repaircache)", _jobs.unfinished_tasks,
-                   f" after {EXIT_DRAIN_SECONDS:g} s" if alive else "")
+    try:
+        # said before the wait: a process killed during it (SIGKILL, a supervisor) still said why
+        logger.warning("waiting up to %g s for %d background fan-out(s) before exiting; what is not written "
+                       "by then is left to the repair pass", EXIT_DRAIN_SECONDS, _jobs.unfinished_tasks)
+        if wait(EXIT_DRAIN_SECONDS):
+            return
+        why = f"after {EXIT_DRAIN_SECONDS:g} s"
+    except (KeyboardInterrupt, SystemExit) as exc:
+        why = f"when the wait was interrupted ({type(exc).__name__})"
+    try:
+        logger.warning("exiting with %d background fan-out(s) not written %s; %s", _jobs.unfinished_tasks, why,
+                       _LEFT)
+    except (KeyboardInterrupt, SystemExit):
+        pass                                # a second Ctrl-C: exit without the line
+
+
+def _after_fork_in_child():
+    """A forked child has none of the parent's jobs (nor its thread): a fresh queue and lock (the
+    parent's may have been held at the fork), no thread, and counters from zero.  Inherited, the
+    parent's unfinished count made the child's exit wait for jobs no thread of its would run."""
+    global _jobs, _lock, _thread
+    _jobs = queue.Queue()
+    _lock = threading.Lock()
+    _thread = None
+    stats.update(submitted=0, done=0, errors=0)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _run():

@@ -5,18 +5,49 @@ import re
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, StreamingHttpResponse
+from django.utils.functional import Promise
 from django.utils.http import parse_etags
 
 
-#: compact, non-ASCII as itself; Django's encoder adds what a model's fields hold (UUID, datetime,
-#: date, time, timedelta, Decimal, lazy text) as Django's own JSON responses write them
-_ENCODER = DjangoJSONEncoder(separators=(",", ":"), ensure_ascii=False)
+class _Encoder(DjangoJSONEncoder):
+    """Django's encoder without lazy text: a lazy translation string is written in the language
+    active where the write runs (the committing request's, the background writer's, the repair
+    pass's), so one cached answer, and its ETag, would change with whoever wrote it."""
+
+    def default(self, o):
+        if isinstance(o, Promise):
+            raise TypeError("fastpoll.dumps: a lazy translation string has no one language in a cached answer "
+                            "(it would be written in whichever language is active where the write runs); "
+                            "translate it in compute for the reader (with translation.override(<language>): "
+                            "str(text)) or store plain str")
+        return super().default(o)
+
+
+#: compact, non-ASCII as itself, no NaN or Infinity (not JSON); Django's encoder adds what a
+#: model's fields hold (UUID, datetime, date, time, timedelta, Decimal) as Django's own JSON
+#: responses write them
+_ENCODER = _Encoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def dumps(obj):
     """The one JSON encoding of the contract (docs/contract.md, section 5): compact, UTF-8, with
-    Django's ``DjangoJSONEncoder`` for UUIDs, datetimes and Decimals (a UUID user id in an answer)."""
-    return _ENCODER.encode(obj).encode("utf-8")
+    Django's ``DjangoJSONEncoder`` for UUIDs, datetimes and Decimals (a UUID user id in an answer).
+    TypeError for lazy translation text; ValueError for NaN or Infinity, and for a lone surrogate
+    (text that is not UTF-8)."""
+    try:
+        text = _ENCODER.encode(obj)
+    except ValueError as exc:
+        if not str(exc).startswith("Out of range float"):
+            raise
+        raise ValueError("fastpoll.dumps: NaN and Infinity are not JSON (docs/contract.md, section 5); "
+                         "store None or a string for them") from None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"fastpoll.dumps: a lone surrogate {text[exc.start:exc.end]!r} in the answer "
+                         f"(near {text[max(0, exc.start - 20):exc.start]!r}) is not UTF-8; fix the text "
+                         "where it is made (a str decoded with errors='surrogateescape' or "
+                         "'surrogatepass')") from None
 
 
 def json_response(obj, status=200, headers=None):

@@ -115,21 +115,33 @@ def resource(name, *, per="user", watch=None):
         raise ValueError(f"per must be 'user' or 'object', got {per!r}")
     if watch is not None and not isinstance(watch, Mapping):
         first = next(iter(watch), None) if _iterable(watch) else watch
-        model = first.__name__ if isinstance(first, type) else "Model"
         got = f"the class {watch.__name__}" if isinstance(watch, type) else f"a {type(watch).__name__}"
-        raise TypeError(f"resource {name!r}: watch maps a model class to a function of an instance: "
-                        f"{{{model}: lambda {model[0].lower()}: [...]}}, got {got}")
+        raise _watch_error(name, first, got)
     watched = tuple((watch or {}).items())
     for model, function in watched:
-        if not hasattr(model, "_meta") or not callable(function):
-            raise ValueError(f"resource {name!r}: watch maps a model class to a function of an instance, "
-                             f"got {model!r}: {function!r}")
+        if not (isinstance(model, type) and hasattr(model, "_meta")):
+            raise _watch_error(name, model, f"the key {model!r}, not a model class")
+        if not callable(function):
+            raise _watch_error(name, model, f"{{{model.__name__}: {function!r}}}, whose value is not callable")
 
     def decorator(compute):
         add(Resource(name, compute, per, watched))
         return compute
 
     return decorator
+
+
+def _watch_error(name, model, got):
+    """The one TypeError of a ``watch`` that is not {model class: function of an instance}, its
+    example named after ``model`` (a class, or "app.Model" text) where it can be."""
+    if isinstance(model, type) or hasattr(model, "_meta"):              # a class, or an instance of one
+        model = (model if isinstance(model, type) else type(model)).__name__
+    elif isinstance(model, str) and model.rpartition(".")[2].isidentifier():
+        model = model.rpartition(".")[2]
+    else:
+        model = "Model"
+    return TypeError(f"resource {name!r}: watch maps a model class to a function of an instance: "
+                     f"{{{model}: lambda {model[0].lower()}: [...]}}, got {got}")
 
 
 def _iterable(value):

@@ -170,6 +170,29 @@ def board():
     assert client.get(f"/boards/{board.pk}/").status_code == 404
 
 
+def user_forms():
+    """(6) a token and a capability issued for any form of a UUID user (the instance, its pk, the
+    pk's text, ``pk.hex``, upper case, an instance built from the pk) sign the same user text, and the poll serves the board with
+    both (a hostile review: the capability signed the text as given, and ``pk.hex`` gave one no
+    poll could use)."""
+    from inbox.models import Announcement, Board
+
+    member = new_user()
+    board = Board.objects.create(name="forms")
+    board.members.add(member)
+    Announcement.objects.create(board=board, text="forms")
+    forms = {"instance": member, "UUID": member.pk, "str": str(member.pk), "hex": member.pk.hex,
+             "upper": str(member.pk).upper(), "User(pk=hex)": get_user_model()(pk=member.pk.hex)}
+    for label, who in forms.items():
+        url = fastpoll.capability_url(who, "board", board)
+        assert url.split("?cap=")[1].split(".")[3] == str(member.pk), (label, url)
+        token = fastpoll.issue_token(who)
+        assert token.split(".")[1] == str(member.pk), (label, token)
+        response = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert response.status_code == 200, (label, response.status_code, response.get("Content-Type"))
+        assert response.content == board_answer(board.pk), (label, response.content)
+
+
 # -- the stack tests' driver (tests/examples/test_inbox_stack.py) ---------------------------------
 # One process of the example's settings that takes JSON commands on stdin, one a line, and answers
 # each with one JSON line: what a background job of the project would do (commit notifications

@@ -67,6 +67,10 @@ def test_a_board_is_written_after_commit_and_polled_with_its_capability(inbox_en
     scenario(inbox_env, "board")
 
 
+def test_a_token_and_a_capability_for_any_form_of_a_uuid_user_sign_the_same_user(inbox_env):
+    scenario(inbox_env, "user_forms")
+
+
 # -- the example uses fastpoll's public API only ---------------------------------------------
 
 ALLOWED_STRINGS = {"fastpoll", "fastpoll.urls", "fastpoll.middleware.PollTokenMiddleware"}

@@ -3,6 +3,7 @@ line (found adopting fastpoll: ``issue_token(AnonymousUser())`` failed deep insi
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.utils.functional import SimpleLazyObject
 
 import fastpoll
 from fastpoll import auth
@@ -34,5 +35,26 @@ def test_a_saved_user_or_its_id_gets_a_token_and_is_revoked(cache1):
     assert auth.authenticate_token(fastpoll.issue_token(user))[0] == user
     token = fastpoll.issue_token(user.pk)
     fastpoll.revoke(user.pk)
+    with pytest.raises(auth.AuthError, match="token revoked"):
+        auth.authenticate_token(token)
+
+
+@pytest.mark.parametrize("call", [fastpoll.issue_token, fastpoll.revoke])
+def test_an_anonymous_request_user_is_named_as_what_it_wraps(call):
+    """request.user is a SimpleLazyObject: the message names the AnonymousUser it holds."""
+    with pytest.raises(ValueError, match=f"^{call.__name__} needs a saved user, got AnonymousUser$"):
+        call(SimpleLazyObject(AnonymousUser))
+    assert not UserState.objects.exists()
+
+
+def test_a_request_user_and_an_instance_built_from_a_known_pk_get_tokens(cache1):
+    """``User(pk=known)`` (not loaded: ``_state.adding``) is that user, as request.user is."""
+    user = get_user_model().objects.create(username="someone")
+    built = get_user_model()(pk=user.pk)
+    assert built._state.adding
+    for who in (SimpleLazyObject(lambda: user), built):
+        assert auth.authenticate_token(fastpoll.issue_token(who))[0] == user
+    token = fastpoll.issue_token(user)
+    fastpoll.revoke(built)
     with pytest.raises(auth.AuthError, match="token revoked"):
         auth.authenticate_token(token)

@@ -116,3 +116,18 @@ def test_watch_that_is_not_a_dict_says_what_it_maps(watch):
                                         r"instance: \{StaleKey: lambda s: \[\.\.\.\]\}"):
         fastpoll.resource("testWatch", watch=watch)
     assert resources.get("testWatch") is None
+
+
+@pytest.mark.parametrize("watch, got", [
+    ({"fastpoll.StaleKey": lambda key: []}, "the key 'fastpoll.StaleKey', not a model class"),
+    ({StaleKey: "ids_of"}, "{StaleKey: 'ids_of'}, whose value is not callable"),
+    ({StaleKey(pk=1): lambda key: []}, f"the key {StaleKey(pk=1)!r}, not a model class"),
+])
+def test_a_dict_watch_of_the_wrong_things_is_the_same_type_error(watch, got):
+    """A hostile review: watch={"app.Model": fn} raised ValueError while watch=[...] raised
+    TypeError; both are a wrong type, with the same guidance."""
+    with pytest.raises(TypeError) as info:
+        fastpoll.resource("testWatch", watch=watch)
+    assert str(info.value) == ("resource 'testWatch': watch maps a model class to a function of an instance: "
+                               "{StaleKey: lambda s: [...]}, got " + got)
+    assert resources.get("testWatch") is None

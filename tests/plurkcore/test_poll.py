@@ -142,8 +142,8 @@ def test_register_validates():
         fastpoll.resource("bad name")
     with pytest.raises(ValueError):
         fastpoll.resource("ok", per="group")
-    with pytest.raises(ValueError):
-        fastpoll.resource("ok", watch={"plurk": lambda p: []})
+    with pytest.raises(TypeError, match="watch maps a model class to a function of an instance"):
+        fastpoll.resource("ok", watch={"plurk": lambda p: []})          # a wrong type, as watch=[...]
 
 
 @pytest.mark.django_db(transaction=True)
