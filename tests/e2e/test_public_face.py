@@ -243,9 +243,16 @@ def _rotated_and_logging(stack):
         with open(access) as fh:
             if marker in fh.read():
                 return
-    where = [n for n in os.listdir(stack.config.log_dir())
-             if marker in open(os.path.join(stack.config.log_dir(), n), errors="replace").read()]
-    raise AssertionError(f"after the rotation nginx logged into {where}, not the new nginx-access.log")
+    log_dir = stack.config.log_dir()
+    where = [n for n in os.listdir(log_dir) if marker in open(os.path.join(log_dir, n), errors="replace").read()]
+    # what to read when it fails: nginx's own complaint (a worker that could not reopen says so
+    # there), and the files (owner, inode, size) it may be writing
+    files = {n: (st.st_uid, st.st_ino, st.st_size) for n in sorted(os.listdir(log_dir))
+             for st in [os.stat(os.path.join(log_dir, n))]}
+    errors = "".join(open(os.path.join(log_dir, n), errors="replace").read()[-2000:]
+                     for n in ("nginx-error.log", "nginx-error.log.1") if n in files)
+    raise AssertionError(f"after the rotation nginx logged into {where}, not the new nginx-access.log; "
+                         f"files (uid, inode, size) {files}; nginx's error log ends {errors!r}")
 
 
 def test_nginx_logs_are_rotated_and_nginx_goes_on_logging(public):
