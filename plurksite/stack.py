@@ -42,6 +42,8 @@ _PR_SET_PDEATHSIG = 1
 NGINX_LOGS = ("nginx-access.log", "nginx-probe.log", "nginx-error.log", "nginx-edge.log")   # edge: the balancer's
 NGINX_LOGS_KEPT = 4
 LOG_CHECK_INTERVAL_S = 10.0
+# seconds after a SIGUSR1 by which every nginx worker must have reopened the rotated logs
+REOPEN_CHECK_S = 2.0
 
 
 def _die_with_parent():
@@ -93,6 +95,36 @@ _NGINX_ERROR = re.compile(r"\[(?:emerg|alert|crit|error)\] [\d#]+: (?:\*\d+ )?(?
 
 def _any_address(host):
     return host in ("0.0.0.0", "::")
+
+
+def _children(pid):
+    """The pids whose parent is ``pid`` (nginx's workers of its master), from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                  # gone meanwhile
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _open_files(pid):
+    """The paths of the files ``pid`` holds open ([] when /proc does not say: gone, or another
+    user's process)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    paths = []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return paths
 
 
 def _logged_line(path, tag, timeout=3.0):
@@ -328,6 +360,7 @@ class Stack:
         self._supervisor = Supervisor()
         self.log_check_interval = LOG_CHECK_INTERVAL_S
         self._reopen = None             # nginx's workers can reopen the logs by name (rotate_nginx_logs)
+        self._reopen_check = None       # (when, paths renamed): see that every worker reopened them
 
     # -- building -------------------------------------------------------------------------
     @property
@@ -676,6 +709,7 @@ class Stack:
         nginx = next((s for s in self.services if s.name in ("nginx", "balancer")), None)
         if not limit or nginx is None or not nginx.alive():
             return []
+        self._check_reopened(nginx.pid)
         if self._reopen is None:
             # nginx's workers reopen the logs by name: as root they are another user, who may not
             # search the way to the log directory (a checkout under /root): then each log is
@@ -706,11 +740,28 @@ class Stack:
         if rotated:
             if self._reopen:
                 os.kill(nginx.pid, signal.SIGUSR1)
+                self._reopen_check = (time.monotonic() + REOPEN_CHECK_S,
+                                      [os.path.join(self.config.log_dir(), name) for name in rotated])
             if "nginx-error.log" in rotated:
                 self._nginx_errors_from = 0
             log.info("rotated %s past %d KiB%s", ", ".join(rotated), self.config.nginx_log_kb,
                      "; nginx reopened its logs" if self._reopen else " (copied and truncated)")
         return rotated
+
+    def _check_reopened(self, master):
+        """REOPEN_CHECK_S after a SIGUSR1, every worker of nginx's ``master`` must write the new
+        logs: a worker whose descriptor still names a renamed one (``<log>.1``) missed the reopen
+        (CI saw one go on writing nginx-access.log.1), so the master is asked once more."""
+        if self._reopen_check is None or time.monotonic() < self._reopen_check[0]:
+            return
+        renamed = tuple(path + "." for path in self._reopen_check[1])
+        self._reopen_check = None
+        stale = sorted({(pid, target) for pid in _children(master) for target in _open_files(pid)
+                        if target.startswith(renamed)})
+        if stale:
+            log.warning("nginx worker(s) still write %s %.0f s after the reopen; asking nginx to reopen again",
+                        ", ".join(f"{os.path.basename(t)} (pid {p})" for p, t in stale), REOPEN_CHECK_S)
+            os.kill(master, signal.SIGUSR1)
 
     def service(self, name):
         for svc in self.services:

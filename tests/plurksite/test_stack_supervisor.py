@@ -71,3 +71,58 @@ def test_the_runner_makes_the_notice_directory_or_names_the_variable(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ServiceError, match="PLURK_FASTPATH_NOTIFY=.*file/notify.*or to off"):
         Stack._prepare_notify_dir(str(tmp_path / "file" / "notify"))
+
+
+_MASTER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGUSR1, lambda *_: print("USR1", flush=True))
+worker = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); "
+                           "print('open', flush=True); time.sleep(60)", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+worker.stdout.readline()
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _nginx_like(tmp_path, held):
+    """A "master" that prints USR1 for each SIGUSR1, and its "worker" holding ``held`` open."""
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-c", _MASTER, str(held)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _stack_after_a_reopen(tmp_path, log_dir):
+    from plurksite.stack import Stack
+    from tests.support.stack import stack_config
+    stack = Stack(stack_config(tmp_path / "var"))
+    stack._reopen_check = (0.0, [str(log_dir / "nginx-access.log")])    # the USR1 was sent, check due
+    return stack
+
+
+def test_a_worker_still_writing_the_rotated_log_gets_the_reopen_again(tmp_path, caplog):
+    """CI saw nginx's worker go on writing nginx-access.log.1 after the runner's rotation: the
+    runner looks at the workers' open files and asks nginx's master to reopen once more."""
+    master = _nginx_like(tmp_path, tmp_path / "nginx-access.log.1")
+    try:
+        stack = _stack_after_a_reopen(tmp_path, tmp_path)
+        stack._check_reopened(master.pid)
+        assert master.stdout.readline().strip() == "USR1"
+        assert "still write nginx-access.log.1" in caplog.text and stack._reopen_check is None
+    finally:
+        os.killpg(master.pid, 9)
+        master.wait()
+
+
+def test_workers_that_reopened_are_left_alone(tmp_path, caplog):
+    import select
+    master = _nginx_like(tmp_path, tmp_path / "nginx-access.log")
+    try:
+        stack = _stack_after_a_reopen(tmp_path, tmp_path)
+        stack._check_reopened(master.pid)
+        assert select.select([master.stdout], [], [], 0.5)[0] == [] and "still write" not in caplog.text
+    finally:
+        os.killpg(master.pid, 9)
+        master.wait()
