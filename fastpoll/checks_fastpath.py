@@ -34,12 +34,11 @@ import secrets
 import socket
 import time
 
-from django.conf import settings
 from django.core import checks
 
 from . import conf, keys, resources, tokens
 from .cache import CacheUnavailable, get_cache
-from .checks import _COOKIE_RE
+from .checks import _COOKIE_RE, _malformed
 from .secret import SecretFileError, read_secret
 
 TAG = "fastpoll"
@@ -288,7 +287,7 @@ def _drift(config, outcome):
 def check_running_fastpath(app_configs=None, **kwargs):
     """W010, then (when fastpath serves a registered resource: a per-user one, else a per-object
     one) W011-W013 of its end-to-end polls."""
-    if not isinstance(getattr(settings, "FASTPOLL", {}), dict):
+    if _malformed():
         return []                      # fastpoll.E001
     config = conf.get_config()
     deadline = time.monotonic() + CHECK_TIMEOUT_S

@@ -25,7 +25,6 @@
 """
 import datetime
 import inspect
-import numbers
 import os
 import re
 
@@ -40,7 +39,7 @@ from django.utils import timezone, translation
 
 from . import commandline, conf, resources, views
 from .cache import parse_server
-from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _position
+from .checks import AUTH_MIDDLEWARE, POLL_MIDDLEWARE, _is_positive_number, _malformed, _position
 from .models import PendingChange, StaleKey, SuspectServer
 
 TAG = "fastpoll"
@@ -50,8 +49,7 @@ URL_OBJECT = "0"
 
 def _config():
     """The effective FASTPOLL, or None when it is malformed (fastpoll.E001 says so)."""
-    user = getattr(settings, "FASTPOLL", None)
-    return None if user is not None and not isinstance(user, dict) else conf.get_config()
+    return None if _malformed() else conf.get_config()
 
 
 def _poll_paths(prefix):
@@ -230,32 +228,35 @@ def _age(seconds):
     return f"{seconds:g} s"
 
 
+def _debts(grace, interval):
+    """(model, its timestamp field, now as that field is written, age past which a row is owed
+    too long, what a row is, the bound's name): each table a repair pass pays."""
+    stale_age, stale_bound = STALE_AGE_INTERVALS * interval, f"{STALE_AGE_INTERVALS} x REPAIR_INTERVAL"
+    return (
+        # the database stamps an outbox row (db_default=Now()): compare with its clock
+        (PendingChange, "created", Now(), OUTBOX_AGE_GRACES * grace, "outbox change(s)",
+         f"{OUTBOX_AGE_GRACES} x OUTBOX_GRACE"),
+        (StaleKey, "since", timezone.now(), stale_age, "stale key(s)", stale_bound),
+        (SuspectServer, "since", timezone.now(), stale_age, "memcached server(s) to flush", stale_bound),
+    )
+
+
 def check_repairer(app_configs=None, databases=None, **kwargs):
     """Debts no repair pass pays: ``manage.py repaircache --loop`` is not running (or cannot)."""
     config = _config()
     if not databases or config is None:
         return []                      # it queries: only when asked to (check --database)
     grace, interval = config["OUTBOX_GRACE"], config["REPAIR_INTERVAL"]
-    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 for v in (grace, interval)):
+    if not (_is_positive_number(grace) and _is_positive_number(interval)):
         return []                      # E003
     owed = []
     try:
-        if router.db_for_write(PendingChange) in databases:
-            age = OUTBOX_AGE_GRACES * grace
-            count = PendingChange.objects.filter(created__lt=Now() - datetime.timedelta(seconds=age)).count()
+        for model, field, now, age, what, bound in _debts(grace, interval):
+            if router.db_for_write(model) not in databases:
+                continue
+            count = model.objects.filter(**{f"{field}__lt": now - datetime.timedelta(seconds=age)}).count()
             if count:
-                owed.append(f"{count} outbox change(s) older than {_age(age)} ({OUTBOX_AGE_GRACES} x OUTBOX_GRACE)")
-        if router.db_for_write(StaleKey) in databases:
-            age = STALE_AGE_INTERVALS * interval
-            count = StaleKey.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
-            if count:
-                owed.append(f"{count} stale key(s) older than {_age(age)} ({STALE_AGE_INTERVALS} x REPAIR_INTERVAL)")
-        if router.db_for_write(SuspectServer) in databases:
-            age = STALE_AGE_INTERVALS * interval
-            count = SuspectServer.objects.filter(since__lt=timezone.now() - datetime.timedelta(seconds=age)).count()
-            if count:
-                owed.append(f"{count} memcached server(s) to flush older than {_age(age)} ({STALE_AGE_INTERVALS} x "
-                            f"REPAIR_INTERVAL)")
+                owed.append(f"{count} {what} older than {_age(age)} ({bound})")
     except DatabaseError:
         return []                      # fastpoll's tables are not migrated yet: migrate says so
     if not owed:
