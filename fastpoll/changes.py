@@ -176,7 +176,7 @@ def _check_argument(name, users, objects):
 def _names(name_or_names):
     if name_or_names is None:
         return None
-    if not isinstance(name_or_names, str) and not _iterable(name_or_names):
+    if not isinstance(name_or_names, str) and not keys.is_many(name_or_names):
         raise TypeError(f"touch() takes a resource name, several, or None; got {name_or_names!r}")
     names = [name_or_names] if isinstance(name_or_names, str) else list(name_or_names)
     for name in names:
@@ -190,7 +190,7 @@ def split_users(users):
     audience's members, or an iterable mixing them; ids of the user model's primary key type."""
     if users is None:
         return set(), set()
-    if isinstance(users, audiences.Members) or not _iterable(users):
+    if isinstance(users, audiences.Members) or not keys.is_many(users):
         users = [users]
     if isinstance(users, dict):
         raise TypeError("users= takes user ids, users or an audience's members, not a dict")
@@ -217,7 +217,7 @@ def split_users(users):
 
 
 def _object_ids(objects):
-    if not _iterable(objects):
+    if not keys.is_many(objects):
         objects = [objects]
     found = set()
     for obj in objects:
@@ -225,10 +225,6 @@ def _object_ids(objects):
         keys.id_text(value)          # ValueError now, not in the writer after the commit
         found.add(value if type(value) is int else str(value))
     return found
-
-
-def _iterable(value):
-    return not isinstance(value, (str, bytes)) and hasattr(value, "__iter__")
 
 
 def _batches():

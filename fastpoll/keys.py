@@ -40,6 +40,12 @@ def id_text(value):
     return text
 
 
+def is_many(value):
+    """True for several ids or names (a list, set, queryset, generator...), False for one: text
+    is one id or name, not its characters."""
+    return not isinstance(value, (str, bytes)) and hasattr(value, "__iter__")
+
+
 _prefix = None
 
 

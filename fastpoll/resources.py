@@ -114,7 +114,7 @@ def resource(name, *, per="user", watch=None):
     if per not in PER:
         raise ValueError(f"per must be 'user' or 'object', got {per!r}")
     if watch is not None and not isinstance(watch, Mapping):
-        first = next(iter(watch), None) if _iterable(watch) else watch
+        first = next(iter(watch), None) if keys.is_many(watch) else watch
         got = f"the class {watch.__name__}" if isinstance(watch, type) else f"a {type(watch).__name__}"
         raise _watch_error(name, first, got)
     watched = tuple((watch or {}).items())
@@ -142,10 +142,6 @@ def _watch_error(name, model, got):
         model = "Model"
     return TypeError(f"resource {name!r}: watch maps a model class to a function of an instance: "
                      f"{{{model}: lambda {model[0].lower()}: [...]}}, got {got}")
-
-
-def _iterable(value):
-    return not isinstance(value, (str, bytes)) and hasattr(value, "__iter__")
 
 
 _round = threading.local()
